@@ -1,0 +1,3 @@
+from cmr.cli import main
+
+main()

@@ -1,0 +1,205 @@
+"""``cmr.run``: the whole job from Python (notebooks, tests), as the CLI runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from cmr import client, logs
+from cmr.backends.base import Backend
+from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
+from cmr.errors import UsageError
+from cmr.job import Job, JobRef, load_job_class
+from cmr.settings import AwsSettings, WorkerSettings, default_cores
+from cmr.worker import Worker
+
+
+@dataclass
+class RunResult:
+    job_id: str
+    output: str
+    parts: list[str]
+    seconds: float
+    record: dict[str, Any]
+    calls: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {k: v for k, v in self.record.items() if isinstance(v, int)}
+
+
+def job_ref(job: str | type[Job]) -> JobRef:
+    """A reference a worker can load: a path/module string, or a class defined in a file."""
+    if isinstance(job, str):
+        ref = JobRef.parse(job)
+    else:
+        src = inspect.getsourcefile(job)
+        if src is None or not os.path.exists(src):
+            raise UsageError(f"{job.__name__} is not defined in a file; workers import jobs "
+                             "from files, so put it in a .py file")
+        ref = JobRef.parse(f"{src}:{job.__name__}")
+    load_job_class(ref)  # fail here, with the user's error, before anything is submitted
+    return ref
+
+
+@contextlib.asynccontextmanager
+async def open_backend(name: str, aws: AwsSettings) -> AsyncIterator[Backend]:
+    if name == "embedded":
+        scratch = tempfile.mkdtemp(prefix="cmr-scratch-")
+        try:
+            yield Backend("embedded", EmbeddedQueues(), EmbeddedBlobs(), EmbeddedTable(),
+                          file_url(scratch))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    elif name == "aws":
+        from cmr.backends.aws import open_aws  # aioboto3 loads only when needed
+
+        async with open_aws(aws) as backend:
+            yield backend
+    else:
+        raise UsageError(f"unknown backend {name!r}: use embedded or aws")
+
+
+def _noop() -> None:
+    time.sleep(0.1)  # stay busy so every submit below starts a process of its own
+
+
+def cpu_pool(processes: int) -> ProcessPoolExecutor:
+    """A spawn pool, started at once.
+
+    spawn, not fork: forking a process that runs an event loop and SDK threads is unsafe.
+    Children load job code by reference, never from ``__main__``, so we hide the main
+    module while they start: a user's script without an ``if __name__ == "__main__"``
+    guard (or a notebook) would otherwise be re-run in every child.
+    """
+    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+    main = sys.modules["__main__"]
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    try:
+        main.__dict__.pop("__file__", None)
+        main.__dict__["__spec__"] = None
+        for f in [pool.submit(_noop) for _ in range(processes)]:
+            f.result()
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+    return pool
+
+
+async def _until_done(waiter: asyncio.Task[Any], helpers: list[asyncio.Task[Any]]) -> Any:
+    """Wait for the job, but surface a crashed in-process worker instead of hanging."""
+    pending = {waiter, *helpers}
+    while True:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if waiter in done:
+            return waiter.result()
+        for t in done:
+            t.result()  # re-raise a worker's crash
+
+
+async def run_async(
+    job: str | type[Job], input: str, output: str, *, backend: str = "embedded",
+    reducers: int | None = None, workers: int = 1, params: dict[str, str] | None = None,
+    visibility_timeout: int = 60, aws: AwsSettings | None = None,
+    worker_settings: WorkerSettings | None = None, overwrite: bool = False,
+    on_progress: Callable[[client.Progress], None] | None = None,
+    on_submit: Callable[[str], None] | None = None, split_bytes: int | None = None,
+) -> RunResult:
+    ref = job_ref(job)
+    partitions = reducers or load_job_class(ref).reducers
+    aws = aws or AwsSettings()
+    if workers < 0 or (backend == "embedded" and workers < 1):
+        raise UsageError("--workers must be at least 1 with the embedded backend (no other "
+                         "process can reach its in-memory queues)")
+    ws = worker_settings or WorkerSettings(visibility_s=visibility_timeout)
+    client.check_output(output, overwrite)
+    started = time.monotonic()
+    async with open_backend(backend, aws) as be:
+        spec = await client.submit(
+            be, ref, input, output, partitions=partitions, params=params or {},
+            visibility_s=visibility_timeout, queue_prefix=aws.queue_prefix,
+            parallelism=max(1, workers) * ws.map_slots, split_bytes=split_bytes,
+        )
+        if on_submit is not None:
+            on_submit(spec.job_id)
+        waiter = asyncio.create_task(client.wait(be, spec, on_progress))
+        if backend == "embedded":
+            with cpu_pool(ws.processes) as pool:
+                fleet = [Worker(be, ws, pool, only_job=spec.job_id) for _ in range(workers)]
+                tasks = [asyncio.create_task(w.run()) for w in fleet]
+                try:
+                    record = await _until_done(waiter, tasks)
+                finally:
+                    waiter.cancel()
+                    for w in fleet:
+                        w.done.set()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+        else:
+            procs = [await _spawn_worker(spec.job_id, aws, ws, workers) for _ in range(workers)]
+            try:
+                record = await waiter
+            finally:
+                waiter.cancel()
+                await _stop(procs)
+            await client.fetch_output(be, spec, output)
+        calls = be.calls()
+    out_dir = output.removeprefix("file://")
+    parts = [str(Path(out_dir) / f"part-{p:05d}") for p in range(partitions)] \
+        if client._local(output) else [f"{spec.output}part-{p:05d}" for p in range(partitions)]
+    return RunResult(spec.job_id, output, parts, time.monotonic() - started, record, calls)
+
+
+async def _spawn_worker(job_id: str, aws: AwsSettings, ws: WorkerSettings,
+                        workers: int) -> asyncio.subprocess.Process:
+    share = max(1, default_cores() // workers)
+    args = [
+        sys.executable, "-m", "cmr", "worker", "--backend", "aws", "--job", job_id,
+        "--bucket", aws.bucket, "--table", aws.table, "--queue-prefix", aws.queue_prefix,
+        "--processes", str(min(ws.processes, share)), "--map-slots", str(min(ws.map_slots, share)),
+        "--memory-mb", str(ws.memory_mb), "--no-create",
+    ]
+    if aws.region:
+        args += ["--region", aws.region]
+    if aws.profile:
+        args += ["--profile", aws.profile]
+    return await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL)
+
+
+async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
+    for p in procs:
+        if p.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            await asyncio.wait_for(p.wait(), 10)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            await p.wait()
+
+
+def run(job: str | type[Job], input: str, output: str, **kwargs: Any) -> RunResult:
+    """Run a job to completion and return where its output is. See :func:`run_async`."""
+    if not structlog.is_configured():
+        logs.configure()
+    return asyncio.run(run_async(job, input, output, **kwargs))
+
+
+__all__ = ["RunResult", "run", "run_async"]

@@ -1,0 +1,182 @@
+"""The queue, blob store and table protocols every backend implements.
+
+Semantics follow the AWS services, because the engine's correctness arguments are made
+against them:
+
+* Queues deliver at least once. A received message stays invisible for its visibility
+  timeout, then reappears unless deleted; parallel receives may return the same message
+  twice. Receipts are per delivery: deleting with an old receipt may not delete.
+* Blobs are strongly consistent after a put (as S3 is since 2020).
+* Table reads are strongly consistent when ``consistent=True``; conditional writes are
+  atomic per item. Eventual reads may return an older version.
+
+Implementations translate their service's failures into :mod:`cmr.errors` at the edge.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias
+
+Item: TypeAlias = dict[str, Any]
+"""A table item. Values: str, int, float, bool, bytes, None, and lists/dicts of those."""
+
+
+@dataclass(frozen=True)
+class Received:
+    body: bytes
+    receipt: str
+    message_id: str
+    receive_count: int  # deliveries so far, this one included (SQS ApproximateReceiveCount)
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    url: str
+    size: int
+
+
+# Conditions for table writes: a tiny algebra both backends can evaluate or translate.
+@dataclass(frozen=True)
+class Missing:
+    """The attribute is absent (``Missing("pk")``: the item does not exist)."""
+
+    attr: str
+
+
+@dataclass(frozen=True)
+class Present:
+    attr: str
+
+
+@dataclass(frozen=True)
+class Eq:
+    attr: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class Lt:
+    """The attribute exists and is less than value."""
+
+    attr: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class AllOf:
+    parts: tuple[Condition, ...]
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    parts: tuple[Condition, ...]
+
+
+Condition: TypeAlias = Missing | Present | Eq | Lt | AllOf | AnyOf
+
+
+def item_absent() -> Condition:
+    return Missing("pk")
+
+
+class Queues(Protocol):
+    """An SQS-like queue service. Queues are named; names are unique per account/region."""
+
+    max_message_bytes: int  # largest body ``send`` accepts (raw bytes, before any encoding)
+    calls: Counter[str]  # requests made, by operation ("sqs.ReceiveMessage", ...)
+
+    async def create(self, name: str, *, visibility_s: int) -> None:
+        """Create the queue if missing (idempotent), with a default visibility timeout."""
+
+    async def delete(self, name: str) -> None:
+        """Delete the queue and its messages; a missing queue is not an error."""
+
+    async def list(self, prefix: str) -> list[str]:
+        """Names of existing queues that start with prefix."""
+
+    async def send(self, name: str, bodies: Sequence[bytes]) -> None:
+        """Enqueue every body (batched as the service allows). Raises QueueGone."""
+
+    async def receive(
+        self, name: str, *, max_messages: int = 10, wait_s: int = 0,
+        visibility_s: int | None = None,
+    ) -> list[Received]:
+        """Up to max_messages (1..10) messages, waiting up to wait_s for the first."""
+
+    async def delete_messages(self, name: str, receipts: Sequence[str]) -> None:
+        """Delete by receipt; unknown or stale receipts are ignored."""
+
+    async def change_visibility(self, name: str, receipts: Sequence[str], seconds: int) -> None:
+        """Extend (or, with 0, release) the lease of received messages; stale receipts ignored."""
+
+    async def counts(self, name: str) -> tuple[int, int]:
+        """Approximate (visible, in flight) message counts."""
+
+
+class Blobs(Protocol):
+    """An S3-like blob store addressed by URL (``s3://bucket/key`` or ``file:///path``)."""
+
+    calls: Counter[str]
+
+    async def put(self, url: str, data: bytes) -> None: ...
+
+    async def get(self, url: str) -> bytes:
+        """The whole blob. Raises BlobMissing."""
+
+    async def get_range(self, url: str, start: int, end: int) -> bytes:
+        """Bytes [start, end), clipped to the blob's size. Raises BlobMissing."""
+
+    async def size(self, url: str) -> int:
+        """Raises BlobMissing."""
+
+    async def list(self, prefix: str) -> list[BlobInfo]:
+        """Every blob whose URL starts with prefix, recursively, sorted by URL."""
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """Delete every blob under prefix; returns how many. Idempotent."""
+
+    async def upload_file(self, path: str, url: str) -> None: ...
+
+    async def download_file(self, url: str, path: str) -> None: ...
+
+
+class Table(Protocol):
+    """A DynamoDB-like table of items keyed by (pk, sk), both strings."""
+
+    calls: Counter[str]
+
+    async def put(self, pk: str, sk: str, item: Item, *, condition: Condition | None = None) -> None:
+        """Replace the whole item. Raises ConditionFailed."""
+
+    async def get(self, pk: str, sk: str, *, consistent: bool = True) -> Item | None: ...
+
+    async def query(self, pk: str, *, prefix: str = "", consistent: bool = True) -> list[Item]:
+        """Items of partition pk whose sk starts with prefix, in sk order."""
+
+    async def update(
+        self, pk: str, sk: str, *, set_: Item | None = None, add: dict[str, int] | None = None,
+        condition: Condition | None = None,
+    ) -> Item:
+        """Set attributes and add to counters (creating the item if absent); returns the new
+        item. Raises ConditionFailed."""
+
+    async def delete(self, pk: str, sk: str, *, condition: Condition | None = None) -> None:
+        """Delete the item (absent is fine unless a condition says otherwise)."""
+
+
+@dataclass
+class Backend:
+    """The three services a job runs on, plus where its scratch data lives."""
+
+    name: str  # "embedded" or "aws"
+    queues: Queues
+    blobs: Blobs
+    table: Table
+    scratch: str  # URL prefix for staged input, attempt outputs and spilled values
+
+    def calls(self) -> Counter[str]:
+        """Every request made so far through this backend, by operation."""
+        return self.queues.calls + self.blobs.calls + self.table.calls

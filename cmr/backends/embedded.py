@@ -1,0 +1,390 @@
+"""In-process queues, table and a local-directory blob store.
+
+The default backend of ``cmr run``: no network, no services, yet the semantics the engine
+relies on are modelled, not idealised: at-least-once delivery with visibility timeouts and
+per-delivery receipts (a stale receipt deletes nothing, as SQS allows), message size limits,
+atomic conditional writes, and blobs that are plain files.
+
+All state lives on instances; one :class:`EmbeddedBackend` is shared by the client and the
+in-process workers of a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import heapq
+import itertools
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from cmr.backends.base import (
+    AllOf,
+    AnyOf,
+    BlobInfo,
+    Condition,
+    Eq,
+    Item,
+    Lt,
+    Missing,
+    Present,
+    Received,
+)
+from cmr.errors import BlobMissing, ConditionFailed, QueueGone, UsageError
+
+Clock = Callable[[], float]
+
+# SQS's 256 KiB body limit, less the base64 the AWS backend needs for binary bodies: the
+# engine packs batches to the same size on both backends.
+SQS_BODY_LIMIT = 262_144
+MAX_MESSAGE_BYTES = SQS_BODY_LIMIT * 3 // 4 - 1024
+
+
+@dataclass
+class _Message:
+    body: bytes
+    message_id: str
+    visible_at: float
+    receipt: str = ""
+    receive_count: int = 0
+
+
+@dataclass
+class _Queue:
+    visibility_s: int
+    messages: dict[str, _Message] = field(default_factory=dict)
+    # (visible_at, seq, message_id); entries go stale when a message is re-leased or deleted
+    ready: list[tuple[float, int, str]] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class EmbeddedQueues:
+    max_message_bytes = MAX_MESSAGE_BYTES
+
+    def __init__(self, clock: Clock = time.monotonic) -> None:
+        self._clock = clock
+        self._queues: dict[str, _Queue] = {}
+        self._ids = itertools.count()
+        self.calls: Counter[str] = Counter()
+
+    def _get(self, name: str) -> _Queue:
+        try:
+            return self._queues[name]
+        except KeyError:
+            raise QueueGone(f"queue {name} does not exist") from None
+
+    def _push(self, q: _Queue, m: _Message) -> None:
+        heapq.heappush(q.ready, (m.visible_at, next(self._ids), m.message_id))
+
+    async def create(self, name: str, *, visibility_s: int) -> None:
+        self.calls["sqs.CreateQueue"] += 1
+        self._queues.setdefault(name, _Queue(visibility_s))
+
+    async def delete(self, name: str) -> None:
+        self.calls["sqs.DeleteQueue"] += 1
+        q = self._queues.pop(name, None)
+        if q is not None:
+            q.arrived.set()  # wake long-pollers so they see the queue is gone
+
+    async def list(self, prefix: str) -> list[str]:
+        self.calls["sqs.ListQueues"] += 1
+        return sorted(n for n in self._queues if n.startswith(prefix))
+
+    async def send(self, name: str, bodies: Sequence[bytes]) -> None:
+        q = self._get(name)
+        for body in bodies:
+            if len(body) > self.max_message_bytes:
+                raise UsageError(
+                    f"message of {len(body)} bytes exceeds the queue limit of "
+                    f"{self.max_message_bytes}"
+                )
+        self.calls["sqs.SendMessageBatch"] += (len(bodies) + 9) // 10
+        now = self._clock()
+        for body in bodies:
+            m = _Message(bytes(body), f"m{next(self._ids)}", now)
+            q.messages[m.message_id] = m
+            self._push(q, m)
+        q.arrived.set()
+
+    def _take(self, q: _Queue, limit: int, visibility_s: int) -> list[Received]:
+        now = self._clock()
+        out: list[Received] = []
+        while q.ready and len(out) < limit and q.ready[0][0] <= now:
+            visible_at, _, mid = heapq.heappop(q.ready)
+            m = q.messages.get(mid)
+            if m is None or m.visible_at != visible_at:
+                continue  # deleted or re-leased since this entry was pushed
+            m.receive_count += 1
+            m.receipt = f"{mid}:{m.receive_count}"
+            m.visible_at = now + visibility_s
+            self._push(q, m)
+            out.append(Received(m.body, m.receipt, mid, m.receive_count))
+        return out
+
+    def _next_visible_in(self, q: _Queue) -> float | None:
+        while q.ready:
+            visible_at, _, mid = q.ready[0]
+            m = q.messages.get(mid)
+            if m is not None and m.visible_at == visible_at:
+                return max(0.0, visible_at - self._clock())
+            heapq.heappop(q.ready)
+        return None
+
+    async def receive(
+        self, name: str, *, max_messages: int = 10, wait_s: int = 0,
+        visibility_s: int | None = None,
+    ) -> list[Received]:
+        self.calls["sqs.ReceiveMessage"] += 1
+        q = self._get(name)
+        vis = q.visibility_s if visibility_s is None else visibility_s
+        deadline = self._clock() + wait_s
+        while True:
+            got = self._take(q, max(1, min(10, max_messages)), vis)
+            remaining = deadline - self._clock()
+            if got or remaining <= 0:
+                return got
+            nxt = self._next_visible_in(q)
+            q.arrived.clear()
+            try:
+                await asyncio.wait_for(
+                    q.arrived.wait(), remaining if nxt is None else min(remaining, nxt + 0.001)
+                )
+            except TimeoutError:
+                pass
+            q = self._get(name)
+
+    def _leased(self, q: _Queue, receipt: str) -> _Message | None:
+        mid = receipt.rsplit(":", 1)[0]
+        m = q.messages.get(mid)
+        # A stale receipt (the message was delivered again since) does nothing, as SQS permits.
+        if m is None or m.receipt != receipt:
+            return None
+        return m
+
+    async def delete_messages(self, name: str, receipts: Sequence[str]) -> None:
+        self.calls["sqs.DeleteMessageBatch"] += (len(receipts) + 9) // 10
+        q = self._get(name)
+        for r in receipts:
+            m = self._leased(q, r)
+            if m is not None:
+                del q.messages[m.message_id]
+
+    async def change_visibility(self, name: str, receipts: Sequence[str], seconds: int) -> None:
+        self.calls["sqs.ChangeMessageVisibilityBatch"] += (len(receipts) + 9) // 10
+        q = self._get(name)
+        now = self._clock()
+        for r in receipts:
+            m = self._leased(q, r)
+            if m is not None and m.visible_at > now:  # an expired lease cannot be extended
+                m.visible_at = now + seconds
+                self._push(q, m)
+        if seconds == 0:
+            q.arrived.set()
+
+    async def counts(self, name: str) -> tuple[int, int]:
+        self.calls["sqs.GetQueueAttributes"] += 1
+        q = self._get(name)
+        now = self._clock()
+        visible = sum(1 for m in q.messages.values() if m.visible_at <= now)
+        return visible, len(q.messages) - visible
+
+
+def file_path(url: str) -> Path:
+    """The local path of a ``file://`` URL (plain paths are accepted too)."""
+    if url.startswith("file://"):
+        return Path(unquote(urlparse(url).path))
+    if "://" in url:
+        raise UsageError(f"{url!r}: the embedded backend stores blobs in local files (file://)")
+    return Path(url)
+
+
+def file_url(path: str | Path) -> str:
+    return Path(path).absolute().as_uri()
+
+
+class EmbeddedBlobs:
+    """Blobs as files under any local directory, addressed by ``file://`` URLs."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    async def put(self, url: str, data: bytes) -> None:
+        self.calls["s3.PutObject"] += 1
+        path = file_path(url)
+
+        def write() -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(data)}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)  # readers never see a half-written blob, as with S3
+
+        await asyncio.to_thread(write)
+
+    async def get(self, url: str) -> bytes:
+        self.calls["s3.GetObject"] += 1
+        try:
+            return await asyncio.to_thread(file_path(url).read_bytes)
+        except (FileNotFoundError, IsADirectoryError):
+            raise BlobMissing(f"no blob at {url}") from None
+
+    async def get_range(self, url: str, start: int, end: int) -> bytes:
+        self.calls["s3.GetObject"] += 1
+
+        def read() -> bytes:
+            with file_path(url).open("rb") as f:
+                f.seek(start)
+                return f.read(max(0, end - start))
+
+        try:
+            return await asyncio.to_thread(read)
+        except (FileNotFoundError, IsADirectoryError):
+            raise BlobMissing(f"no blob at {url}") from None
+
+    async def size(self, url: str) -> int:
+        self.calls["s3.HeadObject"] += 1
+        path = file_path(url)
+        if not path.is_file():
+            raise BlobMissing(f"no blob at {url}")
+        return path.stat().st_size
+
+    async def list(self, prefix: str) -> list[BlobInfo]:
+        self.calls["s3.ListObjectsV2"] += 1
+        base = file_path(prefix)
+
+        def walk() -> list[BlobInfo]:
+            if base.is_file():
+                return [BlobInfo(file_url(base), base.stat().st_size)]
+            # A prefix is a string prefix, as in S3: ".../out/part-" matches part-00000.
+            root = base if base.is_dir() else base.parent
+            if not root.is_dir():
+                return []
+            found = []
+            for dirpath, _dirs, files in os.walk(root):
+                for f in files:
+                    p = Path(dirpath, f)
+                    if str(p).startswith(str(base)) and not f.endswith(".tmp"):
+                        found.append(BlobInfo(file_url(p), p.stat().st_size))
+            return sorted(found, key=lambda b: b.url)
+
+        return await asyncio.to_thread(walk)
+
+    async def delete_prefix(self, prefix: str) -> int:
+        self.calls["s3.DeleteObjects"] += 1
+        base = file_path(prefix)
+
+        def remove() -> int:
+            if base.is_dir():
+                n = sum(len(files) for _, _, files in os.walk(base))
+                shutil.rmtree(base, ignore_errors=True)
+                return n
+            n = 0
+            root = base.parent
+            if root.is_dir():
+                for p in root.iterdir():
+                    if str(p).startswith(str(base)):
+                        if p.is_dir():
+                            n += sum(len(files) for _, _, files in os.walk(p))
+                            shutil.rmtree(p, ignore_errors=True)
+                        else:
+                            p.unlink(missing_ok=True)
+                            n += 1
+            return n
+
+        return await asyncio.to_thread(remove)
+
+    async def upload_file(self, path: str, url: str) -> None:
+        self.calls["s3.PutObject"] += 1
+        dst = file_path(url)
+
+        def copy_file() -> None:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dst)
+
+        await asyncio.to_thread(copy_file)
+
+    async def download_file(self, url: str, path: str) -> None:
+        self.calls["s3.GetObject"] += 1
+        src = file_path(url)
+        if not src.is_file():
+            raise BlobMissing(f"no blob at {url}")
+
+        def copy_file() -> None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, path)
+
+        await asyncio.to_thread(copy_file)
+
+
+def holds(cond: Condition | None, item: Item | None) -> bool:
+    """Evaluate a write condition against the current item (None: absent)."""
+    cur = item or {}
+    match cond:
+        case None:
+            return True
+        case Missing(attr):
+            return attr not in cur
+        case Present(attr):
+            return attr in cur
+        case Eq(attr, value):
+            return attr in cur and cur[attr] == value
+        case Lt(attr, value):
+            v = cur.get(attr)
+            return v is not None and type(v) is type(value) and v < value
+        case AllOf(parts):
+            return all(holds(p, item) for p in parts)
+        case AnyOf(parts):
+            return any(holds(p, item) for p in parts)
+    raise TypeError(f"not a condition: {cond!r}")
+
+
+class EmbeddedTable:
+    def __init__(self) -> None:
+        self._parts: dict[str, dict[str, Item]] = {}
+        self.calls: Counter[str] = Counter()
+
+    async def put(self, pk: str, sk: str, item: Item, *, condition: Condition | None = None) -> None:
+        self.calls["dynamodb.PutItem"] += 1
+        part = self._parts.setdefault(pk, {})
+        if not holds(condition, part.get(sk)):
+            raise ConditionFailed(f"condition failed on {pk}/{sk}")
+        part[sk] = copy.deepcopy({**item, "pk": pk, "sk": sk})
+
+    async def get(self, pk: str, sk: str, *, consistent: bool = True) -> Item | None:
+        self.calls["dynamodb.GetItem"] += 1
+        found = self._parts.get(pk, {}).get(sk)
+        return copy.deepcopy(found)
+
+    async def query(self, pk: str, *, prefix: str = "", consistent: bool = True) -> list[Item]:
+        self.calls["dynamodb.Query"] += 1
+        part = self._parts.get(pk, {})
+        return [copy.deepcopy(part[sk]) for sk in sorted(part) if sk.startswith(prefix)]
+
+    async def update(
+        self, pk: str, sk: str, *, set_: Item | None = None, add: dict[str, int] | None = None,
+        condition: Condition | None = None,
+    ) -> Item:
+        self.calls["dynamodb.UpdateItem"] += 1
+        part = self._parts.setdefault(pk, {})
+        cur = part.get(sk)
+        if not holds(condition, cur):
+            raise ConditionFailed(f"condition failed on {pk}/{sk}")
+        new: dict[str, Any] = copy.deepcopy(cur) if cur else {"pk": pk, "sk": sk}
+        new.update(copy.deepcopy(set_ or {}))
+        for k, n in (add or {}).items():
+            new[k] = new.get(k, 0) + n
+        part[sk] = new
+        return copy.deepcopy(new)
+
+    async def delete(self, pk: str, sk: str, *, condition: Condition | None = None) -> None:
+        self.calls["dynamodb.DeleteItem"] += 1
+        part = self._parts.get(pk, {})
+        if not holds(condition, part.get(sk)):
+            raise ConditionFailed(f"condition failed on {pk}/{sk}")
+        part.pop(sk, None)

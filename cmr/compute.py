@@ -1,0 +1,269 @@
+"""The CPU half of map and reduce, run in worker processes of a pool.
+
+The event loop only moves bytes; user code, combining, partitioning, (de)serialising and
+compression happen here, one task per pool process, so every core works. Results go
+through local spool files rather than return values, which keeps a task's memory bounded
+by its buffers, not by its output.
+
+User exceptions are caught here and returned as text (type, message, traceback): they are
+recorded in the job, never re-raised across the process boundary.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import tempfile
+import traceback
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from cmr import wire
+from cmr.job import Job, JobRef, load_job_class
+
+COMBINE_KEYS = 200_000  # distinct keys held before a map task combines and flushes
+REDUCE_COMBINE_AT = 64  # values per key the reducer holds before combining them
+OBJECT_OVERHEAD = 4  # rough Python-object bytes per packed byte, for the memory budget
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    job: str
+    task: int
+    attempt: str
+    partitions: int
+    max_message_bytes: int
+    spool_dir: str
+
+
+@dataclass
+class MapResult:
+    spool: str = ""  # msgpack stream of [partition, seq, records, body, spilled?]
+    batches: list[int] = field(default_factory=list)  # per partition
+    records: list[int] = field(default_factory=list)  # per partition
+    records_in: int = 0
+    bytes_in: int = 0
+    error: str = ""  # "Type: message\ntraceback" when user code raised
+
+
+@dataclass
+class ReduceResult:
+    records_out: int = 0
+    keys: int = 0
+    spills: int = 0
+    error: str = ""
+
+
+_instances: dict[tuple[JobRef, tuple[tuple[str, str], ...]], Job] = {}
+
+
+def job_instance(ref: JobRef, params: dict[str, str]) -> Job:
+    """One set-up instance per job per process (``setup`` runs once, not per task)."""
+    key = (ref, tuple(sorted(params.items())))
+    inst = _instances.get(key)
+    if inst is None:
+        inst = load_job_class(ref)(params)
+        inst.setup()
+        _instances[key] = inst
+    return inst
+
+
+def _user_error() -> str:
+    return traceback.format_exc(limit=-8)
+
+
+class _Shuffle:
+    """Per-partition buffers that become compressed, tagged batch messages in a spool file."""
+
+    def __init__(self, spec: MapSpec, out: Any) -> None:
+        self.spec = spec
+        self.out = out
+        self.buffers: list[list[bytes]] = [[] for _ in range(spec.partitions)]
+        self.sizes = [0] * spec.partitions
+        self.counts = [0] * spec.partitions
+        self.batches = [0] * spec.partitions
+        self.records = [0] * spec.partitions
+        # Raw bytes per batch, tuned by the compression ratio seen so far.
+        self.target = [spec.max_message_bytes * 3] * spec.partitions
+        self.packer = msgpack.Packer(use_bin_type=True)
+
+    def add(self, p: int, key: Any, value: Any) -> None:
+        data = self.packer.pack((key, value))
+        if len(data) > self.spec.max_message_bytes // 2:
+            self._emit(p, [data], 1, spilled=True)
+            return
+        self.buffers[p].append(data)
+        self.sizes[p] += len(data)
+        self.counts[p] += 1
+        if self.sizes[p] >= self.target[p]:
+            self.flush(p)
+
+    def flush(self, p: int) -> None:
+        if not self.buffers[p]:
+            return
+        parts, n = self.buffers[p], self.counts[p]
+        self.buffers[p], self.sizes[p], self.counts[p] = [], 0, 0
+        self._emit(p, parts, n, spilled=False)
+
+    def _emit(self, p: int, parts: list[bytes], n: int, *, spilled: bool) -> None:
+        s = self.spec
+        if spilled:
+            # The loop uploads the stream to a blob and sends a small batch pointing at it.
+            self.out.write(self.packer.pack((p, self.batches[p], n, b"".join(parts), True)))
+        else:
+            raw = b"".join(parts)
+            body = wire.encode(wire.Batch(s.job, s.task, s.attempt, p, self.batches[p], n, raw))
+            if len(body) > s.max_message_bytes and len(parts) > 1:
+                half = len(parts) // 2
+                left = sum(1 for _ in wire.iter_pairs(b"".join(parts[:half])))
+                self._emit(p, parts[:half], left, spilled=False)
+                self._emit(p, parts[half:], n - left, spilled=False)
+                self.target[p] = max(64 * 1024, self.target[p] // 2)
+                return
+            ratio = len(raw) / max(1, len(body))
+            self.target[p] = int(s.max_message_bytes * ratio * 0.85)
+            self.out.write(self.packer.pack((p, self.batches[p], n, body, False)))
+        self.batches[p] += 1
+        self.records[p] += n
+
+    def close(self) -> None:
+        for p in range(self.spec.partitions):
+            self.flush(p)
+
+
+def _combined(job: Job, groups: dict[Any, list[Any]]) -> Iterator[tuple[Any, Any]]:
+    for key, values in groups.items():
+        if len(values) == 1:
+            yield key, values[0]
+        else:
+            yield from job.combine(key, iter(values))
+
+
+def run_map(ref: JobRef, params: dict[str, str], chunks: list[tuple[str, bytes]],
+            spec: MapSpec) -> MapResult:
+    result = MapResult(records_in=0, bytes_in=sum(len(d) for _, d in chunks))
+    fd, path = tempfile.mkstemp(prefix="map-", suffix=".spool", dir=spec.spool_dir)
+    try:
+        job = job_instance(ref, params)
+        with os.fdopen(fd, "wb") as out:
+            shuffle = _Shuffle(spec, out)
+            part = job.partition
+            n = spec.partitions
+            combine = job.combine is not None
+            groups: dict[Any, list[Any]] = {}
+            for name, data in chunks:
+                result.records_in += data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+                if data.endswith(b"\n"):
+                    data = data[:-1]  # the last line's newline ends it; it opens no new line
+                pairs: Iterable[tuple[Any, Any]] = job.map_chunk(name, data) if data else ()
+                for key, value in pairs:
+                    if combine:
+                        vals = groups.get(key)
+                        if vals is None:
+                            groups[key] = [value]
+                            if len(groups) >= COMBINE_KEYS:
+                                for k, v in _combined(job, groups):
+                                    shuffle.add(part(k, n), k, v)
+                                groups = {}
+                        else:
+                            vals.append(value)
+                            if len(vals) >= REDUCE_COMBINE_AT:
+                                groups[key] = [v for _, v in job.combine(key, iter(vals))]
+                    else:
+                        shuffle.add(part(key, n), key, value)
+            for k, v in _combined(job, groups):
+                shuffle.add(part(k, n), k, v)
+            shuffle.close()
+        result.spool, result.batches, result.records = path, shuffle.batches, shuffle.records
+    except Exception:
+        result.error = _user_error()
+        os.unlink(path)
+    return result
+
+
+def sort_key(key: Any) -> tuple[int, Any]:
+    """A total order over msgpack keys: numbers, then strings, then bytes, then the rest by
+    their encoding, so output is sorted the way people expect for the common types."""
+    if isinstance(key, bool) or key is None:
+        return (3, wire.pack(key))
+    if isinstance(key, int | float):
+        return (0, key)
+    if isinstance(key, str):
+        return (1, key)
+    if isinstance(key, bytes):
+        return (2, key)
+    return (3, wire.pack(key))
+
+
+def _write_run(groups: dict[Any, list[Any]], spill_dir: str) -> str:
+    fd, path = tempfile.mkstemp(prefix="run-", suffix=".spill", dir=spill_dir)
+    packer = msgpack.Packer(use_bin_type=True)
+    with os.fdopen(fd, "wb") as f:
+        for key in sorted(groups, key=sort_key):
+            f.write(packer.pack((key, groups[key])))
+    return path
+
+
+def _read_run(path: str) -> Iterator[tuple[Any, tuple[Any, ...]]]:
+    with open(path, "rb") as f:
+        unpacker = msgpack.Unpacker(f, raw=False, use_list=False, strict_map_key=False,
+                                    max_buffer_size=wire.MAX_DECODED)
+        yield from unpacker
+
+
+def run_reduce(ref: JobRef, params: dict[str, str], spools: list[str], out_path: str,
+               memory_bytes: int, spill_dir: str) -> ReduceResult:
+    """Group the winners' pairs by key (spilling sorted runs past the memory budget), run
+    reduce over keys in sorted order, and write the partition's output lines."""
+    result = ReduceResult()
+    runs: list[str] = []
+    try:
+        job = job_instance(ref, params)
+        combine = job.combine
+        groups: dict[Any, list[Any]] = {}
+        held = 0
+        for spool in spools:
+            with open(spool, "rb") as f:
+                unpacker = msgpack.Unpacker(f, raw=False, use_list=False, strict_map_key=False,
+                                            max_buffer_size=wire.MAX_DECODED)
+                for key, value in unpacker:
+                    vals = groups.get(key)
+                    if vals is None:
+                        groups[key] = [value]
+                    else:
+                        vals.append(value)
+                        if combine is not None and len(vals) >= REDUCE_COMBINE_AT:
+                            groups[key] = [v for _, v in combine(key, iter(vals))]
+                    held += 48  # a rough per-value cost; refined by the packed size below
+                    if held >= memory_bytes:
+                        runs.append(_write_run(groups, spill_dir))
+                        groups, held = {}, 0
+        if runs:
+            if groups:
+                runs.append(_write_run(groups, spill_dir))
+            groups = {}
+            result.spills = len(runs)
+            merged = heapq.merge(*(_read_run(r) for r in runs), key=lambda kv: sort_key(kv[0]))
+            keyed: Iterator[tuple[Any, Iterator[Any]]] = (
+                (k, itertools.chain.from_iterable(vs for _, vs in grp))
+                for k, grp in itertools.groupby(merged, key=lambda kv: kv[0])
+            )
+        else:
+            keyed = ((k, iter(groups[k])) for k in sorted(groups, key=sort_key))
+        with open(out_path, "w", encoding="utf-8", newline="\n") as out:
+            for key, values in keyed:
+                result.keys += 1
+                for k, v in job.reduce(key, values):
+                    out.write(job.format(k, v))
+                    out.write("\n")
+                    result.records_out += 1
+    except Exception:
+        result.error = _user_error()
+    finally:
+        for r in runs:
+            os.unlink(r)
+    return result

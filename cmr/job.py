@@ -1,0 +1,165 @@
+"""The user's job: a class with ``map``, optional ``combine``, and ``reduce``.
+
+A job file is ordinary Python that the *worker* imports from its own files (a path that
+exists on the worker, or an installed module) — job code never travels on the wire. The
+job record carries only the reference and a digest of the file, so a worker whose copy
+differs refuses instead of computing something else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from cmr.errors import JobCodeError
+from cmr.partition import stable_partition
+
+Pair = tuple[Any, Any]
+
+
+class Job:
+    """Subclass this. Keys and values must be msgpack data (str, bytes, int, float, bool,
+    None, lists and dicts of those; lists arrive as tuples)."""
+
+    reducers: ClassVar[int] = 4  # default partition count; ``--reducers`` overrides it
+
+    def __init__(self, params: dict[str, str] | None = None) -> None:
+        self.params: dict[str, str] = dict(params or {})
+
+    def setup(self) -> None:
+        """Called once in each worker process before its first task (open files, compile
+        patterns, read ``self.params``)."""
+
+    def map(self, key: str, value: str) -> Iterable[Pair]:
+        """One input record: key is the input's name, value one line (UTF-8, errors
+        replaced, without its ``\\n``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define map()")
+
+    def map_chunk(self, source: str, data: bytes) -> Iterable[Pair]:
+        """All records of a split at once: ``data`` is whole lines of ``source``. Override it
+        for speed when per-line calls dominate; it must yield what ``map`` would."""
+        for line in data.split(b"\n"):
+            yield from self.map(source, line.decode("utf-8", "replace"))
+
+    # ``combine`` is optional: a job without it is not combined. It must be associative
+    # and commutative over values, and yield pairs with the same key.
+    combine: Any = None
+
+    def reduce(self, key: Any, values: Iterator[Any]) -> Iterable[Pair]:
+        raise NotImplementedError(f"{type(self).__name__} does not define reduce()")
+
+    def partition(self, key: Any, partitions: int) -> int:
+        """Which reducer gets ``key``: stable across processes and machines."""
+        return stable_partition(key, partitions)
+
+    def format(self, key: Any, value: Any) -> str:
+        """One output line (without the newline)."""
+        return f"{_text(key)}\t{_text(value)}"
+
+
+def _text(x: Any) -> str:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, bytes):
+        return x.decode("utf-8", "replace")
+    if isinstance(x, tuple):
+        x = list(x)
+    return json.dumps(x, ensure_ascii=False, default=str)
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """Where a worker finds the job class: ``path/to/file.py[:Class]`` or
+    ``package.module[:Class]``, plus the sha256 of the source the client saw."""
+
+    target: str
+    digest: str
+
+    @staticmethod
+    def parse(spec: str) -> JobRef:
+        target = spec
+        src = _source_path(target)
+        return JobRef(target, hashlib.sha256(src.read_bytes()).hexdigest())
+
+
+def _split(target: str) -> tuple[str, str | None]:
+    # "C:\\x.py" style drive letters do not occur on our platforms; the last colon wins.
+    head, sep, tail = target.rpartition(":")
+    if sep and tail.isidentifier() and not tail.endswith(".py"):
+        return head, tail
+    return target, None
+
+
+def _source_path(target: str) -> Path:
+    where, _ = _split(target)
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise JobCodeError(f"job file {where} does not exist")
+        return path
+    try:
+        spec = importlib.util.find_spec(where)
+    except (ImportError, ValueError) as exc:
+        raise JobCodeError(f"cannot import job module {where}: {exc}") from None
+    if spec is None or spec.origin is None:
+        raise JobCodeError(f"job {where!r} is neither a .py file nor an importable module")
+    return Path(spec.origin)
+
+
+_loaded: dict[JobRef, type[Job]] = {}
+
+
+def load_job_class(ref: JobRef) -> type[Job]:
+    """Import the job class named by ref, refusing if the source differs from the client's."""
+    if ref in _loaded:
+        return _loaded[ref]
+    src = _source_path(ref.target)
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    if digest != ref.digest:
+        raise JobCodeError(
+            f"this worker's {src} differs from the submitted job's (sha256 {digest[:12]} "
+            f"vs {ref.digest[:12]}): install the same version on every worker"
+        )
+    where, cls_name = _split(ref.target)
+    try:
+        if where.endswith(".py"):
+            name = f"cmr_job_{ref.digest[:16]}"
+            spec = importlib.util.spec_from_file_location(name, src)
+            if spec is None or spec.loader is None:
+                raise JobCodeError(f"cannot load {src}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except JobCodeError:
+        raise
+    except Exception as exc:
+        raise JobCodeError(f"importing {src} failed: {type(exc).__name__}: {exc}") from exc
+    candidates = [
+        obj for obj in vars(module).values()
+        if isinstance(obj, type) and issubclass(obj, Job) and obj is not Job
+        and obj.__module__ == module.__name__
+    ]
+    if cls_name is not None:
+        found = getattr(module, cls_name, None)
+        if not (isinstance(found, type) and issubclass(found, Job)):
+            raise JobCodeError(f"{src} has no Job subclass named {cls_name}")
+        cls = found
+    elif len(candidates) == 1:
+        cls = candidates[0]
+    else:
+        names = ", ".join(c.__name__ for c in candidates) or "none"
+        raise JobCodeError(
+            f"{src} must define exactly one cmr.Job subclass (found: {names}); "
+            f"name one as {where}:ClassName"
+        )
+    _loaded[ref] = cls
+    return cls

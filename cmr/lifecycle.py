@@ -1,0 +1,109 @@
+"""A job's ending: publishing committed parts, failing, and idempotent cleanup.
+
+Any process may run these, any number of times, concurrently: the client, the worker that
+committed the last partition, or ``cmr cleanup``. Publishing copies immutable committed
+attempt outputs, so two publishers write the same bytes; state changes are conditional.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+
+import structlog
+
+from cmr.backends.base import Backend, Eq
+from cmr.errors import BlobMissing, ConditionFailed, QueueGone
+from cmr.records import JOBS_PK, JobSpec, JobState, job_pk, reduce_sk
+
+log = structlog.get_logger("cmr.lifecycle")
+
+
+def part_name(p: int) -> str:
+    return f"part-{p:05d}"
+
+
+def job_scratch(scratch: str, job_id: str) -> str:
+    return f"{scratch.rstrip('/')}/jobs/{job_id}/"
+
+
+async def set_state(backend: Backend, job_id: str, state: JobState, error: str = "") -> bool:
+    """Move a running job to a final state; False if it already had one."""
+    now = time.time()
+    fields: dict[str, object] = {"state": state.value, "finished": now}
+    if error:
+        fields["error"] = error[-8000:]
+    try:
+        await backend.table.update(
+            job_pk(job_id), "job", set_=fields, condition=Eq("state", JobState.RUNNING.value)
+        )
+    except ConditionFailed:
+        return False
+    await backend.table.update(JOBS_PK, job_id, set_={"state": state.value, "finished": now})
+    return True
+
+
+async def committed_outputs(backend: Backend, spec: JobSpec) -> dict[int, str] | None:
+    """Partition -> committed output URL, or None while any partition is uncommitted."""
+    items = await backend.table.query(job_pk(spec.job_id), prefix="reduce#")
+    done = {int(i["sk"].split("#")[1]): str(i["output"]) for i in items
+            if i.get("state") == "committed"}
+    return done if len(done) == spec.partitions else None
+
+
+async def _copy(backend: Backend, src: str, dst: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix="cmr-publish-")
+    os.close(fd)
+    try:
+        await backend.blobs.download_file(src, tmp)
+        await backend.blobs.upload_file(tmp, dst)
+    finally:
+        os.unlink(tmp)
+
+
+async def finalize(backend: Backend, spec: JobSpec) -> bool:
+    """Publish every committed part and mark the job succeeded; True once it is."""
+    outputs = await committed_outputs(backend, spec)
+    if outputs is None:
+        return False
+    job = await backend.table.get(job_pk(spec.job_id), "job")
+    if job is None or job.get("state") != JobState.RUNNING.value:
+        return job is not None and job.get("state") == JobState.SUCCEEDED.value
+    try:
+        await asyncio.gather(*(
+            _copy(backend, url, spec.output + part_name(p)) for p, url in outputs.items()
+        ))
+    except BlobMissing:
+        # Another finalizer finished and cleaned up under us; its verdict stands.
+        job = await backend.table.get(job_pk(spec.job_id), "job")
+        return job is not None and job.get("state") == JobState.SUCCEEDED.value
+    records_out = sum(int(i.get("records", 0)) for i in
+                      await backend.table.query(job_pk(spec.job_id), prefix="reduce#"))
+    await backend.table.update(job_pk(spec.job_id), "job", set_={"records_out": records_out})
+    if await set_state(backend, spec.job_id, JobState.SUCCEEDED):
+        log.info("job succeeded", job=spec.job_id)
+    await cleanup(backend, spec)
+    return True
+
+
+async def fail(backend: Backend, spec: JobSpec, reason: str) -> None:
+    if await set_state(backend, spec.job_id, JobState.FAILED, reason):
+        log.warning("job failed", job=spec.job_id, reason=reason.splitlines()[0])
+    await cleanup(backend, spec)
+
+
+async def cleanup(backend: Backend, spec: JobSpec) -> None:
+    """Delete the job's queues, scratch blobs and task records; keep the job record."""
+    in_q, reduce_q, part_qs = spec.queues()
+    for name in (in_q, reduce_q, *part_qs):
+        try:
+            await backend.queues.delete(name)
+        except QueueGone:
+            pass
+    await backend.blobs.delete_prefix(job_scratch(spec.scratch, spec.job_id))
+    pk = job_pk(spec.job_id)
+    for prefix in ("map#", "fail#", "reduce#"):
+        for item in await backend.table.query(pk, prefix=prefix):
+            await backend.table.delete(pk, item["sk"])

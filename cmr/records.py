@@ -1,0 +1,142 @@
+"""The job's shared state in the table: one partition per job, plus an index of jobs.
+
+    pk=jobs          sk=<job id>          state, created       (what workers poll)
+    pk=job#<id>      sk=job               the job record: spec, state, counters, error
+    pk=job#<id>      sk=map#<task>        the task's winning attempt and its per-partition counts
+    pk=job#<id>      sk=fail#<m|r><n>     how often user code failed on a map task or partition
+    pk=job#<id>      sk=reduce#<p>        the partition's claim (owner, epoch, lease) and commit
+
+Every decision record is written once with a condition, so whoever reads it later — any
+worker, any time — reaches the same conclusion (the "stable decisions" invariant).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from cmr import wire
+from cmr.backends.base import Item
+from cmr.errors import WireError
+from cmr.job import JobRef
+
+JOBS_PK = "jobs"
+
+
+class JobState(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+# Counters the job record accumulates; ``cmr status`` shows them.
+STATS = (
+    "records_in", "bytes_in", "records_out",
+    "map_attempts_filtered",  # method 1: attempts that finished but lost to the winner
+    "map_duplicates_skipped",  # task messages for tasks that already had a winner
+    "batches_dropped",  # method 2: repeated batches (same tag) a reducer threw away
+    "batches_filtered",  # batches of losing or dead attempts
+    "reduce_conflicts",  # method 3: claims refused because another worker held the partition
+    "tasks_retried", "leases_lost", "messages_rejected",
+)
+
+
+def new_job_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def job_pk(job_id: str) -> str:
+    return f"job#{job_id}"
+
+
+def map_sk(task: int) -> str:
+    return f"map#{task:07d}"
+
+
+def fail_sk(task_id: str) -> str:
+    """task_id: "m<task>" for a map task, "r<partition>" for a reduce task."""
+    return f"fail#{task_id}"
+
+
+def reduce_sk(p: int) -> str:
+    return f"reduce#{p:05d}"
+
+
+def queue_names(prefix: str, job_id: str, partitions: int) -> tuple[str, str, list[str]]:
+    """(input queue, master reduce queue, one queue per partition)."""
+    base = f"{prefix}{job_id}"
+    return f"{base}-in", f"{base}-reduce", [f"{base}-p{p:05d}" for p in range(partitions)]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a worker needs to run a job's tasks; immutable once submitted."""
+
+    job_id: str
+    ref: JobRef
+    params: dict[str, str]
+    maps: int
+    partitions: int
+    output: str  # URL prefix the committed parts are published under
+    scratch: str  # URL prefix for this job's attempt outputs and spills
+    queue_prefix: str
+    visibility_s: int
+    max_task_failures: int
+
+    def queues(self) -> tuple[str, str, list[str]]:
+        return queue_names(self.queue_prefix, self.job_id, self.partitions)
+
+    def to_item(self) -> Item:
+        return {
+            "job": self.ref.target, "digest": self.ref.digest, "params": self.params,
+            "maps": self.maps, "partitions": self.partitions, "output": self.output,
+            "scratch": self.scratch, "queue_prefix": self.queue_prefix,
+            "visibility_s": self.visibility_s, "max_task_failures": self.max_task_failures,
+        }
+
+    @staticmethod
+    def from_item(job_id: str, item: Item) -> JobSpec:
+        try:
+            params = item["params"]
+            return JobSpec(
+                job_id, JobRef(str(item["job"]), str(item["digest"])),
+                {str(k): str(v) for k, v in params.items()}, int(item["maps"]),
+                int(item["partitions"]), str(item["output"]), str(item["scratch"]),
+                str(item["queue_prefix"]), int(item["visibility_s"]),
+                int(item["max_task_failures"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise WireError(f"job record {job_id} is malformed: {exc}") from None
+
+
+@dataclass(frozen=True)
+class MapCommit:
+    """The winning attempt of a map task and how many batches/records it sent where."""
+
+    attempt: str
+    batches: dict[int, int]  # partition -> batches (partitions with none are absent)
+    records: dict[int, int]
+
+    def to_item(self) -> Item:
+        sparse = [[p, self.batches[p], self.records.get(p, 0)] for p in sorted(self.batches)]
+        return {"attempt": self.attempt, "counts": wire.pack(sparse)}
+
+    @staticmethod
+    def from_item(item: Item) -> MapCommit:
+        try:
+            rows: Any = wire.unpack(item["counts"])
+            return MapCommit(
+                str(item["attempt"]),
+                {int(p): int(b) for p, b, _ in rows},
+                {int(p): int(r) for p, _, r in rows},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WireError(f"map commit record is malformed: {exc}") from None
+
+
+def task_of(sk: str) -> int:
+    return int(sk.split("#", 1)[1])

@@ -1,0 +1,206 @@
+"""A reduce task: claim the partition, drain its queue, reduce the winners' pairs, commit.
+
+Draining applies the two other duplicate rules of the seeds:
+
+* method 2 (one reader per queue, tag and remember): every batch carries a tag
+  (task, attempt, seq); a repeated tag — a parallel receive, a visibility timeout that
+  lapsed, or a stranger's exact copy — is dropped;
+* method 1 (filter by commit records): only batches of each task's winning attempt are
+  kept; the reducer knows it has everything when the winners' per-partition batch counts
+  are met.
+
+Batches are never deleted from the partition queue: if this worker dies, the next owner
+must find them again. The whole queue is deleted when the job ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+
+from cmr import compute, wire
+from cmr.backends.base import Received
+from cmr.claim import Claim, Refusal, claim
+from cmr.errors import BackendError, BlobMissing, WireError
+from cmr.lease import message_lease
+from cmr.lifecycle import finalize, job_scratch
+from cmr.mapper import task_failed
+from cmr.records import JobSpec, MapCommit, job_pk, task_of
+from cmr.runtime import Runtime
+
+WINNER_POLL_MAX_S = 5.0
+
+
+class Drain:
+    """What one reducer has received of its partition so far."""
+
+    def __init__(self, spec: JobSpec, partition: int, workdir: str) -> None:
+        self.spec = spec
+        self.partition = partition
+        self.workdir = workdir
+        self.winners: dict[int, MapCommit] = {}
+        self.seqs: dict[tuple[int, str], set[int]] = {}
+        self.message_ids: set[str] = set()
+        self.held: list[str] = []  # receipts of messages we hold invisible
+        self.stats: Counter[str] = Counter()
+
+    def spool(self, task: int, attempt: str) -> str:
+        return os.path.join(self.workdir, f"{task}-{attempt}")
+
+    def complete(self) -> bool:
+        if len(self.winners) < self.spec.maps:
+            return False
+        p = self.partition
+        return all(
+            len(self.seqs.get((t, w.attempt), ())) >= w.batches.get(p, 0)
+            for t, w in self.winners.items()
+        )
+
+    def missing(self) -> int:
+        p = self.partition
+        return sum(max(0, w.batches.get(p, 0) - len(self.seqs.get((t, w.attempt), ())))
+                   for t, w in self.winners.items())
+
+    def learn_winner(self, task: int, commit: MapCommit) -> None:
+        self.winners[task] = commit
+        for t, attempt in list(self.seqs):
+            if t == task and attempt != commit.attempt:
+                # A losing or crashed attempt: its batches never count.
+                self.stats["batches_filtered"] += len(self.seqs.pop((t, attempt)))
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.spool(t, attempt))
+
+    async def accept(self, rt: Runtime, m: Received) -> None:
+        self.held.append(m.receipt)
+        if m.message_id in self.message_ids:
+            self.stats["batches_dropped"] += 1
+            return
+        self.message_ids.add(m.message_id)
+        try:
+            batch = await asyncio.to_thread(wire.decode, m.body)
+            if not isinstance(batch, wire.Batch) or batch.job != self.spec.job_id \
+                    or batch.partition != self.partition or batch.task >= self.spec.maps:
+                raise WireError("not a batch of this job's partition")
+        except WireError as exc:
+            self.stats["messages_rejected"] += 1
+            rt.log.warning("rejected a message in a partition queue", job=self.spec.job_id,
+                           partition=self.partition, reason=str(exc))
+            return
+        winner = self.winners.get(batch.task)
+        if winner is not None and winner.attempt != batch.attempt:
+            self.stats["batches_filtered"] += 1
+            return
+        seen = self.seqs.setdefault((batch.task, batch.attempt), set())
+        if batch.seq in seen:
+            self.stats["batches_dropped"] += 1
+            return
+        pairs = batch.pairs
+        if batch.spilled:
+            if not batch.spilled.startswith(job_scratch(self.spec.scratch, self.spec.job_id)):
+                self.stats["messages_rejected"] += 1
+                return
+            try:
+                pairs = await rt.backend.blobs.get(batch.spilled)
+            except BlobMissing:
+                return  # its attempt lost and was cleaned up; a winner's spill is never deleted
+        seen.add(batch.seq)
+        with open(self.spool(batch.task, batch.attempt), "ab") as f:
+            f.write(pairs)
+
+    def winner_spools(self) -> list[str]:
+        paths = [self.spool(t, w.attempt) for t, w in sorted(self.winners.items())]
+        return [p for p in paths if os.path.exists(p)]
+
+
+async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.ReduceTask) -> None:
+    _, reduce_q, part_qs = spec.queues()
+    queues = rt.backend.queues
+    p = task.partition
+    got = await claim(rt.backend.table, spec.job_id, p, rt.worker_id, spec.visibility_s)
+    if isinstance(got, Refusal):
+        if got.committed:
+            await queues.delete_messages(reduce_q, [msg.receipt])
+        else:
+            # Someone holds a live claim: hide our copy until its lease would lapse, so the
+            # task comes back only if the holder dies.
+            await rt.add_stats(spec.job_id, Counter(reduce_conflicts=1))
+            await queues.change_visibility(reduce_q, [msg.receipt],
+                                           min(spec.visibility_s, int(got.retry_in) + 1))
+        return
+    workdir = tempfile.mkdtemp(prefix=f"reduce-{p}-", dir=rt.spool_dir)
+    drain = Drain(spec, p, workdir)
+    try:
+        async with message_lease(queues, reduce_q, msg.receipt, spec.visibility_s), \
+                got.renewing():
+            await _drain(rt, spec, got, drain, part_qs[p])
+            if got.lost.is_set():
+                await _let_go(rt, drain, part_qs[p])
+                return
+            await _reduce_and_commit(rt, spec, got, drain, msg)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        await rt.add_stats(spec.job_id, drain.stats)
+
+
+async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: str) -> None:
+    table, queues = rt.backend.table, rt.backend.queues
+    pk = job_pk(spec.job_id)
+    next_poll, poll_every = 0.0, 0.25
+    while not drain.complete() and not owner.lost.is_set():
+        if len(drain.winners) < spec.maps and time.monotonic() >= next_poll:
+            known = len(drain.winners)
+            for item in await table.query(pk, prefix="map#"):
+                t = task_of(item["sk"])
+                if t not in drain.winners:
+                    drain.learn_winner(t, MapCommit.from_item(item))
+            # Poll the table often while commits arrive, back off while they do not.
+            poll_every = 0.25 if len(drain.winners) > known else min(WINNER_POLL_MAX_S,
+                                                                       poll_every * 2)
+            next_poll = time.monotonic() + poll_every
+            if drain.complete():
+                break
+        got = await queues.receive(queue, max_messages=10, wait_s=rt.settings.poll_s,
+                                   visibility_s=spec.visibility_s)
+        for m in got:
+            await drain.accept(rt, m)
+
+
+async def _let_go(rt: Runtime, drain: Drain, queue: str) -> None:
+    """We lost the partition (paused past our lease): hand back every batch we hold at once,
+    so the new owner is not stalled for a whole visibility timeout."""
+    rt.log.warning("lost the claim on a partition; releasing its messages",
+                   job=drain.spec.job_id, partition=drain.partition)
+    drain.stats["leases_lost"] += 1
+    with contextlib.suppress(BackendError):
+        await rt.backend.queues.change_visibility(queue, drain.held, 0)
+
+
+async def _reduce_and_commit(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain,
+                             msg: Received) -> None:
+    _, reduce_q, _ = spec.queues()
+    out_path = os.path.join(drain.workdir, "output")
+    result = await rt.cpu(compute.run_reduce, spec.ref, spec.params, drain.winner_spools(),
+                          out_path, rt.settings.memory_mb * 1024 * 1024, drain.workdir)
+    if result.error:
+        await owner.release()
+        await task_failed(rt, spec, f"r{drain.partition}", f"reduce of partition "
+                          f"{drain.partition}", result.error, reduce_q, msg)
+        return
+    url = (f"{job_scratch(spec.scratch, spec.job_id)}out/"
+           f"p{drain.partition:05d}-e{owner.epoch}-{owner.owner}")
+    await rt.backend.blobs.upload_file(out_path, url)
+    if not await owner.commit(url, result.records_out):
+        drain.stats["leases_lost"] += 1
+        rt.log.warning("partition was taken over before our commit; output discarded",
+                       job=spec.job_id, partition=drain.partition)
+        await rt.backend.blobs.delete_prefix(url)
+        return
+    await rt.backend.queues.delete_messages(reduce_q, [msg.receipt])
+    await rt.add_stats(spec.job_id, drain.stats)
+    drain.stats.clear()
+    await finalize(rt.backend, spec)

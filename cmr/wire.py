@@ -1,0 +1,186 @@
+"""What travels on queues: map tasks, reduce tasks and shuffle batches, as msgpack data.
+
+A body is ``MAGIC`` followed by a zstd frame of one msgpack map. Decoding never evaluates
+anything: msgpack yields plain data, every field is type-checked, sizes are bounded (the
+zstd frame must declare its size and stay under ``MAX_DECODED``), and anything else is a
+:class:`WireError` that the caller logs and counts. Nothing here unpickles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import zstandard
+
+from cmr.errors import WireError
+
+MAGIC = b"CMR1"
+MAX_DECODED = 64 * 1024 * 1024  # a decoded body larger than this is refused, not allocated
+_LEVEL = 3  # zstd's default: fast, and ~4x on shuffled text pairs
+
+_compressor = zstandard.ZstdCompressor(level=_LEVEL, write_content_size=True)
+_decompressor = zstandard.ZstdDecompressor()
+
+
+@dataclass(frozen=True)
+class Range:
+    """Bytes [start, end) of an input blob; the split owns records that *start* inside it."""
+
+    url: str
+    start: int
+    end: int
+    name: str  # what map sees as the record's source (a relative path or S3 key)
+
+
+@dataclass(frozen=True)
+class MapTask:
+    job: str
+    task: int
+    ranges: tuple[Range, ...]
+
+
+@dataclass(frozen=True)
+class ReduceTask:
+    job: str
+    partition: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Part of one map attempt's output for one partition; (task, attempt, seq) is its tag."""
+
+    job: str
+    task: int
+    attempt: str
+    partition: int
+    seq: int
+    records: int
+    pairs: bytes  # a concatenated msgpack stream of [key, value] arrays
+    spilled: str = ""  # when set, ``pairs`` is empty and the stream lives in this blob
+
+    @property
+    def tag(self) -> tuple[int, str, int]:
+        return (self.task, self.attempt, self.seq)
+
+
+Message = MapTask | ReduceTask | Batch
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def unpack(data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises a zoo of types on garbage; all mean "invalid"
+        raise WireError(f"not msgpack data: {exc}") from None
+
+
+def compress(data: bytes) -> bytes:
+    return _compressor.compress(data)  # type: ignore[no-any-return]
+
+
+def decompress(data: bytes) -> bytes:
+    try:
+        size = zstandard.frame_content_size(data)
+    except zstandard.ZstdError as exc:
+        raise WireError(f"not a zstd frame: {exc}") from None
+    if size < 0 or size > MAX_DECODED:
+        raise WireError(f"compressed body declares {size} bytes (limit {MAX_DECODED})")
+    try:
+        return _decompressor.decompress(data, max_output_size=MAX_DECODED)  # type: ignore[no-any-return]
+    except zstandard.ZstdError as exc:
+        raise WireError(f"corrupt zstd frame: {exc}") from None
+
+
+def encode(msg: Message) -> bytes:
+    match msg:
+        case MapTask(job, task, ranges):
+            doc: dict[str, Any] = {
+                "k": "map", "job": job, "task": task,
+                "ranges": [[r.url, r.start, r.end, r.name] for r in ranges],
+            }
+        case ReduceTask(job, partition):
+            doc = {"k": "reduce", "job": job, "p": partition}
+        case Batch():
+            doc = {
+                "k": "batch", "job": msg.job, "task": msg.task, "att": msg.attempt,
+                "p": msg.partition, "seq": msg.seq, "n": msg.records, "pairs": msg.pairs,
+                "spill": msg.spilled,
+            }
+    return MAGIC + compress(pack(doc))
+
+
+def _field(doc: dict[Any, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = doc.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise WireError(f"field {name!r} missing or not {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def _nat(doc: dict[Any, Any], name: str) -> int:
+    value: int = _field(doc, name, int)
+    if value < 0:
+        raise WireError(f"field {name!r} is negative")
+    return value
+
+
+def _job_id(doc: dict[Any, Any]) -> str:
+    job: str = _field(doc, "job", str)
+    if not 1 <= len(job) <= 64 or not job.replace("-", "").isalnum():
+        raise WireError("field 'job' is not a job id")
+    return job
+
+
+def decode(body: bytes) -> Message:
+    """Parse and validate a queue body. Raises WireError for anything that is not ours."""
+    if not body.startswith(MAGIC):
+        raise WireError("body does not start with the cmr magic bytes")
+    doc = unpack(decompress(body[len(MAGIC):]))
+    if not isinstance(doc, dict):
+        raise WireError("body is not a msgpack map")
+    kind = doc.get("k")
+    if kind == "map":
+        raw = _field(doc, "ranges", tuple)
+        ranges = []
+        for r in raw:
+            if (
+                not isinstance(r, tuple) or len(r) != 4 or not isinstance(r[0], str)
+                or not isinstance(r[3], str)
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in r[1:3])
+                or not 0 <= r[1] <= r[2]
+            ):
+                raise WireError("a map range is not [url, start, end, name]")
+            ranges.append(Range(r[0], r[1], r[2], r[3]))
+        return MapTask(_job_id(doc), _nat(doc, "task"), tuple(ranges))
+    if kind == "reduce":
+        return ReduceTask(_job_id(doc), _nat(doc, "p"))
+    if kind == "batch":
+        attempt: str = _field(doc, "att", str)
+        if not 1 <= len(attempt) <= 64:
+            raise WireError("field 'att' is not an attempt id")
+        return Batch(
+            _job_id(doc), _nat(doc, "task"), attempt, _nat(doc, "p"), _nat(doc, "seq"),
+            _nat(doc, "n"), _field(doc, "pairs", bytes), _field(doc, "spill", str),
+        )
+    raise WireError(f"unknown message kind {kind!r}")
+
+
+def iter_pairs(stream: bytes) -> Any:
+    """Yield (key, value) from a batch's pair stream; WireError on anything malformed."""
+    unpacker = msgpack.Unpacker(
+        raw=False, use_list=False, strict_map_key=False, max_buffer_size=MAX_DECODED,
+    )
+    unpacker.feed(stream)
+    try:
+        for item in unpacker:
+            if not isinstance(item, tuple) or len(item) != 2:
+                raise WireError("a batch record is not a [key, value] pair")
+            yield item
+    except WireError:
+        raise
+    except Exception as exc:
+        raise WireError(f"corrupt pair stream: {exc}") from None

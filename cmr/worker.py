@@ -1,0 +1,156 @@
+"""The worker: every process runs this same loop; there is no master.
+
+A worker finds running jobs in the table, and runs up to ``map_slots`` map tasks and
+``reduce_slots`` reduce tasks at once, taking whatever its jobs' queues hand it. Reduce
+slots are separate from map slots so a reducer waiting for maps can never starve them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from typing import TypeVar
+
+from cmr import wire
+from cmr.backends.base import Backend, Received
+from cmr.errors import BackendError, QueueGone, Throttled, WireError
+from cmr.mapper import run_map_task
+from cmr.records import JOBS_PK, JobSpec, JobState, job_pk
+from cmr.reducer import run_reduce_task
+from cmr.runtime import Runtime
+from cmr.settings import WorkerSettings
+
+JOB_REFRESH_S = 1.0
+T = TypeVar("T")
+
+
+class Worker:
+    def __init__(self, backend: Backend, settings: WorkerSettings, pool: Executor, *,
+                 only_job: str | None = None) -> None:
+        self.only_job = only_job
+        spool = settings.spill_dir or tempfile.gettempdir()
+        self.rt = Runtime(backend, settings, pool, tempfile.mkdtemp(prefix="cmr-", dir=spool))
+        self.jobs: list[JobSpec] = []
+        self._specs: dict[str, JobSpec] = {}
+        self._turn = 0
+        self.last_work = time.monotonic()
+        self.busy = 0
+        self.done = asyncio.Event()
+
+    async def refresh_jobs(self) -> None:
+        table = self.rt.backend.table
+        if self.only_job is not None:
+            rows = [r for r in [await table.get(JOBS_PK, self.only_job)] if r is not None]
+        else:
+            rows = await table.query(JOBS_PK, consistent=False)
+        running = []
+        for row in rows:
+            job_id = str(row["sk"])
+            if row.get("state") != JobState.RUNNING.value:
+                self._specs.pop(job_id, None)
+                continue
+            spec = self._specs.get(job_id)
+            if spec is None:
+                item = await table.get(job_pk(job_id), "job")
+                if item is None:
+                    continue
+                try:
+                    spec = JobSpec.from_item(job_id, item)
+                except WireError as exc:
+                    self.rt.log.warning("skipping a malformed job record", job=job_id, error=str(exc))
+                    continue
+                self._specs[job_id] = spec
+            running.append(spec)
+        self.jobs = running
+        if self.only_job is not None and not running:
+            self.done.set()
+
+    def _next_job(self) -> JobSpec | None:
+        if not self.jobs:
+            return None
+        self._turn += 1
+        return self.jobs[self._turn % len(self.jobs)]
+
+    async def _slot(self, queue_of: Callable[[JobSpec], str],
+                    handle: Callable[[JobSpec, Received], Awaitable[None]]) -> None:
+        queues = self.rt.backend.queues
+        while not self.done.is_set():
+            spec = self._next_job()
+            if spec is None:
+                await asyncio.sleep(self.rt.settings.poll_s / 2)
+                continue
+            try:
+                got = await queues.receive(queue_of(spec), max_messages=1,
+                                           wait_s=self.rt.settings.poll_s,
+                                           visibility_s=spec.visibility_s)
+                if not got:
+                    continue
+                self.busy += 1
+                self.last_work = time.monotonic()
+                try:
+                    await handle(spec, got[0])
+                finally:
+                    self.busy -= 1
+                    self.last_work = time.monotonic()
+            except QueueGone:
+                await asyncio.sleep(0.1)  # the job ended; the next refresh drops it
+            except Throttled:
+                await asyncio.sleep(1.0)
+            except BackendError as exc:
+                self.rt.log.warning("backend error; carrying on", job=spec.job_id, error=str(exc))
+                await asyncio.sleep(1.0)
+
+    async def _map(self, spec: JobSpec, m: Received) -> None:
+        task = self._decode(spec, m, wire.MapTask)
+        if task is not None:
+            await run_map_task(self.rt, spec, m, task)
+        else:
+            await self.rt.backend.queues.delete_messages(spec.queues()[0], [m.receipt])
+
+    async def _reduce(self, spec: JobSpec, m: Received) -> None:
+        task = self._decode(spec, m, wire.ReduceTask)
+        if task is not None and task.partition < spec.partitions:
+            await run_reduce_task(self.rt, spec, m, task)
+        else:
+            await self.rt.backend.queues.delete_messages(spec.queues()[1], [m.receipt])
+
+    def _decode(self, spec: JobSpec, m: Received, kind: type[T]) -> T | None:
+        try:
+            msg = wire.decode(m.body)
+        except WireError as exc:
+            self.rt.log.warning("rejected a malformed task message", job=spec.job_id, error=str(exc))
+            return None
+        if not isinstance(msg, kind) or getattr(msg, "job", None) != spec.job_id:
+            self.rt.log.warning("rejected a foreign task message", job=spec.job_id)
+            return None
+        return msg
+
+    async def _watch(self) -> None:
+        idle_exit = self.rt.settings.idle_exit_s
+        while not self.done.is_set():
+            with contextlib.suppress(BackendError):
+                await self.refresh_jobs()
+            if idle_exit is not None and self.busy == 0 \
+                    and time.monotonic() - self.last_work > idle_exit:
+                self.rt.log.info("idle; exiting", idle_s=idle_exit)
+                self.done.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.done.wait(), JOB_REFRESH_S)
+
+    async def run(self) -> None:
+        """Serve jobs until ``done`` is set (by the caller, idleness, or the only job ending)."""
+        s = self.rt.settings
+        await self.refresh_jobs()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._watch())
+            slots = [tg.create_task(self._slot(lambda j: j.queues()[0], self._map))
+                     for _ in range(s.map_slots)]
+            slots += [tg.create_task(self._slot(lambda j: j.queues()[1], self._reduce))
+                      for _ in range(s.reduce_slots)]
+            await self.done.wait()
+            for t in slots:
+                t.cancel()
