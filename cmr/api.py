@@ -115,54 +115,69 @@ async def _until_done(waiter: asyncio.Task[Any], helpers: list[asyncio.Task[Any]
 
 async def run_async(
     job: str | type[Job], input: str, output: str, *, backend: str = "embedded",
+    aws: AwsSettings | None = None, **options: Any,
+) -> RunResult:
+    """Open the backend, run the job on it (see :func:`run_on`), close the backend."""
+    aws = aws or AwsSettings()
+    async with open_backend(backend, aws) as be:
+        return await run_on(be, job, input, output, aws=aws, **options)
+
+
+async def run_on(
+    be: Backend, job: str | type[Job], input: str, output: str, *,
     reducers: int | None = None, workers: int = 1, params: dict[str, str] | None = None,
     visibility_timeout: int = 60, aws: AwsSettings | None = None,
     worker_settings: WorkerSettings | None = None, overwrite: bool = False,
     on_progress: Callable[[client.Progress], None] | None = None,
     on_submit: Callable[[str], None] | None = None, split_bytes: int | None = None,
+    max_task_failures: int = 3,
 ) -> RunResult:
+    """Submit the job on an open backend, start ``workers`` workers (in-process tasks on the
+    embedded backend, ``cmr worker`` processes on aws; 0: rely on a fleet), wait for the
+    job, and bring the output home."""
     ref = job_ref(job)
     partitions = reducers or load_job_class(ref).reducers
     aws = aws or AwsSettings()
-    if workers < 0 or (backend == "embedded" and workers < 1):
+    if workers < 0 or (be.name == "embedded" and workers < 1):
         raise UsageError("--workers must be at least 1 with the embedded backend (no other "
                          "process can reach its in-memory queues)")
     ws = worker_settings or WorkerSettings(visibility_s=visibility_timeout)
     client.check_output(output, overwrite)
     started = time.monotonic()
-    async with open_backend(backend, aws) as be:
-        spec = await client.submit(
-            be, ref, input, output, partitions=partitions, params=params or {},
-            visibility_s=visibility_timeout, queue_prefix=aws.queue_prefix,
-            parallelism=max(1, workers) * ws.map_slots, split_bytes=split_bytes,
-        )
-        if on_submit is not None:
-            on_submit(spec.job_id)
-        waiter = asyncio.create_task(client.wait(be, spec, on_progress))
-        if backend == "embedded":
-            with cpu_pool(ws.processes) as pool:
-                fleet = [Worker(be, ws, pool, only_job=spec.job_id) for _ in range(workers)]
-                tasks = [asyncio.create_task(w.run()) for w in fleet]
-                try:
-                    record = await _until_done(waiter, tasks)
-                finally:
-                    waiter.cancel()
-                    for w in fleet:
-                        w.done.set()
-                    await asyncio.gather(*tasks, return_exceptions=True)
-        else:
-            procs = [await _spawn_worker(spec.job_id, aws, ws, workers) for _ in range(workers)]
+    calls_before = be.calls()
+    spec = await client.submit(
+        be, ref, input, output, partitions=partitions, params=params or {},
+        visibility_s=visibility_timeout, queue_prefix=aws.queue_prefix,
+        parallelism=max(1, workers) * ws.map_slots, split_bytes=split_bytes,
+        max_task_failures=max_task_failures,
+    )
+    if on_submit is not None:
+        on_submit(spec.job_id)
+    waiter = asyncio.create_task(client.wait(be, spec, on_progress))
+    if be.name == "embedded":
+        with cpu_pool(ws.processes) as pool:
+            fleet = [Worker(be, ws, pool, only_job=spec.job_id) for _ in range(workers)]
+            tasks = [asyncio.create_task(w.run()) for w in fleet]
             try:
-                record = await waiter
+                record = await _until_done(waiter, tasks)
             finally:
                 waiter.cancel()
-                await _stop(procs)
-            await client.fetch_output(be, spec, output)
-        calls = be.calls()
+                for w in fleet:
+                    w.done.set()
+                await asyncio.gather(*tasks, return_exceptions=True)
+    else:
+        procs = [await _spawn_worker(spec.job_id, aws, ws, workers) for _ in range(workers)]
+        try:
+            record = await waiter
+        finally:
+            waiter.cancel()
+            await _stop(procs)
+        await client.fetch_output(be, spec, output)
     out_dir = output.removeprefix("file://")
     parts = [str(Path(out_dir) / f"part-{p:05d}") for p in range(partitions)] \
-        if client._local(output) else [f"{spec.output}part-{p:05d}" for p in range(partitions)]
-    return RunResult(spec.job_id, output, parts, time.monotonic() - started, record, calls)
+        if client.is_local(output) else [f"{spec.output}part-{p:05d}" for p in range(partitions)]
+    return RunResult(spec.job_id, output, parts, time.monotonic() - started, record,
+                     be.calls() - calls_before)
 
 
 async def _spawn_worker(job_id: str, aws: AwsSettings, ws: WorkerSettings,

@@ -18,7 +18,7 @@ from typing import Any
 from cmr import wire
 from cmr.backends.base import Backend, BlobInfo
 from cmr.backends.embedded import file_url
-from cmr.errors import JobFailed, UsageError
+from cmr.errors import BlobMissing, JobFailed, UsageError
 from cmr.job import JobRef
 from cmr.lifecycle import finalize, job_scratch, part_name
 from cmr.records import (
@@ -43,7 +43,7 @@ class Progress:
     stats: dict[str, int]
 
 
-def _local(path: str) -> bool:
+def is_local(path: str) -> bool:
     return "://" not in path or path.startswith("file://")
 
 
@@ -66,20 +66,27 @@ async def _stage(backend: Backend, src: str, job_id: str) -> tuple[str, list[Blo
 
 
 async def list_input(backend: Backend, source: str, job_id: str) -> list[Input]:
-    if _local(source):
+    """The input's blobs: a file (or object) alone, or everything below a directory (or
+    prefix, taken as a directory: ``s3://b/logs`` means ``s3://b/logs/``, not logs2/)."""
+    if is_local(source):
         path = Path(source.removeprefix("file://"))
         if not path.exists():
             raise UsageError(f"input {source} does not exist")
-        if backend.name == "embedded":
-            root = file_url(path) + ("" if path.is_file() else "/")
-            blobs = await backend.blobs.list(root)
-        else:
+        if backend.name != "embedded":
             root, blobs = await _stage(backend, str(path), job_id)
+        elif path.is_file():
+            root, blobs = file_url(path), [BlobInfo(file_url(path), path.stat().st_size)]
+        else:
+            root = file_url(path) + "/"
+            blobs = await backend.blobs.list(root)
     else:
-        root = source if source.endswith("/") else source
-        blobs = await backend.blobs.list(root)
-        if not blobs:
-            raise UsageError(f"input {source} matches no objects")
+        try:
+            root, blobs = source, [BlobInfo(source, await backend.blobs.size(source))]
+        except BlobMissing:
+            root = source.rstrip("/") + "/"
+            blobs = await backend.blobs.list(root)
+            if not blobs:
+                raise UsageError(f"input {source} matches no objects") from None
     return [Input(b.url, b.size, input_name(root, b)) for b in blobs]
 
 
@@ -87,17 +94,17 @@ def output_url(backend: Backend, output: str, job_id: str) -> str:
     """Where committed parts are published: the output itself when the backend can write
     there, else a scratch prefix the client downloads from."""
     if backend.name == "embedded":
-        if not _local(output):
+        if not is_local(output):
             raise UsageError("the embedded backend writes local directories; use --backend aws "
                              "for an s3:// output")
         return file_url(output.removeprefix("file://")) + "/"
-    if _local(output):
+    if is_local(output):
         return f"{job_scratch(backend.scratch, job_id)}output/"
     return output if output.endswith("/") else output + "/"
 
 
 def check_output(output: str, overwrite: bool) -> None:
-    if _local(output):
+    if is_local(output):
         path = Path(output.removeprefix("file://"))
         if path.is_file():
             raise UsageError(f"output {output} is a file; give a directory")
@@ -139,9 +146,8 @@ async def submit(backend: Backend, ref: JobRef, source: str, output: str, *,
 
 async def progress(backend: Backend, spec: JobSpec) -> Progress:
     pk = job_pk(spec.job_id)
-    maps, reduces, job = await asyncio.gather(
-        backend.table.query(pk, prefix="map#"), backend.table.query(pk, prefix="reduce#"),
-        backend.table.get(pk, "job"),
+    reduces, job = await asyncio.gather(
+        backend.table.query(pk, prefix="reduce#"), backend.table.get(pk, "job"),
     )
     job = job or {}
     stats = {k: int(v) for k, v in job.items() if isinstance(v, int) and not isinstance(v, bool)}
@@ -149,7 +155,8 @@ async def progress(backend: Backend, spec: JobSpec) -> Progress:
     if state == JobState.SUCCEEDED.value:
         return Progress(spec.maps, spec.maps, spec.partitions, spec.partitions, state, stats)
     done = sum(1 for r in reduces if r.get("state") == "committed")
-    return Progress(len(maps), spec.maps, done, spec.partitions, state, stats)
+    return Progress(min(spec.maps, stats.get("maps_done", 0)), spec.maps, done, spec.partitions,
+                    state, stats)
 
 
 async def wait(backend: Backend, spec: JobSpec,
@@ -174,7 +181,7 @@ async def wait(backend: Backend, spec: JobSpec,
 
 async def fetch_output(backend: Backend, spec: JobSpec, output: str) -> None:
     """Bring published parts back to a local output directory (aws backend, local DIR)."""
-    if backend.name == "embedded" or not _local(output):
+    if backend.name == "embedded" or not is_local(output):
         return
     dest = Path(output.removeprefix("file://"))
     dest.mkdir(parents=True, exist_ok=True)

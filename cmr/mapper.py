@@ -69,6 +69,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             stats["map_attempts_filtered"] += 1
             log.info("map attempt lost to an earlier commit; its batches will be ignored")
         else:
+            stats["maps_done"] += 1  # for progress displays only; decisions read map# records
             stats["records_in"] += result.records_in
             stats["bytes_in"] += result.bytes_in
         await queues.delete_messages(in_q, [msg.receipt])

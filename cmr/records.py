@@ -35,7 +35,7 @@ class JobState(StrEnum):
 
 # Counters the job record accumulates; ``cmr status`` shows them.
 STATS = (
-    "records_in", "bytes_in", "records_out",
+    "maps_done", "records_in", "bytes_in", "records_out",
     "map_attempts_filtered",  # method 1: attempts that finished but lost to the winner
     "map_duplicates_skipped",  # task messages for tasks that already had a winner
     "batches_dropped",  # method 2: repeated batches (same tag) a reducer threw away

@@ -8,6 +8,7 @@ zstd frame must declare its size and stay under ``MAX_DECODED``), and anything e
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +21,17 @@ MAGIC = b"CMR1"
 MAX_DECODED = 64 * 1024 * 1024  # a decoded body larger than this is refused, not allocated
 _LEVEL = 3  # zstd's default: fast, and ~4x on shuffled text pairs
 
-_compressor = zstandard.ZstdCompressor(level=_LEVEL, write_content_size=True)
-_decompressor = zstandard.ZstdDecompressor()
+# zstd contexts are not thread-safe and bodies are decoded in threads: one set per thread.
+_contexts = threading.local()
+
+
+def _zstd() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
+    pair = getattr(_contexts, "pair", None)
+    if pair is None:
+        pair = (zstandard.ZstdCompressor(level=_LEVEL, write_content_size=True),
+                zstandard.ZstdDecompressor())
+        _contexts.pair = pair
+    return pair
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,7 @@ def unpack(data: bytes) -> Any:
 
 
 def compress(data: bytes) -> bytes:
-    return _compressor.compress(data)  # type: ignore[no-any-return]
+    return _zstd()[0].compress(data)  # type: ignore[no-any-return]
 
 
 def decompress(data: bytes) -> bytes:
@@ -91,7 +101,7 @@ def decompress(data: bytes) -> bytes:
     if size < 0 or size > MAX_DECODED:
         raise WireError(f"compressed body declares {size} bytes (limit {MAX_DECODED})")
     try:
-        return _decompressor.decompress(data, max_output_size=MAX_DECODED)  # type: ignore[no-any-return]
+        return _zstd()[1].decompress(data, max_output_size=MAX_DECODED)  # type: ignore[no-any-return]
     except zstandard.ZstdError as exc:
         raise WireError(f"corrupt zstd frame: {exc}") from None
 

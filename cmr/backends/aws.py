@@ -11,9 +11,10 @@ import asyncio
 import base64
 import binascii
 import builtins
+import io
 import os
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, suppress
 from decimal import Decimal
 from pathlib import Path
@@ -60,6 +61,8 @@ from cmr.settings import AwsSettings
 RETENTION_S = 4 * 24 * 3600
 SEND_CONCURRENCY = 8  # SendMessageBatch calls in flight per send()
 SEND_RETRIES = 3  # rounds of resending entries SQS reported as failed
+PART_BYTES = 8 * 1024 * 1024  # multipart upload part size (S3's minimum is 5 MiB)
+PARTS_IN_FLIGHT = 4  # bounds upload memory to PART_BYTES * PARTS_IN_FLIGHT
 
 _THROTTLING = {
     "Throttling",
@@ -89,12 +92,9 @@ _DENIED = {
     "AuthFailure",
 }
 _BLOB_MISSING = {"NoSuchKey", "404", "NotFound"}
-# Per-entry failures that only mean the receipt is stale: the message was deleted,
-# re-delivered or its lease expired, which the protocol says to ignore.
 _STALE_RECEIPT = {
     "ReceiptHandleIsInvalid",
     "MessageNotInflight",
-    "InvalidParameterValue",
     "AWS.SimpleQueueService.MessageNotInflight",
     "AWS.SimpleQueueService.ReceiptHandleIsInvalid",
 }
@@ -106,6 +106,11 @@ _CREDENTIALS_HINT = (
 
 def _error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _query_code(exc: ClientError) -> str:
+    """SQS's JSON protocol carries the older query-protocol code beside the new one."""
+    return str(exc.response.get("Error", {}).get("QueryErrorCode", ""))
 
 
 def _is_loopback(url: str) -> bool:
@@ -137,14 +142,14 @@ def _translated(service: str, exc: Exception, subject: str = "") -> BackendError
             f"{service}.{op} access denied{about}: {message}; check the credentials and "
             "the IAM policy"
         )
-    if service == "sqs" and code in _QUEUE_GONE:
+    if service == "sqs" and (code in _QUEUE_GONE or _query_code(exc) in _QUEUE_GONE):
         return QueueGone(f"queue {subject or '?'} does not exist")
     if code == "ConditionalCheckFailedException":
         return ConditionFailed(f"condition failed on {subject or '?'}")
     if service == "s3" and code in _BLOB_MISSING:
         return BlobMissing(f"no blob at {subject or '?'}")
     if code == "NoSuchBucket":
-        return BackendError(f"s3.{op}: bucket does not exist{about}")
+        return BackendError(f"s3.{op}: bucket does not exist{about}: {message}")
     if code == "ResourceNotFoundException":
         return BackendError(f"{service}.{op}: table does not exist{about}: {message}")
     return BackendError(f"{service}.{op} failed{about}: {code}: {message}")
@@ -167,6 +172,29 @@ def _counting(calls: Counter[str]) -> Any:
         calls[f"{service}.{op}"] += 1
 
     return count
+
+
+async def _all(calls: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run the calls concurrently; the first failure is raised as itself, not as a group."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for call in calls:
+                tg.create_task(call)
+    except ExceptionGroup as group:
+        first = group.exceptions[0]
+        raise first from first.__cause__
+
+
+def _stale_receipt(failure: dict[str, Any]) -> bool:
+    """A per-entry failure that only means the message was deleted, re-delivered or its lease
+    expired: the protocol says to ignore those."""
+    code = str(failure.get("Code", ""))
+    if code in _STALE_RECEIPT:
+        return True
+    # "Value ... for parameter ReceiptHandle is invalid. Reason: Message does not exist ..."
+    return code.startswith("InvalidParameterValue") and "ReceiptHandle" in str(
+        failure.get("Message", "")
+    )
 
 
 def _encode_body(body: bytes) -> str:
@@ -232,7 +260,10 @@ class AwsQueues:
         except BackendError as exc:
             # Exists with other attributes: keep it as it is, like the embedded backend does.
             cause = exc.__cause__
-            if not (isinstance(cause, ClientError) and "QueueAlreadyExists" in _error_code(cause)):
+            if not isinstance(cause, ClientError) or "QueueAlreadyExists" not in (
+                _error_code(cause),
+                _query_code(cause),
+            ):
                 raise
             self._urls.pop(name, None)
             await self._url(name)
@@ -286,12 +317,14 @@ class AwsQueues:
                 f"{first.get('Code')}: {first.get('Message')}"
             )
 
-        async with asyncio.TaskGroup() as tg:
-            for batch in _batches([_encode_body(b) for b in bodies]):
-                tg.create_task(send_batch(batch))
+        await _all(send_batch(b) for b in _batches([_encode_body(b) for b in bodies]))
 
     async def receive(
-        self, name: str, *, max_messages: int = 10, wait_s: int = 0,
+        self,
+        name: str,
+        *,
+        max_messages: int = 10,
+        wait_s: int = 0,
         visibility_s: int | None = None,
     ) -> builtins.list[Received]:  # `list` is a method here
         kwargs: dict[str, Any] = {
@@ -316,19 +349,16 @@ class AwsQueues:
         async def batch(chunk: Sequence[str]) -> None:
             entries = [{"Id": str(i), "ReceiptHandle": r, **extra} for i, r in enumerate(chunk)]
             got = await self._call(name, op, Entries=entries)
-            failed = [f for f in got.get("Failed", []) if f.get("Code") not in _STALE_RECEIPT]
+            failed = [f for f in got.get("Failed", []) if not _stale_receipt(f)]
             if failed:
                 raise BackendError(
-                    f"sqs.{op} failed ({name}): {failed[0].get('Code')}: "
-                    f"{failed[0].get('Message')}"
+                    f"sqs.{op} failed ({name}): {failed[0].get('Code')}: {failed[0].get('Message')}"
                 )
 
         if not receipts:
             return
         await self._url(name)
-        async with asyncio.TaskGroup() as tg:
-            for i in range(0, len(receipts), 10):
-                tg.create_task(batch(receipts[i : i + 10]))
+        await _all(batch(receipts[i : i + 10]) for i in range(0, len(receipts), 10))
 
     async def delete_messages(self, name: str, receipts: Sequence[str]) -> None:
         await self._per_receipt(name, "delete_message_batch", receipts)
@@ -370,7 +400,8 @@ class AwsBlobs:
     async def put(self, url: str, data: bytes) -> None:
         bucket, key = _split(url)
         with _translate("s3", url):
-            await self._s3.put_object(Bucket=bucket, Key=key, Body=data)
+            # aiohttp warns that a large bytes body blocks the loop; a BytesIO is streamed.
+            await self._s3.put_object(Bucket=bucket, Key=key, Body=io.BytesIO(data))
 
     async def get(self, url: str) -> bytes:
         bucket, key = _split(url)
@@ -437,15 +468,56 @@ class AwsBlobs:
                     f"first {e.get('Key')}: {e.get('Code')}: {e.get('Message')}"
                 )
 
-        async with asyncio.TaskGroup() as tg:
-            for i in range(0, len(keys), 1000):
-                tg.create_task(delete(keys[i : i + 1000]))
+        await _all(delete(keys[i : i + 1000]) for i in range(0, len(keys), 1000))
         return len(keys)
 
     async def upload_file(self, path: str, url: str) -> None:
+        # Our own multipart upload: aioboto3's managed one sends parts as raw bytes, which
+        # aiohttp warns may block the event loop.
         bucket, key = _split(url)
+        size = (await asyncio.to_thread(os.stat, path)).st_size
+        if size <= PART_BYTES:
+            await self.put(url, await asyncio.to_thread(Path(path).read_bytes))
+            return
         with _translate("s3", url):
-            await self._s3.upload_file(path, bucket, key)
+            upload_id = (await self._s3.create_multipart_upload(Bucket=bucket, Key=key))["UploadId"]
+        gate = asyncio.Semaphore(PARTS_IN_FLIGHT)
+        etags: dict[int, str] = {}
+
+        def read(offset: int) -> bytes:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read(PART_BYTES)
+
+        async def part(number: int) -> None:
+            async with gate:
+                chunk = await asyncio.to_thread(read, (number - 1) * PART_BYTES)
+                with _translate("s3", url):
+                    got = await self._s3.upload_part(
+                        Bucket=bucket,
+                        Key=key,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        Body=io.BytesIO(chunk),
+                    )
+                etags[number] = got["ETag"]
+
+        try:
+            await _all(part(n) for n in range(1, (size + PART_BYTES - 1) // PART_BYTES + 1))
+            with _translate("s3", url):
+                await self._s3.complete_multipart_upload(
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    MultipartUpload={
+                        "Parts": [{"ETag": etags[n], "PartNumber": n} for n in sorted(etags)]
+                    },
+                )
+        except BaseException:
+            # Parts of an unfinished upload are stored (and billed) until it is aborted.
+            with suppress(ClientError, BotoCoreError):
+                await self._s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+            raise
 
     async def download_file(self, url: str, path: str) -> None:
         bucket, key = _split(url)
@@ -617,18 +689,25 @@ class AwsTable:
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     async def update(
-        self, pk: str, sk: str, *, set_: Item | None = None, add: dict[str, int] | None = None,
+        self,
+        pk: str,
+        sk: str,
+        *,
+        set_: Item | None = None,
+        add: dict[str, int] | None = None,
         condition: Condition | None = None,
     ) -> Item:
         expr = _Expr()
         # The key attributes cannot be updated; they are already what the caller names.
         sets = [
             f"{expr.name(k)} = {expr.value(v)}"
-            for k, v in (set_ or {}).items() if k not in ("pk", "sk")
+            for k, v in (set_ or {}).items()
+            if k not in ("pk", "sk")
         ]
         adds = [
             f"{expr.name(k)} {expr.value(n)}"
-            for k, n in (add or {}).items() if k not in ("pk", "sk")
+            for k, n in (add or {}).items()
+            if k not in ("pk", "sk")
         ]
         clauses = []
         if sets:

@@ -15,6 +15,7 @@ Implementations translate their service's failures into :mod:`cmr.errors` at the
 
 from __future__ import annotations
 
+import builtins
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -94,7 +95,7 @@ class Queues(Protocol):
     async def delete(self, name: str) -> None:
         """Delete the queue and its messages; a missing queue is not an error."""
 
-    async def list(self, prefix: str) -> list[str]:
+    async def list(self, prefix: str) -> builtins.list[str]:
         """Names of existing queues that start with prefix."""
 
     async def send(self, name: str, bodies: Sequence[bytes]) -> None:
@@ -103,7 +104,7 @@ class Queues(Protocol):
     async def receive(
         self, name: str, *, max_messages: int = 10, wait_s: int = 0,
         visibility_s: int | None = None,
-    ) -> list[Received]:
+    ) -> builtins.list[Received]:
         """Up to max_messages (1..10) messages, waiting up to wait_s for the first."""
 
     async def delete_messages(self, name: str, receipts: Sequence[str]) -> None:
@@ -132,7 +133,7 @@ class Blobs(Protocol):
     async def size(self, url: str) -> int:
         """Raises BlobMissing."""
 
-    async def list(self, prefix: str) -> list[BlobInfo]:
+    async def list(self, prefix: str) -> builtins.list[BlobInfo]:
         """Every blob whose URL starts with prefix, recursively, sorted by URL."""
 
     async def delete_prefix(self, prefix: str) -> int:

@@ -12,6 +12,7 @@ in-process workers of a run.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import copy
 import heapq
 import itertools
@@ -93,7 +94,7 @@ class EmbeddedQueues:
         if q is not None:
             q.arrived.set()  # wake long-pollers so they see the queue is gone
 
-    async def list(self, prefix: str) -> list[str]:
+    async def list(self, prefix: str) -> builtins.list[str]:
         self.calls["sqs.ListQueues"] += 1
         return sorted(n for n in self._queues if n.startswith(prefix))
 
@@ -140,7 +141,7 @@ class EmbeddedQueues:
     async def receive(
         self, name: str, *, max_messages: int = 10, wait_s: int = 0,
         visibility_s: int | None = None,
-    ) -> list[Received]:
+    ) -> builtins.list[Received]:
         self.calls["sqs.ReceiveMessage"] += 1
         q = self._get(name)
         vis = q.visibility_s if visibility_s is None else visibility_s
@@ -205,6 +206,12 @@ def file_path(url: str) -> Path:
     return Path(url)
 
 
+def prefix_path(url: str) -> str:
+    """A URL prefix as a local path string, keeping a trailing slash."""
+    path = str(file_path(url))
+    return path + "/" if url.endswith("/") and not path.endswith("/") else path
+
+
 def file_url(path: str | Path) -> str:
     return Path(path).absolute().as_uri()
 
@@ -254,48 +261,36 @@ class EmbeddedBlobs:
             raise BlobMissing(f"no blob at {url}")
         return path.stat().st_size
 
-    async def list(self, prefix: str) -> list[BlobInfo]:
+    async def list(self, prefix: str) -> builtins.list[BlobInfo]:
         self.calls["s3.ListObjectsV2"] += 1
-        base = file_path(prefix)
+        return await asyncio.to_thread(self._under, prefix)
 
-        def walk() -> list[BlobInfo]:
-            if base.is_file():
-                return [BlobInfo(file_url(base), base.stat().st_size)]
-            # A prefix is a string prefix, as in S3: ".../out/part-" matches part-00000.
-            root = base if base.is_dir() else base.parent
-            if not root.is_dir():
-                return []
-            found = []
-            for dirpath, _dirs, files in os.walk(root):
-                for f in files:
-                    p = Path(dirpath, f)
-                    if str(p).startswith(str(base)) and not f.endswith(".tmp"):
-                        found.append(BlobInfo(file_url(p), p.stat().st_size))
-            return sorted(found, key=lambda b: b.url)
-
-        return await asyncio.to_thread(walk)
+    def _under(self, prefix: str) -> builtins.list[BlobInfo]:
+        """Files whose path starts with prefix *as a string*, as S3 lists keys: the prefix
+        ".../job-1" also matches ".../job-10/x", exactly as it would on S3."""
+        raw = prefix_path(prefix)
+        root = Path(raw) if raw.endswith("/") else Path(raw).parent
+        if not root.is_dir():
+            return []
+        found = []
+        for dirpath, _dirs, files in os.walk(root):
+            for f in files:
+                p = Path(dirpath, f)
+                if str(p).startswith(raw) and not f.endswith(".tmp"):
+                    found.append(BlobInfo(file_url(p), p.stat().st_size))
+        return sorted(found, key=lambda b: b.url)
 
     async def delete_prefix(self, prefix: str) -> int:
         self.calls["s3.DeleteObjects"] += 1
-        base = file_path(prefix)
 
         def remove() -> int:
-            if base.is_dir():
-                n = sum(len(files) for _, _, files in os.walk(base))
-                shutil.rmtree(base, ignore_errors=True)
-                return n
-            n = 0
-            root = base.parent
-            if root.is_dir():
-                for p in root.iterdir():
-                    if str(p).startswith(str(base)):
-                        if p.is_dir():
-                            n += sum(len(files) for _, _, files in os.walk(p))
-                            shutil.rmtree(p, ignore_errors=True)
-                        else:
-                            p.unlink(missing_ok=True)
-                            n += 1
-            return n
+            gone = self._under(prefix)
+            for blob in gone:
+                file_path(blob.url).unlink(missing_ok=True)
+            raw = prefix_path(prefix)
+            if raw.endswith("/"):
+                shutil.rmtree(raw, ignore_errors=True)  # empty directories are not blobs
+            return len(gone)
 
         return await asyncio.to_thread(remove)
 
@@ -322,6 +317,19 @@ class EmbeddedBlobs:
         await asyncio.to_thread(copy_file)
 
 
+def _kind(value: Any) -> str:
+    """DynamoDB's type of a value: one number type, and booleans are not numbers."""
+    if isinstance(value, bool):
+        return "BOOL"
+    if isinstance(value, int | float):
+        return "N"
+    if isinstance(value, str):
+        return "S"
+    if isinstance(value, bytes):
+        return "B"
+    return type(value).__name__
+
+
 def holds(cond: Condition | None, item: Item | None) -> bool:
     """Evaluate a write condition against the current item (None: absent)."""
     cur = item or {}
@@ -333,10 +341,10 @@ def holds(cond: Condition | None, item: Item | None) -> bool:
         case Present(attr):
             return attr in cur
         case Eq(attr, value):
-            return attr in cur and cur[attr] == value
+            return attr in cur and _kind(cur[attr]) == _kind(value) and cur[attr] == value
         case Lt(attr, value):
             v = cur.get(attr)
-            return v is not None and type(v) is type(value) and v < value
+            return v is not None and _kind(v) == _kind(value) in ("N", "S", "B") and v < value
         case AllOf(parts):
             return all(holds(p, item) for p in parts)
         case AnyOf(parts):

@@ -1,0 +1,67 @@
+"""The ``backend`` fixture: every conformance test runs once per implementation."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cmr.backends.aws import open_aws
+from cmr.backends.base import Backend
+from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
+from cmr.settings import AwsSettings
+from tests.stack import remove_test_resources, stack_up
+
+
+@dataclass
+class AwsNames:
+    """Resources of this test session on the stack, unique so that runs never collide."""
+
+    bucket: str
+    table: str
+    queue_prefix: str
+    used: bool = False
+
+
+@pytest.fixture(scope="session")
+def aws_names() -> Iterator[AwsNames]:
+    tag = uuid.uuid4().hex[:8]
+    names = AwsNames(f"cmr-test-{tag}", f"cmr-test-{tag}", f"cmrt-{tag}-")
+    yield names
+    if names.used and stack_up():
+        remove_test_resources(names.bucket, names.table, names.queue_prefix)
+
+
+@pytest.fixture(params=["embedded", "aws"])
+def backend_name(request: pytest.FixtureRequest) -> str:
+    if request.param == "aws":
+        request.getfixturevalue("aws_stack")
+    return str(request.param)
+
+
+@pytest.fixture
+async def backend(backend_name: str, tmp_path: Path, aws_names: AwsNames) -> AsyncIterator[Backend]:
+    if backend_name == "embedded":
+        yield Backend(
+            "embedded",
+            EmbeddedQueues(),
+            EmbeddedBlobs(),
+            EmbeddedTable(),
+            scratch=file_url(tmp_path / "scratch"),
+        )
+        return
+    aws_names.used = True
+    settings = AwsSettings(
+        bucket=aws_names.bucket, table=aws_names.table, queue_prefix=aws_names.queue_prefix
+    )
+    async with open_aws(settings) as b:
+        yield b
+
+
+@pytest.fixture
+def unique(aws_names: AwsNames) -> Callable[[], str]:
+    """Fresh names for queues, blob folders and partition keys, inside this session's prefix."""
+    return lambda: f"{aws_names.queue_prefix}{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,153 @@
+"""What only the aws backend does: fail fast with a clear message, translate errors, and
+read what others put on its queues."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import AsyncIterator
+
+import aioboto3
+import pytest
+from botocore.exceptions import ClientError
+
+from cmr.backends.aws import _translated, open_aws
+from cmr.backends.base import Backend
+from cmr.errors import (
+    BackendError,
+    BlobMissing,
+    ConditionFailed,
+    QueueGone,
+    Throttled,
+    Unreachable,
+    UsageError,
+)
+from cmr.settings import AwsSettings
+from tests.backends.conftest import AwsNames
+
+
+@pytest.fixture
+async def aws(aws_stack: dict[str, str], aws_names: AwsNames) -> AsyncIterator[Backend]:
+    aws_names.used = True
+    settings = AwsSettings(bucket=aws_names.bucket, table=aws_names.table)
+    async with open_aws(settings) as backend:
+        yield backend
+
+
+async def test_no_credentials_fails_at_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    with pytest.raises(Unreachable, match="AWS_PROFILE or AWS_ACCESS_KEY_ID") as err:
+        async with open_aws(AwsSettings(max_attempts=1)):
+            pass
+    assert "scripts/stack.sh env" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+async def test_unknown_profile_fails_at_open() -> None:
+    with pytest.raises(Unreachable, match="nope"):
+        async with open_aws(AwsSettings(profile="nope")):
+            pass
+
+
+async def test_refused_endpoint_fails_at_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the discard port: refused
+    with pytest.raises(Unreachable, match=re.escape("sqs at http://127.0.0.1:9")) as err:
+        async with open_aws(AwsSettings(max_attempts=1)):
+            pass
+    assert "scripts/stack.sh start" in str(err.value)
+
+
+@pytest.mark.usefixtures("aws_stack")
+async def test_default_region_when_none_is_configured(
+    monkeypatch: pytest.MonkeyPatch, aws_names: AwsNames
+) -> None:
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    aws_names.used = True
+    async with open_aws(AwsSettings(bucket=aws_names.bucket, table=aws_names.table)) as b:
+        assert b.name == "aws"
+        assert b.scratch == f"s3://{aws_names.bucket}/cmr"
+
+
+@pytest.mark.usefixtures("aws_stack")
+async def test_missing_resources_without_create() -> None:
+    tag = uuid.uuid4().hex[:8]
+    with pytest.raises(UsageError, match=f"bucket cmr-absent-{tag} does not exist"):
+        async with open_aws(AwsSettings(bucket=f"cmr-absent-{tag}", create=False)):
+            pass
+
+
+async def test_blob_urls_must_be_s3(aws: Backend, tmp_path: object) -> None:
+    with pytest.raises(UsageError, match="s3://"):
+        await aws.blobs.get(f"file://{tmp_path}/x")
+    with pytest.raises(UsageError, match="s3://"):
+        await aws.blobs.put("/plain/path", b"x")
+
+
+async def test_foreign_bodies_reach_the_engine(aws: Backend) -> None:
+    name = f"cmrt-foreign-{uuid.uuid4().hex[:12]}"
+    await aws.queues.create(name, visibility_s=30)
+    async with aioboto3.Session().client("sqs") as sqs:
+        url = (await sqs.get_queue_url(QueueName=name))["QueueUrl"]
+        await sqs.send_message(QueueUrl=url, MessageBody="not base64 at all! ✓")
+    [m] = await aws.queues.receive(name, wait_s=2)
+    assert m.body == "not base64 at all! ✓".encode()
+    await aws.queues.delete(name)
+
+
+async def test_queue_deleted_elsewhere_is_gone(aws: Backend) -> None:
+    name = f"cmrt-elsewhere-{uuid.uuid4().hex[:12]}"
+    await aws.queues.create(name, visibility_s=30)
+    assert await aws.queues.receive(name) == []  # the queue's URL is now cached
+    async with aioboto3.Session().client("sqs") as sqs:
+        url = (await sqs.get_queue_url(QueueName=name))["QueueUrl"]
+        await sqs.delete_queue(QueueUrl=url)
+    with pytest.raises(QueueGone):
+        await aws.queues.receive(name)
+    with pytest.raises(QueueGone):
+        await aws.queues.send(name, [b"x"])
+
+
+async def test_setup_calls_are_not_counted(aws: Backend) -> None:
+    assert sum(aws.calls().values()) == 0
+
+
+def client_error(code: str, op: str = "Op", status: int = 400) -> ClientError:
+    return ClientError(
+        {
+            "Error": {"Code": code, "Message": f"says {code}"},
+            "ResponseMetadata": {"HTTPStatusCode": status},
+        },
+        op,
+    )
+
+
+@pytest.mark.parametrize(
+    ("service", "code", "status", "expected"),
+    [
+        ("dynamodb", "ThrottlingException", 400, Throttled),
+        ("dynamodb", "ProvisionedThroughputExceededException", 400, Throttled),
+        ("ec2", "RequestLimitExceeded", 400, Throttled),
+        ("s3", "SlowDown", 503, Throttled),
+        ("s3", "ServiceUnavailable", 503, Throttled),
+        ("sqs", "InternalError", 503, Throttled),
+        ("sqs", "AWS.SimpleQueueService.NonExistentQueue", 400, QueueGone),
+        ("sqs", "QueueDoesNotExist", 400, QueueGone),
+        ("dynamodb", "ConditionalCheckFailedException", 400, ConditionFailed),
+        ("s3", "NoSuchKey", 404, BlobMissing),
+        ("s3", "404", 404, BlobMissing),
+        ("s3", "AccessDenied", 403, Unreachable),
+        ("dynamodb", "AccessDeniedException", 400, Unreachable),
+        ("sqs", "InvalidClientTokenId", 403, Unreachable),
+        ("dynamodb", "ValidationException", 400, BackendError),
+        ("s3", "NoSuchBucket", 404, BackendError),
+    ],
+)
+def test_error_translation(service: str, code: str, status: int, expected: type) -> None:
+    err = _translated(service, client_error(code, "DoIt", status), "subject")
+    assert type(err) is expected
+    assert "\n" not in str(err)
+    if expected is BackendError:
+        assert f"{service}.DoIt" in str(err)
+        assert f"says {code}" in str(err)

@@ -1,0 +1,180 @@
+"""Blob store conformance: S3 semantics, URLs built from ``backend.scratch``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from cmr.backends.base import Backend
+from cmr.errors import BlobMissing
+
+Folder = Callable[[], str]
+
+
+@pytest.fixture
+def folder(backend: Backend, unique: Callable[[], str]) -> Folder:
+    """A fresh URL prefix under the backend's scratch area (file:// or s3://)."""
+    return lambda: f"{backend.scratch}/{unique()}"
+
+
+async def test_put_get(backend: Backend, folder: Folder) -> None:
+    url = f"{folder()}/a/b/blob.bin"
+    data = bytes(range(256)) * 100
+    await backend.blobs.put(url, data)
+    assert await backend.blobs.get(url) == data
+    assert await backend.blobs.size(url) == len(data)
+    await backend.blobs.put(url, b"replaced")
+    assert await backend.blobs.get(url) == b"replaced"
+
+
+async def test_empty_blob(backend: Backend, folder: Folder) -> None:
+    url = f"{folder()}/empty"
+    await backend.blobs.put(url, b"")
+    assert await backend.blobs.get(url) == b""
+    assert await backend.blobs.size(url) == 0
+    assert await backend.blobs.get_range(url, 0, 10) == b""
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "expected"),
+    [
+        (0, 10, b"0123456789"),
+        (2, 5, b"234"),
+        (0, 1, b"0"),
+        (9, 10, b"9"),
+        (8, 20, b"89"),  # clipped to the size
+        (5, 5, b""),  # empty range
+        (6, 3, b""),  # inverted range
+        (10, 12, b""),  # starts at the end
+        (20, 30, b""),  # starts past the end
+    ],
+)
+async def test_get_range(
+    backend: Backend, folder: Folder, start: int, end: int, expected: bytes
+) -> None:
+    url = f"{folder()}/digits"
+    await backend.blobs.put(url, b"0123456789")
+    assert await backend.blobs.get_range(url, start, end) == expected
+
+
+async def test_missing_blob(backend: Backend, folder: Folder, tmp_path: Path) -> None:
+    url = f"{folder()}/nothing-here"
+    with pytest.raises(BlobMissing):
+        await backend.blobs.get(url)
+    with pytest.raises(BlobMissing):
+        await backend.blobs.get_range(url, 0, 10)
+    with pytest.raises(BlobMissing):
+        await backend.blobs.get_range(url, 3, 3)
+    with pytest.raises(BlobMissing):
+        await backend.blobs.size(url)
+    with pytest.raises(BlobMissing):
+        await backend.blobs.download_file(url, str(tmp_path / "out.bin"))
+    assert not (tmp_path / "out.bin").exists()
+
+
+async def test_list_recursive_sorted(backend: Backend, folder: Folder) -> None:
+    root = folder()
+    urls = [f"{root}/out/part-00001", f"{root}/out/part-00000", f"{root}/out/sub/deep/x"]
+    for i, url in enumerate(urls):
+        await backend.blobs.put(url, b"x" * i)
+    await backend.blobs.put(f"{root}/elsewhere", b"no")
+    listed = await backend.blobs.list(f"{root}/out/")
+    assert [b.url for b in listed] == sorted(urls)
+    assert {b.url: b.size for b in listed} == {u: i for i, u in enumerate(urls)}
+    assert await backend.blobs.list(f"{root}/nothing/") == []
+
+
+async def test_list_is_a_string_prefix(backend: Backend, folder: Folder) -> None:
+    root = folder()
+    await backend.blobs.put(f"{root}/out/part-00000", b"0")
+    await backend.blobs.put(f"{root}/out/part-00001", b"1")
+    await backend.blobs.put(f"{root}/out/_SUCCESS", b"")
+    listed = await backend.blobs.list(f"{root}/out/part-")
+    assert [b.url for b in listed] == [f"{root}/out/part-00000", f"{root}/out/part-00001"]
+
+
+async def test_list_prefix_spans_sibling_folders(backend: Backend, folder: Folder) -> None:
+    # S3 has no folders: "job-1" is a prefix of "job-1/..." and of "job-10/..." alike.
+    root = folder()
+    await backend.blobs.put(f"{root}/job-1/a", b"a")
+    await backend.blobs.put(f"{root}/job-10/b", b"b")
+    listed = await backend.blobs.list(f"{root}/job-1")
+    assert [b.url for b in listed] == [f"{root}/job-1/a", f"{root}/job-10/b"]
+    assert [b.url for b in await backend.blobs.list(f"{root}/job-1/")] == [f"{root}/job-1/a"]
+
+
+async def test_list_many(backend: Backend, folder: Folder) -> None:
+    root = folder()
+    urls = [f"{root}/k{i:04d}" for i in range(1100)]  # more than one ListObjectsV2 page
+    gate = asyncio.Semaphore(32)
+
+    async def put(url: str) -> None:
+        async with gate:
+            await backend.blobs.put(url, b"")
+
+    await asyncio.gather(*(put(u) for u in urls))
+    assert [b.url for b in await backend.blobs.list(f"{root}/")] == urls
+    assert await backend.blobs.delete_prefix(f"{root}/") == 1100
+    assert await backend.blobs.list(f"{root}/") == []
+
+
+async def test_delete_prefix(backend: Backend, folder: Folder) -> None:
+    root = folder()
+    for name in ["tmp/a", "tmp/b", "tmp/sub/c", "keep/d"]:
+        await backend.blobs.put(f"{root}/{name}", name.encode())
+    assert await backend.blobs.delete_prefix(f"{root}/tmp/") == 3
+    assert await backend.blobs.delete_prefix(f"{root}/tmp/") == 0  # idempotent
+    assert [b.url for b in await backend.blobs.list(f"{root}/")] == [f"{root}/keep/d"]
+    with pytest.raises(BlobMissing):
+        await backend.blobs.get(f"{root}/tmp/a")
+
+
+async def test_delete_prefix_is_a_string_prefix(backend: Backend, folder: Folder) -> None:
+    root = folder()
+    for name in ["out/part-0", "out/part-1", "out/_SUCCESS"]:
+        await backend.blobs.put(f"{root}/{name}", b"x")
+    assert await backend.blobs.delete_prefix(f"{root}/out/part-") == 2
+    assert [b.url for b in await backend.blobs.list(f"{root}/")] == [f"{root}/out/_SUCCESS"]
+
+
+async def test_upload_download(backend: Backend, folder: Folder, tmp_path: Path) -> None:
+    src = tmp_path / "src.bin"
+    data = os.urandom(100_000)
+    src.write_bytes(data)
+    url = f"{folder()}/uploaded.bin"
+    await backend.blobs.upload_file(str(src), url)
+    assert await backend.blobs.size(url) == len(data)
+    assert await backend.blobs.get(url) == data
+    dst = tmp_path / "new" / "dir" / "dst.bin"
+    await backend.blobs.download_file(url, str(dst))
+    assert dst.read_bytes() == data
+
+
+async def test_upload_download_multipart(backend: Backend, folder: Folder, tmp_path: Path) -> None:
+    src = tmp_path / "big.bin"
+    data = os.urandom(9 * 1024 * 1024 + 123)  # past the 8 MiB multipart threshold
+    src.write_bytes(data)
+    url = f"{folder()}/big.bin"
+    await backend.blobs.upload_file(str(src), url)
+    assert await backend.blobs.size(url) == len(data)
+    dst = tmp_path / "big-copy.bin"
+    await backend.blobs.download_file(url, str(dst))
+    assert dst.read_bytes() == data
+    assert await backend.blobs.get_range(url, len(data) - 5, len(data) + 5) == data[-5:]
+
+
+async def test_calls_are_counted(backend: Backend, folder: Folder) -> None:
+    url = f"{folder()}/counted"
+    before = backend.calls()
+    await backend.blobs.put(url, b"abc")
+    await backend.blobs.get(url)
+    await backend.blobs.get_range(url, 0, 2)
+    await backend.blobs.size(url)
+    calls = backend.calls() - before
+    assert calls["s3.PutObject"] == 1
+    assert calls["s3.GetObject"] == 2
+    assert calls["s3.HeadObject"] == 1
