@@ -23,7 +23,7 @@ from cmr.worker import Worker
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="cmr: masterless MapReduce on queues (SQS), blobs (S3) and a table "
                        "(DynamoDB), or all of it in-process.")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error message must stay greppable
 out = Console()
 
 Backend = Annotated[str, typer.Option("--backend", help="embedded (in-process) or aws")]

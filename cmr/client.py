@@ -20,7 +20,7 @@ from cmr.backends.base import Backend, BlobInfo
 from cmr.backends.embedded import file_url
 from cmr.errors import BlobMissing, JobFailed, UsageError
 from cmr.job import JobRef
-from cmr.lifecycle import finalize, job_scratch, part_name
+from cmr.lifecycle import cleanup, finalize, job_scratch, part_name
 from cmr.records import (
     JOBS_PK,
     JobSpec,
@@ -99,7 +99,8 @@ def output_url(backend: Backend, output: str, job_id: str) -> str:
                              "for an s3:// output")
         return file_url(output.removeprefix("file://")) + "/"
     if is_local(output):
-        return f"{job_scratch(backend.scratch, job_id)}output/"
+        # Outside the job's scratch area, which cleanup removes before the client fetches.
+        return f"{backend.scratch.rstrip('/')}/results/{job_id}/"
     return output if output.endswith("/") else output + "/"
 
 
@@ -172,6 +173,8 @@ async def wait(backend: Backend, spec: JobSpec,
             await finalize(backend, spec)
             continue
         if p.state != JobState.RUNNING.value:
+            # The worker that ended the job may be stopped mid-cleanup; cleanup is idempotent.
+            await cleanup(backend, spec)
             job = await backend.table.get(job_pk(spec.job_id), "job") or {}
             if p.state != JobState.SUCCEEDED.value:
                 raise JobFailed(spec.job_id, str(job.get("error") or p.state))

@@ -808,6 +808,26 @@ async def _ensure_table(db: Any, table: str, create: bool) -> None:
         )
 
 
+async def _probe(session: Any, region: str, queue_prefix: str, path_style: bool) -> None:
+    """One cheap call per service, without retries, so that a wrong setup (no credentials,
+    nothing listening) fails in seconds at open time, not after minutes of backoff mid-job."""
+    config = {"retries": {"total_max_attempts": 1}, "connect_timeout": 5, "read_timeout": 20}
+
+    async def one(service: str) -> None:
+        extra = {"s3": {"addressing_style": "path"}} if service == "s3" and path_style else {}
+        with _translate(service):
+            async with session.client(service, region_name=region,
+                                      config=AioConfig(**config, **extra)) as c:
+                if service == "sqs":
+                    await c.list_queues(QueueNamePrefix=queue_prefix, MaxResults=1)
+                elif service == "s3":
+                    await c.list_buckets()
+                else:
+                    await c.list_tables(Limit=1)
+
+    await asyncio.gather(*(one(s) for s in ("sqs", "s3", "dynamodb")))
+
+
 @asynccontextmanager
 async def open_aws(settings: AwsSettings) -> AsyncIterator[Backend]:
     """The aws backend, with one client per service for the life of the context."""
@@ -832,9 +852,7 @@ async def open_aws(settings: AwsSettings) -> AsyncIterator[Backend]:
                 clients[service] = await stack.enter_async_context(
                     session.client(service, region_name=region, config=AioConfig(**base, **extra))
                 )
-        # One cheap call per service, so a wrong setup fails here and not mid-job.
-        with _translate("sqs"):
-            await clients["sqs"].list_queues(QueueNamePrefix=settings.queue_prefix, MaxResults=1)
+        await _probe(session, region, settings.queue_prefix, path_style)
         await _ensure_bucket(clients["s3"], settings.bucket, region, settings.create)
         await _ensure_table(clients["dynamodb"], settings.table, settings.create)
         yield Backend(
