@@ -51,8 +51,10 @@ def job_ref(job: str | type[Job]) -> JobRef:
     else:
         src = inspect.getsourcefile(job)
         if src is None or not os.path.exists(src):
-            raise UsageError(f"{job.__name__} is not defined in a file; workers import jobs "
-                             "from files, so put it in a .py file")
+            raise UsageError(
+                f"{job.__name__} is not defined in a file; workers import jobs "
+                "from files, so put it in a .py file"
+            )
         ref = JobRef.parse(f"{src}:{job.__name__}")
     load_job_class(ref)  # fail here, with the user's error, before anything is submitted
     return ref
@@ -63,8 +65,9 @@ async def open_backend(name: str, aws: AwsSettings) -> AsyncIterator[Backend]:
     if name == "embedded":
         scratch = tempfile.mkdtemp(prefix="cmr-scratch-")
         try:
-            yield Backend("embedded", EmbeddedQueues(), EmbeddedBlobs(), EmbeddedTable(),
-                          file_url(scratch))
+            yield Backend(
+                "embedded", EmbeddedQueues(), EmbeddedBlobs(), EmbeddedTable(), file_url(scratch)
+            )
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     elif name == "aws":
@@ -90,7 +93,9 @@ def cpu_pool(processes: int) -> ProcessPoolExecutor:
     """
     pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
     main = sys.modules["__main__"]
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    saved: dict[str, Any] = {
+        k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__
+    }
     try:
         main.__dict__.pop("__file__", None)
         main.__dict__["__spec__"] = None
@@ -114,8 +119,13 @@ async def _until_done(waiter: asyncio.Task[Any], helpers: list[asyncio.Task[Any]
 
 
 async def run_async(
-    job: str | type[Job], input: str, output: str, *, backend: str = "embedded",
-    aws: AwsSettings | None = None, **options: Any,
+    job: str | type[Job],
+    input: str,
+    output: str,
+    *,
+    backend: str = "embedded",
+    aws: AwsSettings | None = None,
+    **options: Any,
 ) -> RunResult:
     """Open the backend, run the job on it (see :func:`run_on`), close the backend."""
     aws = aws or AwsSettings()
@@ -124,12 +134,21 @@ async def run_async(
 
 
 async def run_on(
-    be: Backend, job: str | type[Job], input: str, output: str, *,
-    reducers: int | None = None, workers: int = 1, params: dict[str, str] | None = None,
-    visibility_timeout: int = 60, aws: AwsSettings | None = None,
-    worker_settings: WorkerSettings | None = None, overwrite: bool = False,
+    be: Backend,
+    job: str | type[Job],
+    input: str,
+    output: str,
+    *,
+    reducers: int | None = None,
+    workers: int = 1,
+    params: dict[str, str] | None = None,
+    visibility_timeout: int = 60,
+    aws: AwsSettings | None = None,
+    worker_settings: WorkerSettings | None = None,
+    overwrite: bool = False,
     on_progress: Callable[[client.Progress], None] | None = None,
-    on_submit: Callable[[str], None] | None = None, split_bytes: int | None = None,
+    on_submit: Callable[[str], None] | None = None,
+    split_bytes: int | None = None,
     max_task_failures: int = 3,
 ) -> RunResult:
     """Submit the job on an open backend, start ``workers`` workers (in-process tasks on the
@@ -139,16 +158,25 @@ async def run_on(
     partitions = reducers or load_job_class(ref).reducers
     aws = aws or AwsSettings()
     if workers < 0 or (be.name == "embedded" and workers < 1):
-        raise UsageError("--workers must be at least 1 with the embedded backend (no other "
-                         "process can reach its in-memory queues)")
+        raise UsageError(
+            "--workers must be at least 1 with the embedded backend (no other "
+            "process can reach its in-memory queues)"
+        )
     ws = worker_settings or WorkerSettings(visibility_s=visibility_timeout)
     client.check_output(output, overwrite)
     started = time.monotonic()
     calls_before = be.calls()
     spec = await client.submit(
-        be, ref, input, output, partitions=partitions, params=params or {},
-        visibility_s=visibility_timeout, queue_prefix=aws.queue_prefix,
-        parallelism=max(1, workers) * ws.map_slots, split_bytes=split_bytes,
+        be,
+        ref,
+        input,
+        output,
+        partitions=partitions,
+        params=params or {},
+        visibility_s=visibility_timeout,
+        queue_prefix=aws.queue_prefix,
+        parallelism=max(1, workers) * ws.map_slots,
+        split_bytes=split_bytes,
         max_task_failures=max_task_failures,
     )
     if on_submit is not None:
@@ -174,20 +202,42 @@ async def run_on(
             await _stop(procs)
         await client.fetch_output(be, spec, output)
     out_dir = output.removeprefix("file://")
-    parts = [str(Path(out_dir) / f"part-{p:05d}") for p in range(partitions)] \
-        if client.is_local(output) else [f"{spec.output}part-{p:05d}" for p in range(partitions)]
-    return RunResult(spec.job_id, output, parts, time.monotonic() - started, record,
-                     be.calls() - calls_before)
+    parts = (
+        [str(Path(out_dir) / f"part-{p:05d}") for p in range(partitions)]
+        if client.is_local(output)
+        else [f"{spec.output}part-{p:05d}" for p in range(partitions)]
+    )
+    return RunResult(
+        spec.job_id, output, parts, time.monotonic() - started, record, be.calls() - calls_before
+    )
 
 
-async def _spawn_worker(job_id: str, aws: AwsSettings, ws: WorkerSettings,
-                        workers: int) -> asyncio.subprocess.Process:
+async def _spawn_worker(
+    job_id: str, aws: AwsSettings, ws: WorkerSettings, workers: int
+) -> asyncio.subprocess.Process:
     share = max(1, default_cores() // workers)
     args = [
-        sys.executable, "-m", "cmr", "worker", "--backend", "aws", "--job", job_id,
-        "--bucket", aws.bucket, "--table", aws.table, "--queue-prefix", aws.queue_prefix,
-        "--processes", str(min(ws.processes, share)), "--map-slots", str(min(ws.map_slots, share)),
-        "--memory-mb", str(ws.memory_mb), "--no-create",
+        sys.executable,
+        "-m",
+        "cmr",
+        "worker",
+        "--backend",
+        "aws",
+        "--job",
+        job_id,
+        "--bucket",
+        aws.bucket,
+        "--table",
+        aws.table,
+        "--queue-prefix",
+        aws.queue_prefix,
+        "--processes",
+        str(min(ws.processes, share)),
+        "--map-slots",
+        str(min(ws.map_slots, share)),
+        "--memory-mb",
+        str(ws.memory_mb),
+        "--no-create",
     ]
     if aws.region:
         args += ["--region", aws.region]

@@ -42,8 +42,9 @@ class Claim:
 
     async def renew(self) -> bool:
         try:
-            await self.table.update(*self.key, set_={"lease_until": time.time() + self.lease_s},
-                                    condition=self._ours())
+            await self.table.update(
+                *self.key, set_={"lease_until": time.time() + self.lease_s}, condition=self._ours()
+            )
         except ConditionFailed:
             self.lost.set()
             return False
@@ -71,8 +72,13 @@ class Claim:
         """The fenced commit: succeeds only if nobody took the partition over meanwhile."""
         try:
             await self.table.update(
-                *self.key, set_={"state": "committed", "output": output, "records": records,
-                                 "committed_at": time.time()},
+                *self.key,
+                set_={
+                    "state": "committed",
+                    "output": output,
+                    "records": records,
+                    "committed_at": time.time(),
+                },
                 condition=self._ours(),
             )
         except ConditionFailed:
@@ -92,16 +98,20 @@ class Refusal:
     retry_in: float  # otherwise: seconds until the holder's lease would lapse
 
 
-async def claim(table: Table, job_id: str, partition: int, owner: str,
-                lease_s: int) -> Claim | Refusal:
+async def claim(
+    table: Table, job_id: str, partition: int, owner: str, lease_s: int
+) -> Claim | Refusal:
     pk, sk = job_pk(job_id), reduce_sk(partition)
     now = time.time()
     try:
         item = await table.update(
-            pk, sk, set_={"owner": owner, "state": "claimed", "lease_until": now + lease_s},
+            pk,
+            sk,
+            set_={"owner": owner, "state": "claimed", "lease_until": now + lease_s},
             add={"epoch": 1},
-            condition=AnyOf((Missing("pk"), AllOf((Eq("state", "claimed"),
-                                                   Lt("lease_until", now))))),
+            condition=AnyOf(
+                (Missing("pk"), AllOf((Eq("state", "claimed"), Lt("lease_until", now))))
+            ),
         )
     except ConditionFailed:
         held = await table.get(pk, sk, consistent=True)

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import sys
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -20,9 +19,12 @@ from cmr.records import JobState
 from cmr.settings import AwsSettings, WorkerSettings, default_cores
 from cmr.worker import Worker
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="cmr: masterless MapReduce on queues (SQS), blobs (S3) and a table "
-                       "(DynamoDB), or all of it in-process.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="cmr: masterless MapReduce on queues (SQS), blobs (S3) and a table "
+    "(DynamoDB), or all of it in-process.",
+)
 err = Console(stderr=True, soft_wrap=True)  # an error message must stay greppable
 out = Console()
 
@@ -35,10 +37,22 @@ Profile = Annotated[str | None, typer.Option(help="AWS profile (default: AWS con
 Verbose = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more log output")]
 
 
-def _aws(bucket: str, table: str, queue_prefix: str, region: str | None,
-         profile: str | None, create: bool = True) -> AwsSettings:
-    return AwsSettings(bucket=bucket, table=table, queue_prefix=queue_prefix, region=region,
-                       profile=profile, create=create)
+def _aws(
+    bucket: str,
+    table: str,
+    queue_prefix: str,
+    region: str | None,
+    profile: str | None,
+    create: bool = True,
+) -> AwsSettings:
+    return AwsSettings(
+        bucket=bucket,
+        table=table,
+        queue_prefix=queue_prefix,
+        region=region,
+        profile=profile,
+        create=create,
+    )
 
 
 def _params(pairs: list[str]) -> dict[str, str]:
@@ -73,15 +87,25 @@ def run(
     memory_mb: Annotated[int, typer.Option(help="reducer memory before spilling")] = 512,
     overwrite: Annotated[bool, typer.Option(help="replace part-* files in the output")] = False,
     progress: Annotated[bool | None, typer.Option(help="progress bars (default: on a tty)")] = None,
-    bucket: Bucket = "cmr-data", table: TableName = "cmr", queue_prefix: QueuePrefix = "cmr-",
-    region: Region = None, profile: Profile = None, verbose: Verbose = 0,
+    bucket: Bucket = "cmr-data",
+    table: TableName = "cmr",
+    queue_prefix: QueuePrefix = "cmr-",
+    region: Region = None,
+    profile: Profile = None,
+    verbose: Verbose = 0,
 ) -> None:
     """Run a job to completion and write part-00000 ... to the output."""
     logs.configure(logging.WARNING - 10 * verbose)
     show = sys.stderr.isatty() if progress is None else progress
-    bars = Progress(TextColumn("{task.description:>7}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=err,
-                    disable=not show)
+    bars = Progress(
+        TextColumn("{task.description:>7}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[note]}"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=not show,
+    )
     ids: dict[str, Any] = {}
     started = time.monotonic()
 
@@ -93,18 +117,28 @@ def run(
             ids["map"] = bars.add_task("map", total=p.maps or 1, note="")
             ids["reduce"] = bars.add_task("reduce", total=p.reduces, note="")
         rate = p.stats.get("bytes_in", 0) / max(1e-9, time.monotonic() - started)
-        bars.update(ids["map"], completed=p.maps_done if p.maps else 1,
-                    note=f"{rate / 1e6:.1f} MB/s")
+        bars.update(
+            ids["map"], completed=p.maps_done if p.maps else 1, note=f"{rate / 1e6:.1f} MB/s"
+        )
         bars.update(ids["reduce"], completed=p.reduces_done, note="")
 
     ws = WorkerSettings(visibility_s=visibility_timeout, memory_mb=memory_mb)
     try:
         with bars:
             result = api.run(
-                job, input, output, backend=backend, reducers=reducers, workers=workers,
-                params=_params(param), visibility_timeout=visibility_timeout,
-                aws=_aws(bucket, table, queue_prefix, region, profile), worker_settings=ws,
-                overwrite=overwrite, on_progress=on_progress, on_submit=on_submit,
+                job,
+                input,
+                output,
+                backend=backend,
+                reducers=reducers,
+                workers=workers,
+                params=_params(param),
+                visibility_timeout=visibility_timeout,
+                aws=_aws(bucket, table, queue_prefix, region, profile),
+                worker_settings=ws,
+                overwrite=overwrite,
+                on_progress=on_progress,
+                on_submit=on_submit,
             )
     except JobFailed as exc:
         _fail(f"job {exc.job_id} failed.\n{exc.reason}")
@@ -123,27 +157,41 @@ def run(
 @app.command()
 def worker(
     backend: Backend = "aws",
-    idle_exit: Annotated[float | None, typer.Option(help="exit after this many idle seconds")] = None,
+    idle_exit: Annotated[
+        float | None, typer.Option(help="exit after this many idle seconds")
+    ] = None,
     job: Annotated[str | None, typer.Option(help="serve only this job, exit when it ends")] = None,
     processes: Annotated[int, typer.Option(help="CPU processes for user code")] = default_cores(),
     map_slots: Annotated[int, typer.Option(help="map tasks at once")] = default_cores(),
     reduce_slots: Annotated[int, typer.Option(help="reduce tasks at once")] = default_cores(),
     memory_mb: Annotated[int, typer.Option(help="reducer memory before spilling")] = 512,
     create: Annotated[bool, typer.Option(help="create the bucket and table if missing")] = True,
-    bucket: Bucket = "cmr-data", table: TableName = "cmr", queue_prefix: QueuePrefix = "cmr-",
-    region: Region = None, profile: Profile = None, verbose: Verbose = 0,
+    bucket: Bucket = "cmr-data",
+    table: TableName = "cmr",
+    queue_prefix: QueuePrefix = "cmr-",
+    region: Region = None,
+    profile: Profile = None,
+    verbose: Verbose = 0,
 ) -> None:
     """Serve every running job (or one) until idle: the fleet's only process."""
     logs.configure(logging.INFO - 10 * verbose)
     if backend != "aws":
-        _fail("a standalone worker needs a shared backend: use --backend aws "
-              "(the embedded backend lives inside `cmr run`)")
-    ws = WorkerSettings(map_slots=map_slots, reduce_slots=reduce_slots, processes=processes,
-                        memory_mb=memory_mb, idle_exit_s=idle_exit)
+        _fail(
+            "a standalone worker needs a shared backend: use --backend aws "
+            "(the embedded backend lives inside `cmr run`)"
+        )
+    ws = WorkerSettings(
+        map_slots=map_slots,
+        reduce_slots=reduce_slots,
+        processes=processes,
+        memory_mb=memory_mb,
+        idle_exit_s=idle_exit,
+    )
 
     async def serve() -> None:
-        async with api.open_backend(backend, _aws(bucket, table, queue_prefix, region, profile,
-                                                  create)) as be:
+        async with api.open_backend(
+            backend, _aws(bucket, table, queue_prefix, region, profile, create)
+        ) as be:
             with api.cpu_pool(processes) as pool:
                 w = Worker(be, ws, pool, only_job=job)
                 loop = asyncio.get_running_loop()
@@ -162,26 +210,38 @@ def worker(
 @app.command()
 def status(
     job: Annotated[str | None, typer.Argument(help="a job id (default: list jobs)")] = None,
-    backend: Backend = "aws", bucket: Bucket = "cmr-data", table: TableName = "cmr",
-    queue_prefix: QueuePrefix = "cmr-", region: Region = None, profile: Profile = None,
+    backend: Backend = "aws",
+    bucket: Bucket = "cmr-data",
+    table: TableName = "cmr",
+    queue_prefix: QueuePrefix = "cmr-",
+    region: Region = None,
+    profile: Profile = None,
 ) -> None:
     """Jobs and their map/reduce progress, or one job's record and duplicate counters."""
     if backend != "aws":
-        _fail("the embedded backend keeps no state after `cmr run` ends; status is for "
-              "--backend aws")
+        _fail(
+            "the embedded backend keeps no state after `cmr run` ends; status is for --backend aws"
+        )
 
     async def show() -> None:
-        async with api.open_backend(backend, _aws(bucket, table, queue_prefix, region,
-                                                  profile, create=False)) as be:
+        async with api.open_backend(
+            backend, _aws(bucket, table, queue_prefix, region, profile, create=False)
+        ) as be:
             if job is None:
                 t = Table("job", "state", "created", "maps", "reduces", "input")
                 for row in await client.list_jobs(be):
                     spec, rec = await client.load_spec(be, str(row["sk"]))
                     p = await client.progress(be, spec)
-                    t.add_row(spec.job_id, p.state, time.strftime(
-                        "%Y-%m-%d %H:%M:%S", time.localtime(float(rec.get("created", 0)))),
-                        f"{p.maps_done}/{p.maps}", f"{p.reduces_done}/{p.reduces}",
-                        str(rec.get("input", "")))
+                    t.add_row(
+                        spec.job_id,
+                        p.state,
+                        time.strftime(
+                            "%Y-%m-%d %H:%M:%S", time.localtime(float(rec.get("created", 0)))
+                        ),
+                        f"{p.maps_done}/{p.maps}",
+                        f"{p.reduces_done}/{p.reduces}",
+                        str(rec.get("input", "")),
+                    )
                 out.print(t)
                 return
             spec, rec = await client.load_spec(be, job)
@@ -209,14 +269,19 @@ def status(
 @app.command()
 def cleanup(
     job: Annotated[str, typer.Argument(help="the job id to remove")],
-    backend: Backend = "aws", bucket: Bucket = "cmr-data", table: TableName = "cmr",
-    queue_prefix: QueuePrefix = "cmr-", region: Region = None, profile: Profile = None,
+    backend: Backend = "aws",
+    bucket: Bucket = "cmr-data",
+    table: TableName = "cmr",
+    queue_prefix: QueuePrefix = "cmr-",
+    region: Region = None,
+    profile: Profile = None,
 ) -> None:
     """Delete a job's queues, scratch data and records (a running job is cancelled)."""
 
     async def go() -> None:
-        async with api.open_backend(backend, _aws(bucket, table, queue_prefix, region,
-                                                  profile, create=False)) as be:
+        async with api.open_backend(
+            backend, _aws(bucket, table, queue_prefix, region, profile, create=False)
+        ) as be:
             spec, _ = await client.load_spec(be, job)
             await lifecycle.set_state(be, job, JobState.CANCELLED, "cancelled by cmr cleanup")
             await lifecycle.cleanup(be, spec)

@@ -50,8 +50,10 @@ def is_local(path: str) -> bool:
 async def _stage(backend: Backend, src: str, job_id: str) -> tuple[str, list[BlobInfo]]:
     """Upload a local file or directory to the job's scratch area; returns (root, blobs)."""
     root_path = Path(src.removeprefix("file://"))
-    files = [root_path] if root_path.is_file() else sorted(
-        p for p in root_path.rglob("*") if p.is_file()
+    files = (
+        [root_path]
+        if root_path.is_file()
+        else sorted(p for p in root_path.rglob("*") if p.is_file())
     )
     root = f"{job_scratch(backend.scratch, job_id)}input/"
     gate = asyncio.Semaphore(STAGE_CONCURRENCY)
@@ -95,8 +97,10 @@ def output_url(backend: Backend, output: str, job_id: str) -> str:
     there, else a scratch prefix the client downloads from."""
     if backend.name == "embedded":
         if not is_local(output):
-            raise UsageError("the embedded backend writes local directories; use --backend aws "
-                             "for an s3:// output")
+            raise UsageError(
+                "the embedded backend writes local directories; use --backend aws "
+                "for an s3:// output"
+            )
         return file_url(output.removeprefix("file://")) + "/"
     if is_local(output):
         # Outside the job's scratch area, which cleanup removes before the client fetches.
@@ -111,36 +115,68 @@ def check_output(output: str, overwrite: bool) -> None:
             raise UsageError(f"output {output} is a file; give a directory")
         if path.is_dir() and any(path.iterdir()):
             if not overwrite:
-                raise UsageError(f"output directory {output} is not empty; remove it or pass "
-                                 "--overwrite")
+                raise UsageError(
+                    f"output directory {output} is not empty; remove it or pass --overwrite"
+                )
             for old in path.glob("part-*"):
                 old.unlink()
 
 
-async def submit(backend: Backend, ref: JobRef, source: str, output: str, *,
-                 partitions: int, params: dict[str, str], visibility_s: int,
-                 queue_prefix: str, parallelism: int, max_task_failures: int = 3,
-                 split_bytes: int | None = None) -> JobSpec:
+async def submit(
+    backend: Backend,
+    ref: JobRef,
+    source: str,
+    output: str,
+    *,
+    partitions: int,
+    params: dict[str, str],
+    visibility_s: int,
+    queue_prefix: str,
+    parallelism: int,
+    max_task_failures: int = 3,
+    split_bytes: int | None = None,
+) -> JobSpec:
     if partitions < 1:
         raise UsageError("--reducers must be at least 1")
     job_id = new_job_id()
     inputs = await list_input(backend, source, job_id)
     total = sum(i.size for i in inputs)
     tasks = plan(inputs, split_bytes or choose_split_bytes(total, parallelism))
-    spec = JobSpec(job_id, ref, params, len(tasks), partitions,
-                   output_url(backend, output, job_id), backend.scratch, queue_prefix,
-                   visibility_s, max_task_failures)
+    spec = JobSpec(
+        job_id,
+        ref,
+        params,
+        len(tasks),
+        partitions,
+        output_url(backend, output, job_id),
+        backend.scratch,
+        queue_prefix,
+        visibility_s,
+        max_task_failures,
+    )
     in_q, reduce_q, part_qs = spec.queues()
     queues = backend.queues
-    await asyncio.gather(*(queues.create(q, visibility_s=visibility_s)
-                           for q in (in_q, reduce_q, *part_qs)))
+    await asyncio.gather(
+        *(queues.create(q, visibility_s=visibility_s) for q in (in_q, reduce_q, *part_qs))
+    )
     await queues.send(in_q, [wire.encode(wire.MapTask(job_id, i, t)) for i, t in enumerate(tasks)])
-    await queues.send(reduce_q, [wire.encode(wire.ReduceTask(job_id, p)) for p in range(partitions)])
+    await queues.send(
+        reduce_q, [wire.encode(wire.ReduceTask(job_id, p)) for p in range(partitions)]
+    )
     now = time.time()
-    await backend.table.put(job_pk(job_id), "job", {
-        **spec.to_item(), "state": JobState.RUNNING.value, "created": now,
-        "input": source, "input_bytes": total, "inputs": len(inputs), "user_output": output,
-    })
+    await backend.table.put(
+        job_pk(job_id),
+        "job",
+        {
+            **spec.to_item(),
+            "state": JobState.RUNNING.value,
+            "created": now,
+            "input": source,
+            "input_bytes": total,
+            "inputs": len(inputs),
+            "user_output": output,
+        },
+    )
     await backend.table.put(JOBS_PK, job_id, {"state": JobState.RUNNING.value, "created": now})
     return spec
 
@@ -148,7 +184,8 @@ async def submit(backend: Backend, ref: JobRef, source: str, output: str, *,
 async def progress(backend: Backend, spec: JobSpec) -> Progress:
     pk = job_pk(spec.job_id)
     reduces, job = await asyncio.gather(
-        backend.table.query(pk, prefix="reduce#"), backend.table.get(pk, "job"),
+        backend.table.query(pk, prefix="reduce#"),
+        backend.table.get(pk, "job"),
     )
     job = job or {}
     stats = {k: int(v) for k, v in job.items() if isinstance(v, int) and not isinstance(v, bool)}
@@ -156,13 +193,17 @@ async def progress(backend: Backend, spec: JobSpec) -> Progress:
     if state == JobState.SUCCEEDED.value:
         return Progress(spec.maps, spec.maps, spec.partitions, spec.partitions, state, stats)
     done = sum(1 for r in reduces if r.get("state") == "committed")
-    return Progress(min(spec.maps, stats.get("maps_done", 0)), spec.maps, done, spec.partitions,
-                    state, stats)
+    return Progress(
+        min(spec.maps, stats.get("maps_done", 0)), spec.maps, done, spec.partitions, state, stats
+    )
 
 
-async def wait(backend: Backend, spec: JobSpec,
-               on_progress: Callable[[Progress], None] | None = None,
-               poll_s: float = 0.5) -> dict[str, Any]:
+async def wait(
+    backend: Backend,
+    spec: JobSpec,
+    on_progress: Callable[[Progress], None] | None = None,
+    poll_s: float = 0.5,
+) -> dict[str, Any]:
     """Wait until the job ends; finalize it ourselves if every partition is committed.
     Returns the final job record; raises JobFailed."""
     while True:
@@ -188,10 +229,12 @@ async def fetch_output(backend: Backend, spec: JobSpec, output: str) -> None:
         return
     dest = Path(output.removeprefix("file://"))
     dest.mkdir(parents=True, exist_ok=True)
-    await asyncio.gather(*(
-        backend.blobs.download_file(spec.output + part_name(p), str(dest / part_name(p)))
-        for p in range(spec.partitions)
-    ))
+    await asyncio.gather(
+        *(
+            backend.blobs.download_file(spec.output + part_name(p), str(dest / part_name(p)))
+            for p in range(spec.partitions)
+        )
+    )
     await backend.blobs.delete_prefix(spec.output)
 
 

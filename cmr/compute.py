@@ -143,8 +143,9 @@ def _combined(job: Job, groups: dict[Any, list[Any]]) -> Iterator[tuple[Any, Any
             yield from job.combine(key, iter(values))
 
 
-def run_map(ref: JobRef, params: dict[str, str], chunks: list[tuple[str, bytes]],
-            spec: MapSpec) -> MapResult:
+def run_map(
+    ref: JobRef, params: dict[str, str], chunks: list[tuple[str, bytes]], spec: MapSpec
+) -> MapResult:
     result = MapResult(records_in=0, bytes_in=sum(len(d) for _, d in chunks))
     fd, path = tempfile.mkstemp(prefix="map-", suffix=".spool", dir=spec.spool_dir)
     try:
@@ -155,11 +156,11 @@ def run_map(ref: JobRef, params: dict[str, str], chunks: list[tuple[str, bytes]]
             n = spec.partitions
             combine = job.combine is not None
             groups: dict[Any, list[Any]] = {}
-            for name, data in chunks:
-                result.records_in += data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
-                if data.endswith(b"\n"):
-                    data = data[:-1]  # the last line's newline ends it; it opens no new line
-                pairs: Iterable[tuple[Any, Any]] = job.map_chunk(name, data) if data else ()
+            for name, chunk in chunks:
+                # The last line's newline ends it; it opens no new (empty) line.
+                data = chunk[:-1] if chunk.endswith(b"\n") else chunk
+                result.records_in += data.count(b"\n") + 1 if chunk else 0
+                pairs: Iterable[tuple[Any, Any]] = job.map_chunk(name, data) if chunk else ()
                 for key, value in pairs:
                     if combine:
                         vals = groups.get(key)
@@ -210,13 +211,20 @@ def _write_run(groups: dict[Any, list[Any]], spill_dir: str) -> str:
 
 def _read_run(path: str) -> Iterator[tuple[Any, tuple[Any, ...]]]:
     with open(path, "rb") as f:
-        unpacker = msgpack.Unpacker(f, raw=False, use_list=False, strict_map_key=False,
-                                    max_buffer_size=wire.MAX_DECODED)
+        unpacker = msgpack.Unpacker(
+            f, raw=False, use_list=False, strict_map_key=False, max_buffer_size=wire.MAX_DECODED
+        )
         yield from unpacker
 
 
-def run_reduce(ref: JobRef, params: dict[str, str], spools: list[str], out_path: str,
-               memory_bytes: int, spill_dir: str) -> ReduceResult:
+def run_reduce(
+    ref: JobRef,
+    params: dict[str, str],
+    spools: list[str],
+    out_path: str,
+    memory_bytes: int,
+    spill_dir: str,
+) -> ReduceResult:
     """Group the winners' pairs by key (spilling sorted runs past the memory budget), run
     reduce over keys in sorted order, and write the partition's output lines."""
     result = ReduceResult()
@@ -228,8 +236,13 @@ def run_reduce(ref: JobRef, params: dict[str, str], spools: list[str], out_path:
         held = 0
         for spool in spools:
             with open(spool, "rb") as f:
-                unpacker = msgpack.Unpacker(f, raw=False, use_list=False, strict_map_key=False,
-                                            max_buffer_size=wire.MAX_DECODED)
+                unpacker = msgpack.Unpacker(
+                    f,
+                    raw=False,
+                    use_list=False,
+                    strict_map_key=False,
+                    max_buffer_size=wire.MAX_DECODED,
+                )
                 for key, value in unpacker:
                     vals = groups.get(key)
                     if vals is None:

@@ -144,8 +144,11 @@ def load_job_class(ref: JobRef) -> type[Job]:
     except Exception as exc:
         raise JobCodeError(f"importing {src} failed: {type(exc).__name__}: {exc}") from exc
     candidates = [
-        obj for obj in vars(module).values()
-        if isinstance(obj, type) and issubclass(obj, Job) and obj is not Job
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type)
+        and issubclass(obj, Job)
+        and obj is not Job
         and obj.__module__ == module.__name__
     ]
     if cls_name is not None:

@@ -11,7 +11,9 @@ from cmr.errors import BackendError
 
 
 @contextlib.asynccontextmanager
-async def message_lease(queues: Queues, queue: str, receipt: str, seconds: int) -> AsyncIterator[None]:
+async def message_lease(
+    queues: Queues, queue: str, receipt: str, seconds: int
+) -> AsyncIterator[None]:
     """Extend the message's visibility every third of its timeout until the block ends, so a
     slow but healthy task is not handed to a second worker. Best effort: if a renewal fails
     the message may be redelivered, which the protocols tolerate."""

@@ -8,6 +8,7 @@ attempt outputs, so two publishers write the same bytes; state changes are condi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 import time
@@ -16,7 +17,7 @@ import structlog
 
 from cmr.backends.base import Backend, Eq
 from cmr.errors import BlobMissing, ConditionFailed, QueueGone
-from cmr.records import JOBS_PK, JobSpec, JobState, job_pk, reduce_sk
+from cmr.records import JOBS_PK, JobSpec, JobState, job_pk
 
 log = structlog.get_logger("cmr.lifecycle")
 
@@ -48,8 +49,9 @@ async def set_state(backend: Backend, job_id: str, state: JobState, error: str =
 async def committed_outputs(backend: Backend, spec: JobSpec) -> dict[int, str] | None:
     """Partition -> committed output URL, or None while any partition is uncommitted."""
     items = await backend.table.query(job_pk(spec.job_id), prefix="reduce#")
-    done = {int(i["sk"].split("#")[1]): str(i["output"]) for i in items
-            if i.get("state") == "committed"}
+    done = {
+        int(i["sk"].split("#")[1]): str(i["output"]) for i in items if i.get("state") == "committed"
+    }
     return done if len(done) == spec.partitions else None
 
 
@@ -72,15 +74,17 @@ async def finalize(backend: Backend, spec: JobSpec) -> bool:
     if job is None or job.get("state") != JobState.RUNNING.value:
         return job is not None and job.get("state") == JobState.SUCCEEDED.value
     try:
-        await asyncio.gather(*(
-            _copy(backend, url, spec.output + part_name(p)) for p, url in outputs.items()
-        ))
+        await asyncio.gather(
+            *(_copy(backend, url, spec.output + part_name(p)) for p, url in outputs.items())
+        )
     except BlobMissing:
         # Another finalizer finished and cleaned up under us; its verdict stands.
         job = await backend.table.get(job_pk(spec.job_id), "job")
         return job is not None and job.get("state") == JobState.SUCCEEDED.value
-    records_out = sum(int(i.get("records", 0)) for i in
-                      await backend.table.query(job_pk(spec.job_id), prefix="reduce#"))
+    records_out = sum(
+        int(i.get("records", 0))
+        for i in await backend.table.query(job_pk(spec.job_id), prefix="reduce#")
+    )
     await backend.table.update(job_pk(spec.job_id), "job", set_={"records_out": records_out})
     if await set_state(backend, spec.job_id, JobState.SUCCEEDED):
         log.info("job succeeded", job=spec.job_id)
@@ -98,10 +102,8 @@ async def cleanup(backend: Backend, spec: JobSpec) -> None:
     """Delete the job's queues, scratch blobs and task records; keep the job record."""
     in_q, reduce_q, part_qs = spec.queues()
     for name in (in_q, reduce_q, *part_qs):
-        try:
+        with contextlib.suppress(QueueGone):
             await backend.queues.delete(name)
-        except QueueGone:
-            pass
     await backend.blobs.delete_prefix(job_scratch(spec.scratch, spec.job_id))
     pk = job_pk(spec.job_id)
     for prefix in ("map#", "fail#", "reduce#"):

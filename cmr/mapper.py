@@ -44,15 +44,24 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
     async with message_lease(queues, in_q, msg.receipt, spec.visibility_s):
         chunks = await asyncio.gather(*(read_split(rt.backend.blobs, r) for r in task.ranges))
         result = await rt.cpu(
-            compute.run_map, spec.ref, spec.params,
+            compute.run_map,
+            spec.ref,
+            spec.params,
             [(r.name, data) for r, data in zip(task.ranges, chunks, strict=True)],
-            compute.MapSpec(spec.job_id, task.task, attempt, spec.partitions,
-                            queues.max_message_bytes, rt.spool_dir),
+            compute.MapSpec(
+                spec.job_id,
+                task.task,
+                attempt,
+                spec.partitions,
+                queues.max_message_bytes,
+                rt.spool_dir,
+            ),
         )
         del chunks
         if result.error:
-            await task_failed(rt, spec, f"m{task.task}", f"map task {task.task}", result.error,
-                              in_q, msg)
+            await task_failed(
+                rt, spec, f"m{task.task}", f"map task {task.task}", result.error, in_q, msg
+            )
             return
         try:
             await _send_spool(rt, spec, task.task, attempt, result.spool, part_qs)
@@ -76,8 +85,9 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
     await rt.add_stats(spec.job_id, stats)
 
 
-async def _send_spool(rt: Runtime, spec: JobSpec, task: int, attempt: str, spool: str,
-                      part_qs: list[str]) -> None:
+async def _send_spool(
+    rt: Runtime, spec: JobSpec, task: int, attempt: str, spool: str, part_qs: list[str]
+) -> None:
     queues, blobs = rt.backend.queues, rt.backend.blobs
     gate = asyncio.Semaphore(SEND_CONCURRENCY)
     pending: dict[int, list[bytes]] = {}
@@ -94,9 +104,8 @@ async def _send_spool(rt: Runtime, spec: JobSpec, task: int, attempt: str, spool
 
     async with asyncio.TaskGroup() as tg:
         with open(spool, "rb") as f:
-            for p, seq, n, body, spilled in msgpack.Unpacker(f, raw=False, use_list=False):
-                if spilled:
-                    body = await spilled_body(p, seq, n, body)
+            for p, seq, n, data, spilled in msgpack.Unpacker(f, raw=False, use_list=False):
+                body = await spilled_body(p, seq, n, data) if spilled else data
                 bucket = pending.setdefault(p, [])
                 bucket.append(body)
                 if len(bucket) >= 10:
@@ -107,15 +116,21 @@ async def _send_spool(rt: Runtime, spec: JobSpec, task: int, attempt: str, spool
                 tg.create_task(send(p, bucket))
 
 
-async def task_failed(rt: Runtime, spec: JobSpec, task_id: str, what: str, error: str,
-                      queue: str, msg: Received) -> None:
+async def task_failed(
+    rt: Runtime, spec: JobSpec, task_id: str, what: str, error: str, queue: str, msg: Received
+) -> None:
     """User code raised: count it; retry the task, or fail the job once it keeps failing."""
     item = await rt.backend.table.update(
         job_pk(spec.job_id), fail_sk(task_id), set_={"error": error[-4000:]}, add={"count": 1}
     )
     failures = int(item["count"])
-    rt.log.warning("user code failed", job=spec.job_id, task=what, failures=failures,
-                   error=error.strip().splitlines()[-1])
+    rt.log.warning(
+        "user code failed",
+        job=spec.job_id,
+        task=what,
+        failures=failures,
+        error=error.strip().splitlines()[-1],
+    )
     if failures >= spec.max_task_failures:
         await fail(rt.backend, spec, f"{what} failed {failures} times; last error:\n{error}")
         return

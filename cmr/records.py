@@ -35,13 +35,18 @@ class JobState(StrEnum):
 
 # Counters the job record accumulates; ``cmr status`` shows them.
 STATS = (
-    "maps_done", "records_in", "bytes_in", "records_out",
+    "maps_done",
+    "records_in",
+    "bytes_in",
+    "records_out",
     "map_attempts_filtered",  # method 1: attempts that finished but lost to the winner
     "map_duplicates_skipped",  # task messages for tasks that already had a winner
     "batches_dropped",  # method 2: repeated batches (same tag) a reducer threw away
     "batches_filtered",  # batches of losing or dead attempts
     "reduce_conflicts",  # method 3: claims refused because another worker held the partition
-    "tasks_retried", "leases_lost", "messages_rejected",
+    "tasks_retried",
+    "leases_lost",
+    "messages_rejected",
 )
 
 
@@ -92,10 +97,16 @@ class JobSpec:
 
     def to_item(self) -> Item:
         return {
-            "job": self.ref.target, "digest": self.ref.digest, "params": self.params,
-            "maps": self.maps, "partitions": self.partitions, "output": self.output,
-            "scratch": self.scratch, "queue_prefix": self.queue_prefix,
-            "visibility_s": self.visibility_s, "max_task_failures": self.max_task_failures,
+            "job": self.ref.target,
+            "digest": self.ref.digest,
+            "params": self.params,
+            "maps": self.maps,
+            "partitions": self.partitions,
+            "output": self.output,
+            "scratch": self.scratch,
+            "queue_prefix": self.queue_prefix,
+            "visibility_s": self.visibility_s,
+            "max_task_failures": self.max_task_failures,
         }
 
     @staticmethod
@@ -103,10 +114,15 @@ class JobSpec:
         try:
             params = item["params"]
             return JobSpec(
-                job_id, JobRef(str(item["job"]), str(item["digest"])),
-                {str(k): str(v) for k, v in params.items()}, int(item["maps"]),
-                int(item["partitions"]), str(item["output"]), str(item["scratch"]),
-                str(item["queue_prefix"]), int(item["visibility_s"]),
+                job_id,
+                JobRef(str(item["job"]), str(item["digest"])),
+                {str(k): str(v) for k, v in params.items()},
+                int(item["maps"]),
+                int(item["partitions"]),
+                str(item["output"]),
+                str(item["scratch"]),
+                str(item["queue_prefix"]),
+                int(item["visibility_s"]),
                 int(item["max_task_failures"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

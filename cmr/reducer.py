@@ -63,8 +63,10 @@ class Drain:
 
     def missing(self) -> int:
         p = self.partition
-        return sum(max(0, w.batches.get(p, 0) - len(self.seqs.get((t, w.attempt), ())))
-                   for t, w in self.winners.items())
+        return sum(
+            max(0, w.batches.get(p, 0) - len(self.seqs.get((t, w.attempt), ())))
+            for t, w in self.winners.items()
+        )
 
     def learn_winner(self, task: int, commit: MapCommit) -> None:
         self.winners[task] = commit
@@ -83,13 +85,21 @@ class Drain:
         self.message_ids.add(m.message_id)
         try:
             batch = await asyncio.to_thread(wire.decode, m.body)
-            if not isinstance(batch, wire.Batch) or batch.job != self.spec.job_id \
-                    or batch.partition != self.partition or batch.task >= self.spec.maps:
+            if (
+                not isinstance(batch, wire.Batch)
+                or batch.job != self.spec.job_id
+                or batch.partition != self.partition
+                or batch.task >= self.spec.maps
+            ):
                 raise WireError("not a batch of this job's partition")
         except WireError as exc:
             self.stats["messages_rejected"] += 1
-            rt.log.warning("rejected a message in a partition queue", job=self.spec.job_id,
-                           partition=self.partition, reason=str(exc))
+            rt.log.warning(
+                "rejected a message in a partition queue",
+                job=self.spec.job_id,
+                partition=self.partition,
+                reason=str(exc),
+            )
             return
         winner = self.winners.get(batch.task)
         if winner is not None and winner.attempt != batch.attempt:
@@ -129,14 +139,14 @@ async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.
             # Someone holds a live claim: hide our copy until its lease would lapse, so the
             # task comes back only if the holder dies.
             await rt.add_stats(spec.job_id, Counter(reduce_conflicts=1))
-            await queues.change_visibility(reduce_q, [msg.receipt],
-                                           min(spec.visibility_s, int(got.retry_in) + 1))
+            await queues.change_visibility(
+                reduce_q, [msg.receipt], min(spec.visibility_s, int(got.retry_in) + 1)
+            )
         return
     workdir = tempfile.mkdtemp(prefix=f"reduce-{p}-", dir=rt.spool_dir)
     drain = Drain(spec, p, workdir)
     try:
-        async with message_lease(queues, reduce_q, msg.receipt, spec.visibility_s), \
-                got.renewing():
+        async with message_lease(queues, reduce_q, msg.receipt, spec.visibility_s), got.renewing():
             await _drain(rt, spec, got, drain, part_qs[p])
             if got.lost.is_set():
                 await _let_go(rt, drain, part_qs[p])
@@ -159,13 +169,15 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
                 if t not in drain.winners:
                     drain.learn_winner(t, MapCommit.from_item(item))
             # Poll the table often while commits arrive, back off while they do not.
-            poll_every = 0.25 if len(drain.winners) > known else min(WINNER_POLL_MAX_S,
-                                                                       poll_every * 2)
+            poll_every = (
+                0.25 if len(drain.winners) > known else min(WINNER_POLL_MAX_S, poll_every * 2)
+            )
             next_poll = time.monotonic() + poll_every
             if drain.complete():
                 break
-        got = await queues.receive(queue, max_messages=10, wait_s=rt.settings.poll_s,
-                                   visibility_s=spec.visibility_s)
+        got = await queues.receive(
+            queue, max_messages=10, wait_s=rt.settings.poll_s, visibility_s=spec.visibility_s
+        )
         for m in got:
             await drain.accept(rt, m)
 
@@ -173,31 +185,54 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
 async def _let_go(rt: Runtime, drain: Drain, queue: str) -> None:
     """We lost the partition (paused past our lease): hand back every batch we hold at once,
     so the new owner is not stalled for a whole visibility timeout."""
-    rt.log.warning("lost the claim on a partition; releasing its messages",
-                   job=drain.spec.job_id, partition=drain.partition)
+    rt.log.warning(
+        "lost the claim on a partition; releasing its messages",
+        job=drain.spec.job_id,
+        partition=drain.partition,
+    )
     drain.stats["leases_lost"] += 1
     with contextlib.suppress(BackendError):
         await rt.backend.queues.change_visibility(queue, drain.held, 0)
 
 
-async def _reduce_and_commit(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain,
-                             msg: Received) -> None:
+async def _reduce_and_commit(
+    rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, msg: Received
+) -> None:
     _, reduce_q, _ = spec.queues()
     out_path = os.path.join(drain.workdir, "output")
-    result = await rt.cpu(compute.run_reduce, spec.ref, spec.params, drain.winner_spools(),
-                          out_path, rt.settings.memory_mb * 1024 * 1024, drain.workdir)
+    result = await rt.cpu(
+        compute.run_reduce,
+        spec.ref,
+        spec.params,
+        drain.winner_spools(),
+        out_path,
+        rt.settings.memory_mb * 1024 * 1024,
+        drain.workdir,
+    )
     if result.error:
         await owner.release()
-        await task_failed(rt, spec, f"r{drain.partition}", f"reduce of partition "
-                          f"{drain.partition}", result.error, reduce_q, msg)
+        await task_failed(
+            rt,
+            spec,
+            f"r{drain.partition}",
+            f"reduce of partition {drain.partition}",
+            result.error,
+            reduce_q,
+            msg,
+        )
         return
-    url = (f"{job_scratch(spec.scratch, spec.job_id)}out/"
-           f"p{drain.partition:05d}-e{owner.epoch}-{owner.owner}")
+    url = (
+        f"{job_scratch(spec.scratch, spec.job_id)}out/"
+        f"p{drain.partition:05d}-e{owner.epoch}-{owner.owner}"
+    )
     await rt.backend.blobs.upload_file(out_path, url)
     if not await owner.commit(url, result.records_out):
         drain.stats["leases_lost"] += 1
-        rt.log.warning("partition was taken over before our commit; output discarded",
-                       job=spec.job_id, partition=drain.partition)
+        rt.log.warning(
+            "partition was taken over before our commit; output discarded",
+            job=spec.job_id,
+            partition=drain.partition,
+        )
         await rt.backend.blobs.delete_prefix(url)
         return
     await rt.backend.queues.delete_messages(reduce_q, [msg.receipt])

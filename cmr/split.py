@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cmr.backends.base import Blobs, BlobInfo
+from cmr.backends.base import BlobInfo, Blobs
 from cmr.wire import Range
 
 LOOKAHEAD = 64 * 1024  # bytes read past a split's end to finish its last line, per round
@@ -59,7 +59,7 @@ def input_name(root: str, blob: BlobInfo) -> str:
     """The name map sees: the path below the input root, or the file's own name."""
     if blob.url == root:
         return root.rstrip("/").rsplit("/", 1)[-1]
-    return blob.url[len(root):].lstrip("/")
+    return blob.url[len(root) :].lstrip("/")
 
 
 async def read_split(blobs: Blobs, r: Range, size: int | None = None) -> bytes:

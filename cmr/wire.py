@@ -28,8 +28,10 @@ _contexts = threading.local()
 def _zstd() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
     pair = getattr(_contexts, "pair", None)
     if pair is None:
-        pair = (zstandard.ZstdCompressor(level=_LEVEL, write_content_size=True),
-                zstandard.ZstdDecompressor())
+        pair = (
+            zstandard.ZstdCompressor(level=_LEVEL, write_content_size=True),
+            zstandard.ZstdDecompressor(),
+        )
         _contexts.pair = pair
     return pair
 
@@ -90,7 +92,7 @@ def unpack(data: bytes) -> Any:
 
 
 def compress(data: bytes) -> bytes:
-    return _zstd()[0].compress(data)  # type: ignore[no-any-return]
+    return _zstd()[0].compress(data)
 
 
 def decompress(data: bytes) -> bytes:
@@ -101,7 +103,7 @@ def decompress(data: bytes) -> bytes:
     if size < 0 or size > MAX_DECODED:
         raise WireError(f"compressed body declares {size} bytes (limit {MAX_DECODED})")
     try:
-        return _zstd()[1].decompress(data, max_output_size=MAX_DECODED)  # type: ignore[no-any-return]
+        return _zstd()[1].decompress(data, max_output_size=MAX_DECODED)
     except zstandard.ZstdError as exc:
         raise WireError(f"corrupt zstd frame: {exc}") from None
 
@@ -110,15 +112,23 @@ def encode(msg: Message) -> bytes:
     match msg:
         case MapTask(job, task, ranges):
             doc: dict[str, Any] = {
-                "k": "map", "job": job, "task": task,
+                "k": "map",
+                "job": job,
+                "task": task,
                 "ranges": [[r.url, r.start, r.end, r.name] for r in ranges],
             }
         case ReduceTask(job, partition):
             doc = {"k": "reduce", "job": job, "p": partition}
         case Batch():
             doc = {
-                "k": "batch", "job": msg.job, "task": msg.task, "att": msg.attempt,
-                "p": msg.partition, "seq": msg.seq, "n": msg.records, "pairs": msg.pairs,
+                "k": "batch",
+                "job": msg.job,
+                "task": msg.task,
+                "att": msg.attempt,
+                "p": msg.partition,
+                "seq": msg.seq,
+                "n": msg.records,
+                "pairs": msg.pairs,
                 "spill": msg.spilled,
             }
     return MAGIC + compress(pack(doc))
@@ -126,7 +136,7 @@ def encode(msg: Message) -> bytes:
 
 def _field(doc: dict[Any, Any], name: str, kind: type | tuple[type, ...]) -> Any:
     value = doc.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         raise WireError(f"field {name!r} missing or not {getattr(kind, '__name__', kind)}")
     return value
 
@@ -149,7 +159,7 @@ def decode(body: bytes) -> Message:
     """Parse and validate a queue body. Raises WireError for anything that is not ours."""
     if not body.startswith(MAGIC):
         raise WireError("body does not start with the cmr magic bytes")
-    doc = unpack(decompress(body[len(MAGIC):]))
+    doc = unpack(decompress(body[len(MAGIC) :]))
     if not isinstance(doc, dict):
         raise WireError("body is not a msgpack map")
     kind = doc.get("k")
@@ -158,7 +168,9 @@ def decode(body: bytes) -> Message:
         ranges = []
         for r in raw:
             if (
-                not isinstance(r, tuple) or len(r) != 4 or not isinstance(r[0], str)
+                not isinstance(r, tuple)
+                or len(r) != 4
+                or not isinstance(r[0], str)
                 or not isinstance(r[3], str)
                 or not all(isinstance(x, int) and not isinstance(x, bool) for x in r[1:3])
                 or not 0 <= r[1] <= r[2]
@@ -173,8 +185,14 @@ def decode(body: bytes) -> Message:
         if not 1 <= len(attempt) <= 64:
             raise WireError("field 'att' is not an attempt id")
         return Batch(
-            _job_id(doc), _nat(doc, "task"), attempt, _nat(doc, "p"), _nat(doc, "seq"),
-            _nat(doc, "n"), _field(doc, "pairs", bytes), _field(doc, "spill", str),
+            _job_id(doc),
+            _nat(doc, "task"),
+            attempt,
+            _nat(doc, "p"),
+            _nat(doc, "seq"),
+            _nat(doc, "n"),
+            _field(doc, "pairs", bytes),
+            _field(doc, "spill", str),
         )
     raise WireError(f"unknown message kind {kind!r}")
 
@@ -182,7 +200,10 @@ def decode(body: bytes) -> Message:
 def iter_pairs(stream: bytes) -> Any:
     """Yield (key, value) from a batch's pair stream; WireError on anything malformed."""
     unpacker = msgpack.Unpacker(
-        raw=False, use_list=False, strict_map_key=False, max_buffer_size=MAX_DECODED,
+        raw=False,
+        use_list=False,
+        strict_map_key=False,
+        max_buffer_size=MAX_DECODED,
     )
     unpacker.feed(stream)
     try:

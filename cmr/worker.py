@@ -29,8 +29,14 @@ T = TypeVar("T")
 
 
 class Worker:
-    def __init__(self, backend: Backend, settings: WorkerSettings, pool: Executor, *,
-                 only_job: str | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        settings: WorkerSettings,
+        pool: Executor,
+        *,
+        only_job: str | None = None,
+    ) -> None:
         self.only_job = only_job
         spool = settings.spill_dir or tempfile.gettempdir()
         self.rt = Runtime(backend, settings, pool, tempfile.mkdtemp(prefix="cmr-", dir=spool))
@@ -61,7 +67,9 @@ class Worker:
                 try:
                     spec = JobSpec.from_item(job_id, item)
                 except WireError as exc:
-                    self.rt.log.warning("skipping a malformed job record", job=job_id, error=str(exc))
+                    self.rt.log.warning(
+                        "skipping a malformed job record", job=job_id, error=str(exc)
+                    )
                     continue
                 self._specs[job_id] = spec
             running.append(spec)
@@ -75,8 +83,11 @@ class Worker:
         self._turn += 1
         return self.jobs[self._turn % len(self.jobs)]
 
-    async def _slot(self, queue_of: Callable[[JobSpec], str],
-                    handle: Callable[[JobSpec, Received], Awaitable[None]]) -> None:
+    async def _slot(
+        self,
+        queue_of: Callable[[JobSpec], str],
+        handle: Callable[[JobSpec, Received], Awaitable[None]],
+    ) -> None:
         queues = self.rt.backend.queues
         while not self.done.is_set():
             spec = self._next_job()
@@ -84,9 +95,12 @@ class Worker:
                 await asyncio.sleep(self.rt.settings.poll_s / 2)
                 continue
             try:
-                got = await queues.receive(queue_of(spec), max_messages=1,
-                                           wait_s=self.rt.settings.poll_s,
-                                           visibility_s=spec.visibility_s)
+                got = await queues.receive(
+                    queue_of(spec),
+                    max_messages=1,
+                    wait_s=self.rt.settings.poll_s,
+                    visibility_s=spec.visibility_s,
+                )
                 if not got:
                     continue
                 self.busy += 1
@@ -122,7 +136,9 @@ class Worker:
         try:
             msg = wire.decode(m.body)
         except WireError as exc:
-            self.rt.log.warning("rejected a malformed task message", job=spec.job_id, error=str(exc))
+            self.rt.log.warning(
+                "rejected a malformed task message", job=spec.job_id, error=str(exc)
+            )
             return None
         if not isinstance(msg, kind) or getattr(msg, "job", None) != spec.job_id:
             self.rt.log.warning("rejected a foreign task message", job=spec.job_id)
@@ -134,8 +150,11 @@ class Worker:
         while not self.done.is_set():
             with contextlib.suppress(BackendError):
                 await self.refresh_jobs()
-            if idle_exit is not None and self.busy == 0 \
-                    and time.monotonic() - self.last_work > idle_exit:
+            if (
+                idle_exit is not None
+                and self.busy == 0
+                and time.monotonic() - self.last_work > idle_exit
+            ):
                 self.rt.log.info("idle; exiting", idle_s=idle_exit)
                 self.done.set()
             with contextlib.suppress(TimeoutError):
@@ -147,10 +166,14 @@ class Worker:
         await self.refresh_jobs()
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._watch())
-            slots = [tg.create_task(self._slot(lambda j: j.queues()[0], self._map))
-                     for _ in range(s.map_slots)]
-            slots += [tg.create_task(self._slot(lambda j: j.queues()[1], self._reduce))
-                      for _ in range(s.reduce_slots)]
+            slots = [
+                tg.create_task(self._slot(lambda j: j.queues()[0], self._map))
+                for _ in range(s.map_slots)
+            ]
+            slots += [
+                tg.create_task(self._slot(lambda j: j.queues()[1], self._reduce))
+                for _ in range(s.reduce_slots)
+            ]
             await self.done.wait()
             for t in slots:
                 t.cancel()

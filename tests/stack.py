@@ -37,8 +37,8 @@ def stack_up() -> bool:
 
 def remove_test_resources(bucket: str, table: str, queue_prefix: str) -> None:
     """Delete what a test session made on the local stack; whatever is already gone is fine."""
-    import boto3  # noqa: PLC0415 - only sessions that used the stack pay for the import
-    from botocore.exceptions import ClientError  # noqa: PLC0415
+    import boto3
+    from botocore.exceptions import ClientError
 
     env = stack_env()
     session = boto3.Session(

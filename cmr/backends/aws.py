@@ -816,8 +816,9 @@ async def _probe(session: Any, region: str, queue_prefix: str, path_style: bool)
     async def one(service: str) -> None:
         extra = {"s3": {"addressing_style": "path"}} if service == "s3" and path_style else {}
         with _translate(service):
-            async with session.client(service, region_name=region,
-                                      config=AioConfig(**config, **extra)) as c:
+            async with session.client(
+                service, region_name=region, config=AioConfig(**config, **extra)
+            ) as c:
                 if service == "sqs":
                     await c.list_queues(QueueNamePrefix=queue_prefix, MaxResults=1)
                 elif service == "s3":

@@ -102,7 +102,11 @@ class Queues(Protocol):
         """Enqueue every body (batched as the service allows). Raises QueueGone."""
 
     async def receive(
-        self, name: str, *, max_messages: int = 10, wait_s: int = 0,
+        self,
+        name: str,
+        *,
+        max_messages: int = 10,
+        wait_s: int = 0,
         visibility_s: int | None = None,
     ) -> builtins.list[Received]:
         """Up to max_messages (1..10) messages, waiting up to wait_s for the first."""
@@ -149,7 +153,9 @@ class Table(Protocol):
 
     calls: Counter[str]
 
-    async def put(self, pk: str, sk: str, item: Item, *, condition: Condition | None = None) -> None:
+    async def put(
+        self, pk: str, sk: str, item: Item, *, condition: Condition | None = None
+    ) -> None:
         """Replace the whole item. Raises ConditionFailed."""
 
     async def get(self, pk: str, sk: str, *, consistent: bool = True) -> Item | None: ...
@@ -158,7 +164,12 @@ class Table(Protocol):
         """Items of partition pk whose sk starts with prefix, in sk order."""
 
     async def update(
-        self, pk: str, sk: str, *, set_: Item | None = None, add: dict[str, int] | None = None,
+        self,
+        pk: str,
+        sk: str,
+        *,
+        set_: Item | None = None,
+        add: dict[str, int] | None = None,
         condition: Condition | None = None,
     ) -> Item:
         """Set attributes and add to counters (creating the item if absent); returns the new

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import copy
 import heapq
 import itertools
@@ -114,9 +115,9 @@ class EmbeddedQueues:
             self._push(q, m)
         q.arrived.set()
 
-    def _take(self, q: _Queue, limit: int, visibility_s: int) -> list[Received]:
+    def _take(self, q: _Queue, limit: int, visibility_s: int) -> builtins.list[Received]:
         now = self._clock()
-        out: list[Received] = []
+        out: builtins.list[Received] = []
         while q.ready and len(out) < limit and q.ready[0][0] <= now:
             visible_at, _, mid = heapq.heappop(q.ready)
             m = q.messages.get(mid)
@@ -139,7 +140,11 @@ class EmbeddedQueues:
         return None
 
     async def receive(
-        self, name: str, *, max_messages: int = 10, wait_s: int = 0,
+        self,
+        name: str,
+        *,
+        max_messages: int = 10,
+        wait_s: int = 0,
         visibility_s: int | None = None,
     ) -> builtins.list[Received]:
         self.calls["sqs.ReceiveMessage"] += 1
@@ -153,12 +158,10 @@ class EmbeddedQueues:
                 return got
             nxt = self._next_visible_in(q)
             q.arrived.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     q.arrived.wait(), remaining if nxt is None else min(remaining, nxt + 0.001)
                 )
-            except TimeoutError:
-                pass
             q = self._get(name)
 
     def _leased(self, q: _Queue, receipt: str) -> _Message | None:
@@ -357,7 +360,9 @@ class EmbeddedTable:
         self._parts: dict[str, dict[str, Item]] = {}
         self.calls: Counter[str] = Counter()
 
-    async def put(self, pk: str, sk: str, item: Item, *, condition: Condition | None = None) -> None:
+    async def put(
+        self, pk: str, sk: str, item: Item, *, condition: Condition | None = None
+    ) -> None:
         self.calls["dynamodb.PutItem"] += 1
         part = self._parts.setdefault(pk, {})
         if not holds(condition, part.get(sk)):
@@ -375,7 +380,12 @@ class EmbeddedTable:
         return [copy.deepcopy(part[sk]) for sk in sorted(part) if sk.startswith(prefix)]
 
     async def update(
-        self, pk: str, sk: str, *, set_: Item | None = None, add: dict[str, int] | None = None,
+        self,
+        pk: str,
+        sk: str,
+        *,
+        set_: Item | None = None,
+        add: dict[str, int] | None = None,
         condition: Condition | None = None,
     ) -> Item:
         self.calls["dynamodb.UpdateItem"] += 1

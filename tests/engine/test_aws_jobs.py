@@ -4,6 +4,7 @@ Local), with real `cmr worker` processes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -29,8 +30,9 @@ pytestmark = pytest.mark.usefixtures("aws_stack")
 @pytest.fixture
 async def aws(aws_stack: dict[str, str]) -> AsyncIterator[tuple[Backend, AwsSettings]]:
     tag = uuid.uuid4().hex[:8]
-    settings = AwsSettings(bucket=f"cmr-e2e-{tag}", table=f"cmr-e2e-{tag}",
-                           queue_prefix=f"cmre-{tag}-")
+    settings = AwsSettings(
+        bucket=f"cmr-e2e-{tag}", table=f"cmr-e2e-{tag}", queue_prefix=f"cmre-{tag}-"
+    )
     async with open_backend("aws", settings) as be:
         yield be, settings
     remove_test_resources(settings.bucket, settings.table, settings.queue_prefix)
@@ -47,9 +49,17 @@ async def test_wordcount_with_three_worker_processes(
 ) -> None:
     be, settings = aws
     data = edge_cases(tmp_path / "in")
-    result = await run_on(be, "examples/wordcount.py", str(data), str(tmp_path / "out"),
-                          reducers=3, workers=3, visibility_timeout=10, aws=settings,
-                          split_bytes=2048)
+    result = await run_on(
+        be,
+        "examples/wordcount.py",
+        str(data),
+        str(tmp_path / "out"),
+        reducers=3,
+        workers=3,
+        visibility_timeout=10,
+        aws=settings,
+        split_bytes=2048,
+    )
     assert counts_from_parts(tmp_path / "out", 3) == word_count(data)
     assert result.record["maps"] > 3
     assert result.calls["sqs.SendMessageBatch"] > 0
@@ -65,13 +75,19 @@ async def test_s3_input_and_output(aws: tuple[Backend, AwsSettings], tmp_path: P
         if p.is_file():
             await be.blobs.upload_file(str(p), root + p.relative_to(data).as_posix())
     out = f"s3://{settings.bucket}/results/index/"
-    result = await run_on(be, "examples/invertedindex.py", root.rstrip("/"), out, reducers=2,
-                          workers=2, visibility_timeout=10, aws=settings)
+    result = await run_on(
+        be,
+        "examples/invertedindex.py",
+        root.rstrip("/"),
+        out,
+        reducers=2,
+        workers=2,
+        visibility_timeout=10,
+        aws=settings,
+    )
     got: dict[str, list[str]] = {}
-    import json
-
-    for p in range(2):
-        text = (await be.blobs.get(f"{out}part-{p:05d}")).decode()
+    for part in range(2):
+        text = (await be.blobs.get(f"{out}part-{part:05d}")).decode()
         for line in text.splitlines():
             word, _, docs = line.rpartition("\t")
             got[word] = json.loads(docs)
@@ -80,8 +96,13 @@ async def test_s3_input_and_output(aws: tuple[Backend, AwsSettings], tmp_path: P
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "cmr", *args], env=env or dict(os.environ),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "cmr", *args],
+        env=env or dict(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 async def test_external_fleet_serves_a_submitted_job_and_exits_when_idle(
@@ -89,12 +110,26 @@ async def test_external_fleet_serves_a_submitted_job_and_exits_when_idle(
 ) -> None:
     be, settings = aws
     data = edge_cases(tmp_path / "in")
-    names = ["--bucket", settings.bucket, "--table", settings.table,
-             "--queue-prefix", settings.queue_prefix]
+    names = [
+        "--bucket",
+        settings.bucket,
+        "--table",
+        settings.table,
+        "--queue-prefix",
+        settings.queue_prefix,
+    ]
     fleet = [_cli("worker", "--backend", "aws", "--idle-exit", "4", *names) for _ in range(2)]
     try:
-        result = await run_on(be, "examples/wordcount.py", str(data), str(tmp_path / "out"),
-                              reducers=2, workers=0, visibility_timeout=10, aws=settings)
+        result = await run_on(
+            be,
+            "examples/wordcount.py",
+            str(data),
+            str(tmp_path / "out"),
+            reducers=2,
+            workers=0,
+            visibility_timeout=10,
+            aws=settings,
+        )
         assert counts_from_parts(tmp_path / "out", 2) == word_count(data)
         for w in fleet:  # both leave on their own once idle
             _, err = await asyncio.to_thread(w.communicate, timeout=60)
@@ -112,25 +147,47 @@ async def test_failing_map_fails_the_job_and_cleans_up(
 ) -> None:
     be, settings = aws
     job = tmp_path / "boom.py"
-    job.write_text("import cmr\nclass Boom(cmr.Job):\n    def map(self, k, line):\n"
-                   "        raise RuntimeError('no thanks')\n        yield\n"
-                   "    def reduce(self, k, vs):\n        yield k, 0\n")
+    job.write_text(
+        "import cmr\nclass Boom(cmr.Job):\n    def map(self, k, line):\n"
+        "        raise RuntimeError('no thanks')\n        yield\n"
+        "    def reduce(self, k, vs):\n        yield k, 0\n"
+    )
     src = tmp_path / "in.txt"
     src.write_text("a\n")
     with pytest.raises(JobFailed, match="RuntimeError: no thanks") as info:
-        await run_on(be, str(job), str(src), str(tmp_path / "out"), reducers=2, workers=1,
-                     visibility_timeout=10, aws=settings)
+        await run_on(
+            be,
+            str(job),
+            str(src),
+            str(tmp_path / "out"),
+            reducers=2,
+            workers=1,
+            visibility_timeout=10,
+            aws=settings,
+        )
     await assert_cleaned(be, settings, info.value.job_id)
 
 
 def test_cli_reports_missing_credentials_without_a_traceback(
     aws_stack: dict[str, str], tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    }
     (tmp_path / "in.txt").write_text("x\n")
-    proc = _cli("run", "examples/wordcount.py", "--backend", "aws", "--input",
-                str(tmp_path / "in.txt"), "--output", str(tmp_path / "out"), env=env)
+    proc = _cli(
+        "run",
+        "examples/wordcount.py",
+        "--backend",
+        "aws",
+        "--input",
+        str(tmp_path / "in.txt"),
+        "--output",
+        str(tmp_path / "out"),
+        env=env,
+    )
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert "credentials" in err.lower()
@@ -138,11 +195,23 @@ def test_cli_reports_missing_credentials_without_a_traceback(
 
 
 def test_cli_reports_an_endpoint_that_is_down(aws_stack: dict[str, str], tmp_path: Path) -> None:
-    env = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
-           "AWS_ENDPOINT_URL_DYNAMODB": "http://127.0.0.1:9"}
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+        "AWS_ENDPOINT_URL_DYNAMODB": "http://127.0.0.1:9",
+    }
     (tmp_path / "in.txt").write_text("x\n")
-    proc = _cli("run", "examples/wordcount.py", "--backend", "aws", "--input",
-                str(tmp_path / "in.txt"), "--output", str(tmp_path / "out"), env=env)
+    proc = _cli(
+        "run",
+        "examples/wordcount.py",
+        "--backend",
+        "aws",
+        "--input",
+        str(tmp_path / "in.txt"),
+        "--output",
+        str(tmp_path / "out"),
+        env=env,
+    )
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert "127.0.0.1:9" in err and "stack.sh start" in err

@@ -22,14 +22,24 @@ async def test_wordcount_edge_cases_match_sequential(
     embedded: Backend, tmp_path: Path, split_bytes: int | None, reducers: int
 ) -> None:
     data = edge_cases(tmp_path / "in")
-    result = await run_on(embedded, WORDCOUNT, str(data), str(tmp_path / "out"),
-                          reducers=reducers, split_bytes=split_bytes)
+    result = await run_on(
+        embedded,
+        WORDCOUNT,
+        str(data),
+        str(tmp_path / "out"),
+        reducers=reducers,
+        split_bytes=split_bytes,
+    )
     assert counts_from_parts(tmp_path / "out", reducers) == word_count(data)
     assert result.record["state"] == "succeeded"
-    assert result.record["bytes_in"] == sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
+    assert result.record["bytes_in"] == sum(
+        p.stat().st_size for p in data.rglob("*") if p.is_file()
+    )
 
 
-async def test_many_small_files_are_packed_into_few_tasks(embedded: Backend, tmp_path: Path) -> None:
+async def test_many_small_files_are_packed_into_few_tasks(
+    embedded: Backend, tmp_path: Path
+) -> None:
     data = small_files(tmp_path / "in", 300)
     result = await run_on(embedded, WORDCOUNT, str(data), str(tmp_path / "out"), reducers=3)
     assert counts_from_parts(tmp_path / "out", 3) == word_count(data)
@@ -46,29 +56,42 @@ async def test_more_reducers_than_keys_gives_empty_parts(embedded: Backend, tmp_
 
 async def test_inverted_index_matches_sequential(embedded: Backend, tmp_path: Path) -> None:
     data = edge_cases(tmp_path / "in")
-    await run_on(embedded, "examples/invertedindex.py", str(data), str(tmp_path / "out"),
-                 reducers=3, split_bytes=50)
+    await run_on(
+        embedded,
+        "examples/invertedindex.py",
+        str(data),
+        str(tmp_path / "out"),
+        reducers=3,
+        split_bytes=50,
+    )
     assert index_from_parts(tmp_path / "out", 3) == inverted_index(data)
 
 
 async def test_grep_reads_its_pattern_from_params(embedded: Backend, tmp_path: Path) -> None:
     src = tmp_path / "log.txt"
     src.write_text("ok 1\nERROR disk\nok 2\nFATAL cpu\n")
-    await run_on(embedded, "examples/grep.py", str(src), str(tmp_path / "out"), reducers=1,
-                 params={"pattern": "ERROR|FATAL"})
+    await run_on(
+        embedded,
+        "examples/grep.py",
+        str(src),
+        str(tmp_path / "out"),
+        reducers=1,
+        params={"pattern": "ERROR|FATAL"},
+    )
     assert (tmp_path / "out" / "part-00000").read_text() == 'log.txt\t["ERROR disk", "FATAL cpu"]\n'
 
 
 async def test_empty_input_gives_empty_parts(embedded: Backend, tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "e.txt").write_bytes(b"")
-    result = await run_on(embedded, WORDCOUNT, str(tmp_path / "in"), str(tmp_path / "out"),
-                          reducers=2)
+    result = await run_on(
+        embedded, WORDCOUNT, str(tmp_path / "in"), str(tmp_path / "out"), reducers=2
+    )
     assert counts_from_parts(tmp_path / "out", 2) == {}
     assert result.record["maps"] == 0
 
 
-FAILING_JOB = '''
+FAILING_JOB = """
 import cmr
 
 class Boom(cmr.Job):
@@ -79,10 +102,12 @@ class Boom(cmr.Job):
 
     def reduce(self, key, values):
         yield key, sum(values)
-'''
+"""
 
 
-async def test_map_that_raises_fails_the_job_and_cleans_up(embedded: Backend, tmp_path: Path) -> None:
+async def test_map_that_raises_fails_the_job_and_cleans_up(
+    embedded: Backend, tmp_path: Path
+) -> None:
     job = tmp_path / "boom.py"
     job.write_text(FAILING_JOB)
     src = tmp_path / "in.txt"
@@ -109,7 +134,9 @@ async def test_missing_input_is_a_usage_error(embedded: Backend, tmp_path: Path)
     assert await embedded.queues.list("cmr-") == []  # nothing was created
 
 
-async def test_broken_job_file_is_reported_before_submitting(embedded: Backend, tmp_path: Path) -> None:
+async def test_broken_job_file_is_reported_before_submitting(
+    embedded: Backend, tmp_path: Path
+) -> None:
     job = tmp_path / "broken.py"
     job.write_text("import cmr\nclass J(cmr.Job):\n    def map(self, k, v)\n")
     src = tmp_path / "in.txt"
