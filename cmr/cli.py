@@ -148,7 +148,7 @@ def run(
     secs = result.seconds
     err.print(
         f"job {result.job_id} [green]succeeded[/] in {secs:.1f} s: "
-        f"{_mb(rec.get('bytes_in', 0))} in ({rec.get("bytes_in", 0) / 1e6 / secs:.2f} MB/s), "
+        f"{_mb(rec.get('bytes_in', 0))} in ({rec.get('bytes_in', 0) / 1e6 / secs:.2f} MB/s), "
         f"{rec.get('records_out', 0)} records out in {len(result.parts)} parts under {output}",
         highlight=False,
     )
