@@ -15,8 +15,8 @@ eval "$(bash scripts/stack.sh env)"
 bash scripts/stack.sh env
 
 step "ruff and mypy"
-.venv/bin/ruff check cmr tests examples benchmarks
-.venv/bin/ruff format --check cmr tests examples
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/mypy cmr
 .venv/bin/mypy --explicit-package-bases tests
 

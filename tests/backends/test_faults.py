@@ -167,8 +167,9 @@ async def test_zero_plan_behaves_like_the_backend(tmp_path: Path, make: Make) ->
 
 async def test_same_seed_same_faults(tmp_path: Path, make: Make) -> None:
     # Lease cuts land at wall-clock times, so only they are left out of an exact replay.
-    plan = dataclasses.replace(
-        FaultPlan.random(7), lease_loss=0.0, throttle=0.1, server_error=0.1, delay_max_s=0.001
+    plan = FaultPlan(
+        seed=7, duplicate_delivery=0.2, empty_receive=0.2, reorder=0.3, delay_max_s=0.001,
+        throttle=0.1, server_error=0.1, stale_read=0.5, duplicate_send=0.2,
     )
     runs = []
     for i in range(2):
@@ -176,8 +177,10 @@ async def test_same_seed_same_faults(tmp_path: Path, make: Make) -> None:
         (tmp_path / f"r{i}").mkdir()
         runs.append((await script(b, tmp_path / f"r{i}"), faults.injected(b), b.calls()))
     assert runs[0] == runs[1]
-    kinds = set(runs[0][1])
-    assert {"throttle", "server_error_before", "server_error_after", "stale_read"} <= kinds
+    assert set(runs[0][1]) == {
+        "delay", "throttle", "server_error_before", "server_error_after", "empty_receive",
+        "reorder", "duplicate_delivery", "stale_read", "duplicate_send",
+    }
     other = make(dataclasses.replace(plan, seed=8))
     (tmp_path / "r2").mkdir()
     assert await script(other, tmp_path / "r2") != runs[0][0]
