@@ -47,6 +47,7 @@ STATS = (
     "tasks_retried",
     "leases_lost",
     "messages_rejected",
+    "reduce_spills",  # sorted runs reducers wrote to local disk to stay in their budget
 )
 
 

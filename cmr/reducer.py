@@ -206,9 +206,10 @@ async def _reduce_and_commit(
         spec.params,
         drain.winner_spools(),
         out_path,
-        rt.settings.memory_mb * 1024 * 1024,
+        max(64 * 1024, rt.settings.memory_mb * 1024 * 1024),
         drain.workdir,
     )
+    drain.stats["reduce_spills"] += result.spills
     if result.error:
         await owner.release()
         await task_failed(

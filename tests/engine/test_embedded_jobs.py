@@ -171,3 +171,47 @@ def test_wordcount_fast_path_agrees_with_map(tmp_path: Path) -> None:
         for line in raw.split(b"\n"):
             slow.update(w for w, _ in job.map(path.name, line.decode("utf-8", "replace")))
         assert Counter(dict(job.map_chunk(path.name, raw))) == slow, path.name
+
+
+BIG_VALUES = """
+import cmr
+
+class Big(cmr.Job):
+    def map(self, key, line):
+        if line:
+            yield line[0], line * 40_000  # far larger than one queue message
+
+    def reduce(self, key, values):
+        yield key, sorted(len(v) for v in values)
+"""
+
+
+async def test_values_larger_than_a_message_travel_through_the_blob_store(
+    embedded: Backend, tmp_path: Path
+) -> None:
+    job = tmp_path / "big.py"
+    job.write_text(BIG_VALUES)
+    src = tmp_path / "in.txt"
+    src.write_text("abcdefghij\nabc\nxyz\n")
+    result = await run_on(embedded, str(job), str(src), str(tmp_path / "out"), reducers=1)
+    assert (tmp_path / "out" / "part-00000").read_text() == ("a\t[120000, 400000]\nx\t[120000]\n")
+    assert result.calls["s3.PutObject"] >= 3  # each big value went through a blob
+
+
+async def test_reducers_spill_to_disk_past_their_memory_budget(
+    embedded: Backend, tmp_path: Path
+) -> None:
+    from cmr.settings import WorkerSettings
+
+    data = edge_cases(tmp_path / "in")
+    result = await run_on(
+        embedded,
+        "examples/invertedindex.py",
+        str(data),
+        str(tmp_path / "out"),
+        reducers=1,
+        split_bytes=200,
+        worker_settings=WorkerSettings(memory_mb=0),
+    )
+    assert index_from_parts(tmp_path / "out", 1) == inverted_index(data)
+    assert result.record["reduce_spills"] >= 2
