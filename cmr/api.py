@@ -24,6 +24,7 @@ import structlog
 from cmr import client, logs
 from cmr.backends.base import Backend
 from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
+from cmr.backends.retry import with_retries
 from cmr.errors import UsageError
 from cmr.job import Job, JobRef, load_job_class
 from cmr.settings import AwsSettings, WorkerSettings, default_cores
@@ -65,8 +66,14 @@ async def open_backend(name: str, aws: AwsSettings) -> AsyncIterator[Backend]:
     if name == "embedded":
         scratch = tempfile.mkdtemp(prefix="cmr-scratch-")
         try:
-            yield Backend(
-                "embedded", EmbeddedQueues(), EmbeddedBlobs(), EmbeddedTable(), file_url(scratch)
+            yield with_retries(
+                Backend(
+                    "embedded",
+                    EmbeddedQueues(),
+                    EmbeddedBlobs(),
+                    EmbeddedTable(),
+                    file_url(scratch),
+                )
             )
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -74,7 +81,7 @@ async def open_backend(name: str, aws: AwsSettings) -> AsyncIterator[Backend]:
         from cmr.backends.aws import open_aws  # aioboto3 loads only when needed
 
         async with open_aws(aws) as backend:
-            yield backend
+            yield with_retries(backend)
     else:
         raise UsageError(f"unknown backend {name!r}: use embedded or aws")
 

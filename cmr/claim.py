@@ -40,23 +40,36 @@ class Claim:
     def _ours(self) -> AllOf:
         return AllOf((Eq("owner", self.owner), Eq("epoch", self.epoch), Eq("state", "claimed")))
 
+    async def _still_ours(self) -> bool:
+        """Read back after a refused write: a retried write that was applied the first time
+        is refused the second time, yet the claim is ours."""
+        held = await self.table.get(*self.key, consistent=True)
+        return (
+            held is not None and held.get("owner") == self.owner and held.get("epoch") == self.epoch
+        )
+
     async def renew(self) -> bool:
         try:
             await self.table.update(
-                *self.key, set_={"lease_until": time.time() + self.lease_s}, condition=self._ours()
+                *self.key,
+                set_={"lease_until": time.time() + self.lease_s},
+                condition=self._ours(),
             )
         except ConditionFailed:
+            if await self._still_ours():
+                return True
             self.lost.set()
             return False
         return True
 
     @contextlib.asynccontextmanager
-    async def renewing(self) -> AsyncIterator[None]:
+    async def renewing(self, awake: asyncio.Event) -> AsyncIterator[None]:
         """Renew the lease every third of its length; set ``lost`` when a renewal is refused."""
 
         async def loop() -> None:
             while not self.lost.is_set():
                 await asyncio.sleep(max(0.2, self.lease_s / 3))
+                await awake.wait()  # a paused process renews nothing
                 with contextlib.suppress(BackendError):
                     await self.renew()
 
@@ -82,6 +95,14 @@ class Claim:
                 condition=self._ours(),
             )
         except ConditionFailed:
+            held = await self.table.get(*self.key, consistent=True)
+            if (
+                held is not None
+                and held.get("state") == "committed"
+                and held.get("owner") == self.owner
+                and held.get("epoch") == self.epoch
+            ):
+                return True  # our first try was applied; its answer was lost
             self.lost.set()
             return False
         return True
@@ -114,10 +135,14 @@ async def claim(
             ),
         )
     except ConditionFailed:
+        # Read back who holds it. All contenders read the same record, so each reaches the
+        # same verdict on its own: the holder of the live claim goes on, the rest stand back.
         held = await table.get(pk, sk, consistent=True)
         if held is None:  # released and cleaned up between our write and read: try later
             return Refusal(False, 1.0)
         if held.get("state") == "committed":
             return Refusal(True, 0.0)
+        if held.get("owner") == owner:  # our write was applied; only its answer was lost
+            return Claim(table, job_id, partition, owner, int(held["epoch"]), lease_s)
         return Refusal(False, max(1.0, float(held.get("lease_until", now)) - now))
     return Claim(table, job_id, partition, owner, int(item["epoch"]), lease_s)

@@ -18,7 +18,8 @@ from typing import Any
 from cmr import wire
 from cmr.backends.base import Backend, BlobInfo
 from cmr.backends.embedded import file_url
-from cmr.errors import BlobMissing, JobFailed, UsageError
+from cmr.backends.retry import transient
+from cmr.errors import BackendError, BlobMissing, JobFailed, UsageError
 from cmr.job import JobRef
 from cmr.lifecycle import cleanup, finalize, job_scratch, part_name
 from cmr.records import (
@@ -205,21 +206,25 @@ async def wait(
     poll_s: float = 0.5,
 ) -> dict[str, Any]:
     """Wait until the job ends; finalize it ourselves if every partition is committed.
-    Returns the final job record; raises JobFailed."""
+    Returns the final job record; raises JobFailed. Transient backend errors only delay."""
     while True:
-        p = await progress(backend, spec)
-        if on_progress is not None:
-            on_progress(p)
-        if p.state == JobState.RUNNING.value and p.reduces_done == spec.partitions:
-            await finalize(backend, spec)
-            continue
-        if p.state != JobState.RUNNING.value:
-            # The worker that ended the job may be stopped mid-cleanup; cleanup is idempotent.
-            await cleanup(backend, spec)
-            job = await backend.table.get(job_pk(spec.job_id), "job") or {}
-            if p.state != JobState.SUCCEEDED.value:
-                raise JobFailed(spec.job_id, str(job.get("error") or p.state))
-            return job
+        try:
+            p = await progress(backend, spec)
+            if on_progress is not None:
+                on_progress(p)
+            if p.state == JobState.RUNNING.value and p.reduces_done == spec.partitions:
+                await finalize(backend, spec)
+                continue
+            if p.state != JobState.RUNNING.value:
+                # The worker that ended the job may be stopped mid-cleanup; it is idempotent.
+                await cleanup(backend, spec)
+                job = await backend.table.get(job_pk(spec.job_id), "job") or {}
+                if p.state != JobState.SUCCEEDED.value:
+                    raise JobFailed(spec.job_id, str(job.get("error") or p.state))
+                return job
+        except (BackendError, BlobMissing) as exc:
+            if not transient(exc) and not isinstance(exc, BlobMissing):
+                raise
         await asyncio.sleep(poll_s)
 
 

@@ -12,7 +12,7 @@ from cmr.errors import BackendError
 
 @contextlib.asynccontextmanager
 async def message_lease(
-    queues: Queues, queue: str, receipt: str, seconds: int
+    queues: Queues, queue: str, receipt: str, seconds: int, awake: asyncio.Event
 ) -> AsyncIterator[None]:
     """Extend the message's visibility every third of its timeout until the block ends, so a
     slow but healthy task is not handed to a second worker. Best effort: if a renewal fails
@@ -21,6 +21,7 @@ async def message_lease(
     async def renew() -> None:
         while True:
             await asyncio.sleep(max(0.2, seconds / 3))
+            await awake.wait()  # a paused process renews nothing
             with contextlib.suppress(BackendError):
                 await queues.change_visibility(queue, [receipt], seconds)
 

@@ -41,7 +41,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
         return
     attempt = secrets.token_hex(6)
     log = rt.log.bind(job=spec.job_id, task=task.task, attempt=attempt)
-    async with message_lease(queues, in_q, msg.receipt, spec.visibility_s):
+    async with message_lease(queues, in_q, msg.receipt, spec.visibility_s, rt.awake):
         chunks = await asyncio.gather(*(read_split(rt.backend.blobs, r) for r in task.ranges))
         result = await rt.cpu(
             compute.run_map,
@@ -74,13 +74,19 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
         )
         try:
             await table.put(pk, map_sk(task.task), commit.to_item(), condition=item_absent())
+            won = True
         except ConditionFailed:
+            # Read back: a retried put that was applied the first time is refused, yet won.
+            held = await table.get(pk, map_sk(task.task), consistent=True)
+            won = held is not None and held.get("attempt") == attempt
+        if not won:
             stats["map_attempts_filtered"] += 1
             log.info("map attempt lost to an earlier commit; its batches will be ignored")
         else:
             stats["maps_done"] += 1  # for progress displays only; decisions read map# records
             stats["records_in"] += result.records_in
             stats["bytes_in"] += result.bytes_in
+        await rt.step("map.committed")
         await queues.delete_messages(in_q, [msg.receipt])
     await rt.add_stats(spec.job_id, stats)
 
@@ -92,9 +98,15 @@ async def _send_spool(
     gate = asyncio.Semaphore(SEND_CONCURRENCY)
     pending: dict[int, list[bytes]] = {}
 
+    sent = 0
+
     async def send(p: int, bodies: list[bytes]) -> None:
+        nonlocal sent
         async with gate:
             await queues.send(part_qs[p], bodies)
+        sent += 1
+        if sent == 1:
+            await rt.step("map.partly_sent")
 
     async def spilled_body(p: int, seq: int, n: int, stream: bytes) -> bytes:
         # A value too big for one message travels through the blob store instead.

@@ -34,6 +34,7 @@ from cmr.records import JobSpec, MapCommit, job_pk, task_of
 from cmr.runtime import Runtime
 
 WINNER_POLL_MAX_S = 5.0
+CONFLICT_CHECK_S = 2.0  # silence, with batches missing, before we ask who else reads
 
 
 class Drain:
@@ -146,7 +147,10 @@ async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.
     workdir = tempfile.mkdtemp(prefix=f"reduce-{p}-", dir=rt.spool_dir)
     drain = Drain(spec, p, workdir)
     try:
-        async with message_lease(queues, reduce_q, msg.receipt, spec.visibility_s), got.renewing():
+        async with (
+            message_lease(queues, reduce_q, msg.receipt, spec.visibility_s, rt.awake),
+            got.renewing(rt.awake),
+        ):
             await _drain(rt, spec, got, drain, part_qs[p])
             if got.lost.is_set():
                 await _let_go(rt, drain, part_qs[p])
@@ -161,7 +165,10 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
     table, queues = rt.backend.table, rt.backend.queues
     pk = job_pk(spec.job_id)
     next_poll, poll_every = 0.0, 0.25
+    stalled_since: float | None = None
+    stepped = False
     while not drain.complete() and not owner.lost.is_set():
+        await rt.awake.wait()
         if len(drain.winners) < spec.maps and time.monotonic() >= next_poll:
             known = len(drain.winners)
             for item in await table.query(pk, prefix="map#"):
@@ -180,6 +187,26 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
         )
         for m in got:
             await drain.accept(rt, m)
+        if got and not stepped:
+            stepped = True
+            await rt.step("reduce.draining")
+        if got or len(drain.winners) < spec.maps:
+            stalled_since = None
+        elif stalled_since is None:
+            stalled_since = time.monotonic()
+        elif time.monotonic() - stalled_since > CONFLICT_CHECK_S:
+            # Every map committed, yet batches are missing and none arrive: another reader
+            # holds part of this queue (the seeds' cue for a conflict). Ask the store who
+            # owns the partition; if it is not us any more we let go at once.
+            stalled_since = None
+            drain.stats["conflict_checks"] += 1
+            if await owner.renew():
+                rt.log.info(
+                    "batches held elsewhere; waiting for their leases to lapse",
+                    job=spec.job_id,
+                    partition=drain.partition,
+                    missing=drain.missing(),
+                )
 
 
 async def _let_go(rt: Runtime, drain: Drain, queue: str) -> None:
@@ -227,6 +254,7 @@ async def _reduce_and_commit(
         f"p{drain.partition:05d}-e{owner.epoch}-{owner.owner}"
     )
     await rt.backend.blobs.upload_file(out_path, url)
+    await rt.step("reduce.output_written")
     if not await owner.commit(url, result.records_out):
         drain.stats["leases_lost"] += 1
         rt.log.warning(
@@ -236,6 +264,7 @@ async def _reduce_and_commit(
         )
         await rt.backend.blobs.delete_prefix(url)
         return
+    await rt.step("reduce.committed")
     await rt.backend.queues.delete_messages(reduce_q, [msg.receipt])
     await rt.add_stats(spec.job_id, drain.stats)
     drain.stats.clear()

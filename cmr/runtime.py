@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -18,6 +18,21 @@ from cmr.settings import WorkerSettings
 
 T = TypeVar("T")
 
+# The protocol steps at which tests (and chaos runs) may crash or pause a worker.
+STEPS = (
+    "map.partly_sent",  # some batches are sent, the attempt is not committed
+    "map.committed",  # the attempt's commit record is written, the task message not deleted
+    "reduce.draining",  # part of the partition has been received
+    "reduce.output_written",  # the partition's output is uploaded, not committed
+    "reduce.committed",  # the partition is committed, its task message not deleted
+)
+
+Hook = Callable[["Runtime", str], Awaitable[None]]
+
+
+class WorkerCrashed(Exception):
+    """Raised by a test hook to stop a worker dead at a step: nothing after it runs."""
+
 
 @dataclass
 class Runtime:
@@ -27,6 +42,25 @@ class Runtime:
     spool_dir: str
     worker_id: str = field(default_factory=lambda: "w" + secrets.token_hex(4))
     log: Any = field(default_factory=lambda: structlog.get_logger("cmr.worker"))
+    hook: Hook | None = None
+    awake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.awake.set()
+
+    async def step(self, name: str) -> None:
+        """A named point of the protocol; a hook may crash or pause the worker here."""
+        if self.hook is not None:
+            await self.hook(self, name)
+        await self.awake.wait()
+
+    async def pause(self, seconds: float) -> None:
+        """Freeze this worker as SIGSTOP would: no receives, no lease renewals."""
+        self.awake.clear()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.awake.set()
 
     async def cpu(self, fn: Callable[..., T], *args: Any) -> T:
         """Run fn in the process pool, so the event loop keeps moving bytes."""

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import TypeVar
@@ -21,7 +23,7 @@ from cmr.errors import BackendError, QueueGone, Throttled, WireError
 from cmr.mapper import run_map_task
 from cmr.records import JOBS_PK, JobSpec, JobState, job_pk
 from cmr.reducer import run_reduce_task
-from cmr.runtime import Runtime
+from cmr.runtime import Hook, Runtime
 from cmr.settings import WorkerSettings
 
 JOB_REFRESH_S = 1.0
@@ -36,10 +38,13 @@ class Worker:
         pool: Executor,
         *,
         only_job: str | None = None,
+        hook: Hook | None = None,
     ) -> None:
         self.only_job = only_job
         spool = settings.spill_dir or tempfile.gettempdir()
-        self.rt = Runtime(backend, settings, pool, tempfile.mkdtemp(prefix="cmr-", dir=spool))
+        self.rt = Runtime(
+            backend, settings, pool, tempfile.mkdtemp(prefix="cmr-", dir=spool), hook=hook
+        )
         self.jobs: list[JobSpec] = []
         self._specs: dict[str, JobSpec] = {}
         self._turn = 0
@@ -90,6 +95,7 @@ class Worker:
     ) -> None:
         queues = self.rt.backend.queues
         while not self.done.is_set():
+            await self.rt.awake.wait()
             spec = self._next_job()
             if spec is None:
                 await asyncio.sleep(self.rt.settings.poll_s / 2)
@@ -120,17 +126,22 @@ class Worker:
 
     async def _map(self, spec: JobSpec, m: Received) -> None:
         task = self._decode(spec, m, wire.MapTask)
-        if task is not None:
+        if task is not None and task.task < spec.maps:
             await run_map_task(self.rt, spec, m, task)
         else:
-            await self.rt.backend.queues.delete_messages(spec.queues()[0], [m.receipt])
+            await self._reject(spec, spec.queues()[0], m)
 
     async def _reduce(self, spec: JobSpec, m: Received) -> None:
         task = self._decode(spec, m, wire.ReduceTask)
         if task is not None and task.partition < spec.partitions:
             await run_reduce_task(self.rt, spec, m, task)
         else:
-            await self.rt.backend.queues.delete_messages(spec.queues()[1], [m.receipt])
+            await self._reject(spec, spec.queues()[1], m)
+
+    async def _reject(self, spec: JobSpec, queue: str, m: Received) -> None:
+        """A stranger's or a corrupt message: log it (in _decode), count it, drop it."""
+        await self.rt.backend.queues.delete_messages(queue, [m.receipt])
+        await self.rt.add_stats(spec.job_id, Counter(messages_rejected=1))
 
     def _decode(self, spec: JobSpec, m: Received, kind: type[T]) -> T | None:
         try:
@@ -174,6 +185,9 @@ class Worker:
                 tg.create_task(self._slot(lambda j: j.queues()[1], self._reduce))
                 for _ in range(s.reduce_slots)
             ]
-            await self.done.wait()
-            for t in slots:
-                t.cancel()
+            try:
+                await self.done.wait()
+            finally:
+                for t in slots:
+                    t.cancel()
+                shutil.rmtree(self.rt.spool_dir, ignore_errors=True)

@@ -166,7 +166,10 @@ class FaultyQueues:
     """Queues with injected faults. ``close()`` cancels lease cuts still pending."""
 
     def __init__(
-        self, inner: Queues, plan: FaultPlan, rng: random.Random,
+        self,
+        inner: Queues,
+        plan: FaultPlan,
+        rng: random.Random,
         injected: Counter[str] | None = None,
     ) -> None:
         self.inner = inner
@@ -185,7 +188,9 @@ class FaultyQueues:
 
     async def create(self, name: str, *, visibility_s: int) -> None:
         await self._chaos.call(
-            "sqs.CreateQueue", name, lambda: self.inner.create(name, visibility_s=visibility_s),
+            "sqs.CreateQueue",
+            name,
+            lambda: self.inner.create(name, visibility_s=visibility_s),
             write=True,
         )
 
@@ -207,7 +212,11 @@ class FaultyQueues:
             raise c.lose_response("sqs.SendMessageBatch", name)
 
     async def receive(
-        self, name: str, *, max_messages: int = 10, wait_s: int = 0,
+        self,
+        name: str,
+        *,
+        max_messages: int = 10,
+        wait_s: int = 0,
         visibility_s: int | None = None,
     ) -> builtins.list[Received]:
         c = self._chaos
@@ -263,14 +272,18 @@ class FaultyQueues:
 
     async def delete_messages(self, name: str, receipts: Sequence[str]) -> None:
         await self._chaos.call(
-            "sqs.DeleteMessageBatch", name, lambda: self.inner.delete_messages(name, receipts),
+            "sqs.DeleteMessageBatch",
+            name,
+            lambda: self.inner.delete_messages(name, receipts),
             write=True,
         )
 
     async def change_visibility(self, name: str, receipts: Sequence[str], seconds: int) -> None:
         await self._chaos.call(
-            "sqs.ChangeMessageVisibilityBatch", name,
-            lambda: self.inner.change_visibility(name, receipts, seconds), write=True,
+            "sqs.ChangeMessageVisibilityBatch",
+            name,
+            lambda: self.inner.change_visibility(name, receipts, seconds),
+            write=True,
         )
 
     async def counts(self, name: str) -> tuple[int, int]:
@@ -290,7 +303,10 @@ class FaultyBlobs:
     """Blobs with delays, throttling and server errors (S3 is strongly consistent)."""
 
     def __init__(
-        self, inner: Blobs, plan: FaultPlan, rng: random.Random,
+        self,
+        inner: Blobs,
+        plan: FaultPlan,
+        rng: random.Random,
         injected: Counter[str] | None = None,
     ) -> None:
         self.inner = inner
@@ -349,7 +365,10 @@ class FaultyTable:
     """
 
     def __init__(
-        self, inner: Table, plan: FaultPlan, rng: random.Random,
+        self,
+        inner: Table,
+        plan: FaultPlan,
+        rng: random.Random,
         injected: Counter[str] | None = None,
     ) -> None:
         self.inner = inner
@@ -403,9 +422,7 @@ class FaultyTable:
         await c.enter("dynamodb.Query", f"{pk}/{prefix}*", write=False)
         stale = c.fires(c.plan.stale_read) and not consistent
         items = await self.inner.query(pk, prefix=prefix, consistent=consistent)
-        known = {
-            sk: h for sk, h in self._versions.get(pk, {}).items() if sk.startswith(prefix)
-        }
+        known = {sk: h for sk, h in self._versions.get(pk, {}).items() if sk.startswith(prefix)}
         point = self._lagging_point(builtins.list(known.values())) if stale else None
         if point is None:
             return items
@@ -420,7 +437,12 @@ class FaultyTable:
         return [by_sk[sk] for sk in sorted(by_sk)]
 
     async def update(
-        self, pk: str, sk: str, *, set_: Item | None = None, add: dict[str, int] | None = None,
+        self,
+        pk: str,
+        sk: str,
+        *,
+        set_: Item | None = None,
+        add: dict[str, int] | None = None,
         condition: Condition | None = None,
     ) -> Item:
         async def run() -> Item:
@@ -453,7 +475,9 @@ class FaultyBackend(Backend):
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         await self.close()

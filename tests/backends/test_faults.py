@@ -17,7 +17,7 @@ import pytest
 from cmr.backends import faults
 from cmr.backends.base import Backend, Present, Received
 from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
-from cmr.backends.faults import FaultPlan, FaultyBackend, FaultyQueues, inject
+from cmr.backends.faults import FaultPlan, FaultyBackend, FaultyQueues, FaultyTable, inject
 from cmr.errors import BackendError, ConditionFailed, Throttled, UsageError
 
 Make = Callable[[FaultPlan], FaultyBackend]
@@ -33,6 +33,12 @@ def inner_queues(b: Backend) -> EmbeddedQueues:
     assert isinstance(b.queues, FaultyQueues)
     assert isinstance(b.queues.inner, EmbeddedQueues)
     return b.queues.inner
+
+
+def inner_table(b: Backend) -> EmbeddedTable:
+    assert isinstance(b.table, FaultyTable)
+    assert isinstance(b.table.inner, EmbeddedTable)
+    return b.table.inner
 
 
 def near(count: int, n: int, p: float) -> bool:
@@ -68,8 +74,14 @@ def test_random_plans_stay_moderate() -> None:
     for seed in range(50):
         p = FaultPlan.random(seed)
         assert p.seed == seed
-        for rate in (p.duplicate_delivery, p.lease_loss, p.empty_receive, p.reorder,
-                     p.stale_read, p.duplicate_send):
+        for rate in (
+            p.duplicate_delivery,
+            p.lease_loss,
+            p.empty_receive,
+            p.reorder,
+            p.stale_read,
+            p.duplicate_send,
+        ):
             assert 0 <= rate <= 0.2
         assert 0 <= p.delay_max_s <= 0.02
         assert 0 <= p.throttle <= 0.05
@@ -92,12 +104,13 @@ async def test_wrappers_share_counters_and_limits(tmp_path: Path) -> None:
     inner = inner_queues(b)
     assert b.queues.calls is inner.calls
     assert isinstance(b.blobs, faults.FaultyBlobs)
-    assert isinstance(b.table, faults.FaultyTable)
+    assert isinstance(b.table, FaultyTable)
     assert b.blobs.calls is b.blobs.inner.calls
-    assert b.table.calls is b.table.inner.calls
+    assert b.table.calls is inner_table(b).calls
     assert b.queues.max_message_bytes == inner.max_message_bytes
     b.queues.max_message_bytes = 1000
     assert inner.max_message_bytes == 1000
+    assert isinstance(b.queues, FaultyQueues)
     assert faults.injected(b) is b.injected is b.queues.injected is b.table.injected
     assert faults.injected(raw) == Counter()
     await b.close()
@@ -168,8 +181,15 @@ async def test_zero_plan_behaves_like_the_backend(tmp_path: Path, make: Make) ->
 async def test_same_seed_same_faults(tmp_path: Path, make: Make) -> None:
     # Lease cuts land at wall-clock times, so only they are left out of an exact replay.
     plan = FaultPlan(
-        seed=7, duplicate_delivery=0.2, empty_receive=0.2, reorder=0.3, delay_max_s=0.001,
-        throttle=0.1, server_error=0.1, stale_read=0.5, duplicate_send=0.2,
+        seed=7,
+        duplicate_delivery=0.2,
+        empty_receive=0.2,
+        reorder=0.3,
+        delay_max_s=0.001,
+        throttle=0.1,
+        server_error=0.1,
+        stale_read=0.5,
+        duplicate_send=0.2,
     )
     runs = []
     for i in range(2):
@@ -178,8 +198,15 @@ async def test_same_seed_same_faults(tmp_path: Path, make: Make) -> None:
         runs.append((await script(b, tmp_path / f"r{i}"), faults.injected(b), b.calls()))
     assert runs[0] == runs[1]
     assert set(runs[0][1]) == {
-        "delay", "throttle", "server_error_before", "server_error_after", "empty_receive",
-        "reorder", "duplicate_delivery", "stale_read", "duplicate_send",
+        "delay",
+        "throttle",
+        "server_error_before",
+        "server_error_after",
+        "empty_receive",
+        "reorder",
+        "duplicate_delivery",
+        "stale_read",
+        "duplicate_send",
     }
     other = make(dataclasses.replace(plan, seed=8))
     (tmp_path / "r2").mkdir()
@@ -245,7 +272,7 @@ async def test_throttle_rate_and_nothing_done(make: Make) -> None:
             refused.append(f"k{i}")
     assert near(len(refused), 400, 0.3)
     assert faults.injected(b)["throttle"] == len(refused)
-    stored = {it["sk"] for it in await b.table.inner.query("p")}
+    stored = {it["sk"] for it in await inner_table(b).query("p")}
     assert stored.isdisjoint(refused)
     assert len(stored) == 400 - len(refused)
     assert b.calls()["dynamodb.PutItem"] == 400 - len(refused)
@@ -263,7 +290,7 @@ async def test_server_error_after_a_write_applied_it(make: Make) -> None:
     assert near(len(failed), 400, 0.4)
     assert n["server_error_before"] + n["server_error_after"] == len(failed)
     assert near(n["server_error_after"], len(failed), 0.5)
-    stored = {it["sk"] for it in await b.table.inner.query("p")}
+    stored = {it["sk"] for it in await inner_table(b).query("p")}
     assert len(stored & set(failed)) == n["server_error_after"] > 0
 
 
@@ -294,7 +321,7 @@ async def test_reads_never_fail_after_the_fact(make: Make) -> None:
 
 async def test_condition_failed_is_an_answer_not_a_fault(make: Make) -> None:
     b = make(FaultPlan(seed=6, server_error=1.0))
-    await b.table.inner.put("p", "s", {"v": 1})
+    await inner_table(b).put("p", "s", {"v": 1})
     outcomes: Counter[str] = Counter()
     for _ in range(200):
         try:
@@ -304,7 +331,7 @@ async def test_condition_failed_is_an_answer_not_a_fault(make: Make) -> None:
     assert near(outcomes["ConditionFailed"], 200, 0.5)
     assert outcomes["BackendError"] == faults.injected(b)["server_error_before"]
     assert faults.injected(b)["server_error_after"] == 0
-    assert await b.table.inner.get("p", "s") == {"pk": "p", "sk": "s", "v": 1}
+    assert await inner_table(b).get("p", "s") == {"pk": "p", "sk": "s", "v": 1}
     quiet = make(FaultPlan(seed=6, stale_read=1.0, delay_max_s=0.001))
     await quiet.table.put("p", "s", {"v": 1})
     with pytest.raises(ConditionFailed):
@@ -411,7 +438,7 @@ async def test_reorder_shuffles_and_skips_the_oldest(make: Make) -> None:
         await b.queues.send(q, [bytes([i]) for i in range(10)])
         got = [m.body[0] for m in await b.queues.receive(q)]
         assert got
-        assert (await b.queues.inner.counts(q)) == (10 - len(got), len(got))
+        assert (await inner_queues(b).counts(q)) == (10 - len(got), len(got))
         shuffled += got != sorted(got)
         skipped += 0 not in got
         await b.queues.send(q, [b"more", b"and more"])
@@ -498,8 +525,8 @@ async def test_stale_queries_see_one_earlier_point(make: Make) -> None:
 
 async def test_items_written_elsewhere_are_never_stale(make: Make) -> None:
     b = make(FaultPlan(seed=20, stale_read=1.0))
-    await b.table.inner.put("p", "s", {"v": 1})
-    await b.table.inner.put("p", "s", {"v": 2})
+    await inner_table(b).put("p", "s", {"v": 1})
+    await inner_table(b).put("p", "s", {"v": 2})
     for _ in range(20):
         assert await b.table.get("p", "s", consistent=False) == {"pk": "p", "sk": "s", "v": 2}
         assert await b.table.query("p", consistent=False) == [{"pk": "p", "sk": "s", "v": 2}]
@@ -524,4 +551,3 @@ async def test_faults_share_one_counter_across_services(make: Make, tmp_path: Pa
         with pytest.raises(Throttled):
             await call()
     assert faults.injected(b) == Counter(throttle=3)
-
