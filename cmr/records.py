@@ -47,8 +47,8 @@ STATS = (
     "tasks_retried",
     "leases_lost",
     "messages_rejected",
-    "reduce_spills",
-    "conflict_checks",  # times a reducer's counts stalled and it asked the store who reads  # sorted runs reducers wrote to local disk to stay in their budget
+    "reduce_spills",  # sorted runs reducers wrote to local disk to stay in their budget
+    "conflict_checks",  # times a reducer's counts stalled and it asked the store who reads
 )
 
 
