@@ -14,6 +14,7 @@ import asyncio
 import os
 import secrets
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 import msgpack
 
@@ -114,6 +115,19 @@ async def _send_spool(
         await blobs.put(url, stream)
         return wire.encode(wire.Batch(spec.job_id, task, attempt, p, seq, n, b"", url))
 
+    try:
+        await _send_all(spool, pending, send, spilled_body)
+    except BaseExceptionGroup as group:
+        # Callers handle single backend errors (retry, abandon the attempt); not groups.
+        raise group.exceptions[0] from None
+
+
+async def _send_all(
+    spool: str,
+    pending: dict[int, list[bytes]],
+    send: Callable[[int, list[bytes]], Awaitable[None]],
+    spilled_body: Callable[[int, int, int, bytes], Awaitable[bytes]],
+) -> None:
     async with asyncio.TaskGroup() as tg:
         with open(spool, "rb") as f:
             for p, seq, n, data, spilled in msgpack.Unpacker(f, raw=False, use_list=False):

@@ -23,7 +23,7 @@ from cmr.errors import BackendError, QueueGone, Throttled, WireError
 from cmr.mapper import run_map_task
 from cmr.records import JOBS_PK, JobSpec, JobState, job_pk
 from cmr.reducer import run_reduce_task
-from cmr.runtime import Hook, Runtime
+from cmr.runtime import Hook, Runtime, WorkerCrashed
 from cmr.settings import WorkerSettings
 
 JOB_REFRESH_S = 1.0
@@ -123,6 +123,15 @@ class Worker:
             except BackendError as exc:
                 self.rt.log.warning("backend error; carrying on", job=spec.job_id, error=str(exc))
                 await asyncio.sleep(1.0)
+            except WorkerCrashed:
+                raise
+            except Exception:
+                # A bug or a record we cannot read must not take the worker down: the task's
+                # lease lapses and another attempt runs. The traceback says what to fix.
+                self.rt.log.exception(
+                    "task failed unexpectedly; it will be retried", job=spec.job_id
+                )
+                await asyncio.sleep(1.0)
 
     async def _map(self, spec: JobSpec, m: Received) -> None:
         task = self._decode(spec, m, wire.MapTask)
@@ -190,4 +199,5 @@ class Worker:
             finally:
                 for t in slots:
                     t.cancel()
-                shutil.rmtree(self.rt.spool_dir, ignore_errors=True)
+        # Only now: the slots (and the spool files they read) are all finished.
+        shutil.rmtree(self.rt.spool_dir, ignore_errors=True)

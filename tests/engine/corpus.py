@@ -22,7 +22,7 @@ def edge_cases(root: Path, seed: int = 7) -> Path:
         b"\t tab\x0bvt\x0cff\x1cfs \xc2\x85nel\xe2\x80\xa8ls\n\n\n"
     )
     nested = root / "deeper" / "still"
-    nested.mkdir(parents=True)
+    nested.mkdir(parents=True, exist_ok=True)
     for i in range(5):
         lines = [
             " ".join(rnd.choice(words) for _ in range(rnd.randint(0, 12)))
