@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -40,7 +41,8 @@ class Runtime:
     settings: WorkerSettings
     pool: Executor
     spool_dir: str
-    worker_id: str = field(default_factory=lambda: "w" + secrets.token_hex(4))
+    # The pid makes an owner in the table traceable to a process (ops, SIGSTOP tests).
+    worker_id: str = field(default_factory=lambda: f"w{os.getpid()}-{secrets.token_hex(3)}")
     log: Any = field(default_factory=lambda: structlog.get_logger("cmr.worker"))
     hook: Hook | None = None
     awake: asyncio.Event = field(default_factory=asyncio.Event)
