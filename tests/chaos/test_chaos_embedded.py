@@ -1,0 +1,65 @@
+"""Seeded chaos: every fault at random rates, crashes and pauses at every protocol step.
+
+Each run is compared byte for byte with a sequential run of the same job. A failure names
+its seed and fault plan; rerun exactly that seed with:
+
+    CMR_CHAOS_SEEDS=17,42 .venv/bin/python -m pytest tests/chaos/test_chaos_embedded.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import Executor
+from pathlib import Path
+
+import pytest
+
+from cmr.backends.faults import FaultPlan
+from cmr.testing import chaos_run, diff_outputs, read_output, sequential
+from tests.engine.corpus import edge_cases
+
+JOBS = ("examples/wordcount.py", "examples/invertedindex.py")
+RUNS = 200
+BATCH = 25  # runs at once: they mostly wait on leases, so overlapping them is cheap
+REDUCERS = 3
+
+
+def _seeds() -> list[list[int]]:
+    chosen = os.environ.get("CMR_CHAOS_SEEDS")
+    if chosen:
+        return [[int(s) for s in chosen.split(",")]]
+    return [list(range(b, min(RUNS, b + BATCH))) for b in range(0, RUNS, BATCH)]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[str]]]:
+    data = edge_cases(tmp_path_factory.mktemp("chaos") / "in")
+    return data, {job: sequential(job, data, REDUCERS) for job in JOBS}
+
+
+@pytest.mark.parametrize("seeds", _seeds(), ids=lambda s: f"seeds{s[0]}-{s[-1]}")
+async def test_chaos_runs_match_a_sequential_run(
+    seeds: list[int], corpus: tuple[Path, dict[str, list[str]]], pool: Executor,
+    tmp_path: Path,
+) -> None:
+    data, expected = corpus
+
+    async def one(seed: int) -> str | None:
+        job = JOBS[seed % len(JOBS)]
+        out = tmp_path / f"out-{seed}"
+        repro = (f"seed {seed} ({job}, {FaultPlan.random(seed).describe()}); rerun: "
+                 f"CMR_CHAOS_SEEDS={seed} pytest tests/chaos/test_chaos_embedded.py")
+        try:
+            result = await chaos_run(job, data, out, seed=seed, pool=pool, reducers=REDUCERS)
+        except Exception as exc:  # report every failing seed, not just the first
+            return f"{repro}: {type(exc).__name__}: {exc}"
+        problems = diff_outputs(expected[job], read_output(out, REDUCERS))
+        if problems:
+            return f"{repro}: " + "; ".join(problems)
+        if result.record.get("state") != "succeeded":
+            return f"{repro}: job ended {result.record.get('state')}"
+        return None
+
+    failures = [f for f in await asyncio.gather(*(one(s) for s in seeds)) if f]
+    assert not failures, "\n".join(failures)
