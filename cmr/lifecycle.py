@@ -85,7 +85,15 @@ async def finalize(backend: Backend, spec: JobSpec) -> bool:
         int(i.get("records", 0))
         for i in await backend.table.query(job_pk(spec.job_id), prefix="reduce#")
     )
-    await backend.table.update(job_pk(spec.job_id), "job", set_={"records_out": records_out})
+    await backend.table.update(
+        job_pk(spec.job_id),
+        "job",
+        # Provenance: which committed attempt each part came from (for audits and tests).
+        set_={
+            "records_out": records_out,
+            "published": [outputs[p].rsplit("/", 1)[-1] for p in sorted(outputs)],
+        },
+    )
     if await set_state(backend, spec.job_id, JobState.SUCCEEDED):
         log.info("job succeeded", job=spec.job_id)
     await cleanup(backend, spec)

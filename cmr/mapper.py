@@ -87,7 +87,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             stats["maps_done"] += 1  # for progress displays only; decisions read map# records
             stats["records_in"] += result.records_in
             stats["bytes_in"] += result.bytes_in
-        await rt.step("map.committed")
+        await rt.step("map.committed", task=task.task, attempt=attempt, won=won)
         await queues.delete_messages(in_q, [msg.receipt])
     await rt.add_stats(spec.job_id, stats)
 
@@ -107,7 +107,7 @@ async def _send_spool(
             await queues.send(part_qs[p], bodies)
         sent += 1
         if sent == 1:
-            await rt.step("map.partly_sent")
+            await rt.step("map.partly_sent", task=task, attempt=attempt)
 
     async def spilled_body(p: int, seq: int, n: int, stream: bytes) -> bytes:
         # A value too big for one message travels through the blob store instead.

@@ -189,7 +189,7 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
             await drain.accept(rt, m)
         if got and not stepped:
             stepped = True
-            await rt.step("reduce.draining")
+            await rt.step("reduce.draining", partition=drain.partition, owner=owner.owner)
         if got or len(drain.winners) < spec.maps:
             stalled_since = None
         elif stalled_since is None:
@@ -254,7 +254,7 @@ async def _reduce_and_commit(
         f"p{drain.partition:05d}-e{owner.epoch}-{owner.owner}"
     )
     await rt.backend.blobs.upload_file(out_path, url)
-    await rt.step("reduce.output_written")
+    await rt.step("reduce.output_written", partition=drain.partition, output=url)
     if not await owner.commit(url, result.records_out):
         drain.stats["leases_lost"] += 1
         rt.log.warning(
@@ -264,7 +264,7 @@ async def _reduce_and_commit(
         )
         await rt.backend.blobs.delete_prefix(url)
         return
-    await rt.step("reduce.committed")
+    await rt.step("reduce.committed", partition=drain.partition, output=url)
     await rt.backend.queues.delete_messages(reduce_q, [msg.receipt])
     await rt.add_stats(spec.job_id, drain.stats)
     drain.stats.clear()

@@ -28,7 +28,7 @@ STEPS = (
     "reduce.committed",  # the partition is committed, its task message not deleted
 )
 
-Hook = Callable[["Runtime", str], Awaitable[None]]
+Hook = Callable[["Runtime", str, dict[str, Any]], Awaitable[None]]
 
 
 class WorkerCrashed(Exception):
@@ -50,10 +50,10 @@ class Runtime:
     def __post_init__(self) -> None:
         self.awake.set()
 
-    async def step(self, name: str) -> None:
+    async def step(self, name: str, **context: Any) -> None:
         """A named point of the protocol; a hook may crash or pause the worker here."""
         if self.hook is not None:
-            await self.hook(self, name)
+            await self.hook(self, name, context)
         await self.awake.wait()
 
     async def pause(self, seconds: float) -> None:

@@ -124,7 +124,7 @@ class StepChaos:
 def chaos_hook(
     rng: random.Random, chaos: StepChaos, result: ChaosResult, allow_crash: bool
 ) -> Hook:
-    async def hook(rt: Runtime, step: str) -> None:
+    async def hook(rt: Runtime, step: str, context: dict[str, Any]) -> None:
         roll = rng.random()
         if allow_crash and roll < chaos.crash:
             result.crashes[step] += 1

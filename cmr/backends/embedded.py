@@ -310,14 +310,16 @@ class EmbeddedBlobs:
     async def download_file(self, url: str, path: str) -> None:
         self.calls["s3.GetObject"] += 1
         src = file_path(url)
-        if not src.is_file():
-            raise BlobMissing(f"no blob at {url}")
 
         def copy_file() -> None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, path)
 
-        await asyncio.to_thread(copy_file)
+        try:
+            await asyncio.to_thread(copy_file)
+        except (FileNotFoundError, IsADirectoryError):
+            # Also when a concurrent delete wins the race mid-copy, as S3 would answer 404.
+            raise BlobMissing(f"no blob at {url}") from None
 
 
 def _kind(value: Any) -> str:

@@ -1,0 +1,86 @@
+"""A worker crashes (stops dead) or pauses past its lease (SIGSTOP-like) at each named step
+of the protocol; the job must still produce exactly the sequential output, and nothing the
+crashed or paused attempt made may be published."""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cmr.backends.faults import FaultPlan
+from cmr.runtime import STEPS, Runtime, WorkerCrashed
+from cmr.testing import chaos_run, diff_outputs, read_output, sequential
+from tests.engine.corpus import edge_cases
+
+LEASE_S = 2
+REDUCERS = 2
+
+
+class Once:
+    """Crash or pause the first worker that reaches ``step``; remember what it was doing."""
+
+    def __init__(self, step: str, action: str) -> None:
+        self.step, self.action = step, action
+        self.context: dict[str, Any] | None = None
+        self.owner = ""
+
+    async def __call__(self, rt: Runtime, step: str, context: dict[str, Any]) -> None:
+        if step != self.step or self.context is not None:
+            return
+        self.context, self.owner = context, rt.worker_id
+        if self.action == "crash":
+            raise WorkerCrashed(step)
+        await rt.pause(LEASE_S * 2.5)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    data = edge_cases(tmp_path_factory.mktemp("steps") / "in")
+    return data, sequential("examples/wordcount.py", data, REDUCERS)
+
+
+@pytest.mark.parametrize("action", ["crash", "pause"])
+@pytest.mark.parametrize("step", STEPS)
+async def test_worker_stopped_at_a_step(
+    step: str, action: str, corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
+) -> None:
+    data, expected = corpus
+    once = Once(step, action)
+    result = await chaos_run(
+        "examples/wordcount.py",
+        data,
+        tmp_path / "out",
+        seed=1,
+        pool=pool,
+        plan=FaultPlan(seed=1),
+        hooks=[once, once],
+        workers=2,
+        reducers=REDUCERS,
+        visibility_s=LEASE_S,
+        split_bytes=4096,
+    )
+    assert once.context is not None, f"no worker reached {step}"
+    assert diff_outputs(expected, read_output(tmp_path / "out", REDUCERS)) == []
+    rec = result.record
+    assert rec["state"] == "succeeded"
+    published = rec["published"]
+    assert len(published) == REDUCERS
+    ctx = once.context
+    if step == "map.partly_sent":
+        # The stopped attempt never committed (or lost): its batches were thrown away.
+        assert rec.get("batches_filtered", 0) >= 1
+    elif step == "map.committed":
+        assert ctx["won"]
+        # Its commit stands; the redelivered task message was recognised as done.
+        assert rec.get("map_duplicates_skipped", 0) >= 1
+    elif step in ("reduce.draining", "reduce.output_written"):
+        # The stopped owner's partition was taken over and fenced: another owner's output
+        # (a later epoch) was published for it.
+        stopped = published[ctx["partition"]]
+        assert once.owner not in stopped, published
+        assert "-e1-" not in stopped, published
+    else:  # reduce.committed: its commit is legitimate and is what was published
+        assert ctx["output"].rsplit("/", 1)[-1] in published
