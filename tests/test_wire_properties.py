@@ -1,0 +1,128 @@
+"""Property tests: whatever bytes arrive on a queue, decoding yields a valid message or a
+WireError — never another exception, never code execution (nothing is unpickled)."""
+
+from __future__ import annotations
+
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cmr import wire
+from cmr.errors import WireError
+from cmr.records import MapCommit
+
+ids = st.text(alphabet="abcdef0123456789-", min_size=1, max_size=64).filter(
+    lambda s: s.replace("-", "").isalnum()
+)
+nat = st.integers(min_value=0, max_value=2**40)
+batches = st.builds(
+    wire.Batch,
+    ids,
+    nat,
+    st.text(min_size=1, max_size=64),
+    nat,
+    nat,
+    nat,
+    st.binary(),
+    st.text(max_size=200),
+)
+ranges = st.builds(wire.Range, st.text(max_size=100), nat, nat, st.text(max_size=50)).filter(
+    lambda r: r.start <= r.end
+)
+messages = st.one_of(
+    batches,
+    st.builds(wire.ReduceTask, ids, nat),
+    st.builds(wire.MapTask, ids, nat, st.lists(ranges, max_size=5).map(tuple)),
+)
+msgpack_data = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text()
+    | st.binary(),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+def decodes_cleanly(body: bytes) -> None:
+    try:
+        msg = wire.decode(body)
+    except WireError:
+        return
+    assert isinstance(msg, wire.MapTask | wire.ReduceTask | wire.Batch)
+
+
+@settings(max_examples=400)
+@given(st.binary(max_size=2048))
+def test_arbitrary_bytes_decode_or_are_rejected(body: bytes) -> None:
+    decodes_cleanly(body)
+    decodes_cleanly(wire.MAGIC + body)
+
+
+@settings(max_examples=300)
+@given(msgpack_data)
+def test_any_msgpack_document_in_a_valid_frame_is_validated(doc: object) -> None:
+    decodes_cleanly(wire.MAGIC + wire.compress(msgpack.packb(doc, use_bin_type=True)))
+
+
+@settings(max_examples=300)
+@given(
+    st.dictionaries(
+        st.sampled_from(["k", "job", "task", "att", "p", "seq", "n", "pairs", "spill", "ranges"]),
+        msgpack_data,
+    )
+)
+def test_documents_shaped_like_ours_are_validated(doc: dict[str, object]) -> None:
+    for kind in ("map", "reduce", "batch"):
+        decodes_cleanly(wire.MAGIC + wire.compress(wire.pack({**doc, "k": kind})))
+
+
+@settings(max_examples=200)
+@given(messages)
+def test_every_message_round_trips(msg: wire.Message) -> None:
+    assert wire.decode(wire.encode(msg)) == msg
+
+
+@settings(max_examples=200)
+@given(messages, st.data())
+def test_corrupted_messages_are_rejected_or_still_valid(
+    msg: wire.Message, data: st.DataObject
+) -> None:
+    body = bytearray(wire.encode(msg))
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(body) - 1))
+        body[i] = data.draw(st.integers(0, 255))
+    decodes_cleanly(bytes(body))
+
+
+def test_a_decompression_bomb_is_refused_before_allocating() -> None:
+    bomb = wire.MAGIC + wire.compress(b"\0" * (wire.MAX_DECODED + 1))
+    try:
+        wire.decode(bomb)
+    except WireError as exc:
+        assert "limit" in str(exc)
+    else:
+        raise AssertionError("an oversized body was accepted")
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=512))
+def test_pair_streams_yield_pairs_or_reject(stream: bytes) -> None:
+    try:
+        for pair in wire.iter_pairs(stream):
+            assert isinstance(pair, tuple) and len(pair) == 2
+    except WireError:
+        pass
+
+
+@settings(max_examples=200)
+@given(msgpack_data, st.text(max_size=10))
+def test_malformed_commit_records_are_rejected(counts: object, attempt: str) -> None:
+    try:
+        MapCommit.from_item({"attempt": attempt, "counts": wire.pack(counts)})
+    except WireError:
+        pass
