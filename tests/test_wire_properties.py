@@ -3,7 +3,10 @@ WireError — never another exception, never code execution (nothing is unpickle
 
 from __future__ import annotations
 
+import contextlib
+
 import msgpack
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -101,28 +104,20 @@ def test_corrupted_messages_are_rejected_or_still_valid(
 
 def test_a_decompression_bomb_is_refused_before_allocating() -> None:
     bomb = wire.MAGIC + wire.compress(b"\0" * (wire.MAX_DECODED + 1))
-    try:
+    with pytest.raises(WireError, match="limit"):
         wire.decode(bomb)
-    except WireError as exc:
-        assert "limit" in str(exc)
-    else:
-        raise AssertionError("an oversized body was accepted")
 
 
 @settings(max_examples=300)
 @given(st.binary(max_size=512))
 def test_pair_streams_yield_pairs_or_reject(stream: bytes) -> None:
-    try:
+    with contextlib.suppress(WireError):
         for pair in wire.iter_pairs(stream):
             assert isinstance(pair, tuple) and len(pair) == 2
-    except WireError:
-        pass
 
 
 @settings(max_examples=200)
 @given(msgpack_data, st.text(max_size=10))
 def test_malformed_commit_records_are_rejected(counts: object, attempt: str) -> None:
-    try:
+    with contextlib.suppress(WireError):
         MapCommit.from_item({"attempt": attempt, "counts": wire.pack(counts)})
-    except WireError:
-        pass

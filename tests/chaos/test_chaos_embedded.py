@@ -40,7 +40,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, li
 
 @pytest.mark.parametrize("seeds", _seeds(), ids=lambda s: f"seeds{s[0]}-{s[-1]}")
 async def test_chaos_runs_match_a_sequential_run(
-    seeds: list[int], corpus: tuple[Path, dict[str, list[str]]], pool: Executor,
+    seeds: list[int],
+    corpus: tuple[Path, dict[str, list[str]]],
+    pool: Executor,
     tmp_path: Path,
 ) -> None:
     data, expected = corpus
@@ -48,8 +50,10 @@ async def test_chaos_runs_match_a_sequential_run(
     async def one(seed: int) -> str | None:
         job = JOBS[seed % len(JOBS)]
         out = tmp_path / f"out-{seed}"
-        repro = (f"seed {seed} ({job}, {FaultPlan.random(seed).describe()}); rerun: "
-                 f"CMR_CHAOS_SEEDS={seed} pytest tests/chaos/test_chaos_embedded.py")
+        repro = (
+            f"seed {seed} ({job}, {FaultPlan.random(seed).describe()}); rerun: "
+            f"CMR_CHAOS_SEEDS={seed} pytest tests/chaos/test_chaos_embedded.py"
+        )
         try:
             result = await chaos_run(job, data, out, seed=seed, pool=pool, reducers=REDUCERS)
         except Exception as exc:  # report every failing seed, not just the first
