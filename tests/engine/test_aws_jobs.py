@@ -216,3 +216,53 @@ def test_cli_reports_an_endpoint_that_is_down(aws_stack: dict[str, str], tmp_pat
     assert proc.returncode == 1
     assert "127.0.0.1:9" in err and "stack.sh start" in err
     assert "Traceback" not in err + out
+
+
+def test_cmr_status_shows_a_failed_jobs_traceback_and_counters(
+    aws_stack: dict[str, str], tmp_path: Path
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    names = [
+        "--bucket",
+        f"cmr-st-{tag}",
+        "--table",
+        f"cmr-st-{tag}",
+        "--queue-prefix",
+        f"cmrs-{tag}-",
+    ]
+    job = tmp_path / "poison.py"
+    job.write_text(
+        "import cmr\nclass Poison(cmr.Job):\n    def map(self, k, line):\n"
+        "        raise KeyError('missing field ' + line)\n        yield\n"
+        "    def reduce(self, k, vs):\n        yield k, 0\n"
+    )
+    (tmp_path / "in.txt").write_text("id42\n")
+    try:
+        run = _cli(
+            "run",
+            str(job),
+            "--backend",
+            "aws",
+            "--input",
+            str(tmp_path / "in.txt"),
+            "--output",
+            str(tmp_path / "out"),
+            "--visibility-timeout",
+            "5",
+            *names,
+        )
+        _, err = run.communicate(timeout=120)
+        assert run.returncode == 1
+        assert "KeyError: 'missing field id42'" in err and "Traceback" in err
+        job_id = next(w for w in err.split() if w.count("-") == 2 and w[:8].isdigit())
+        status = _cli("status", job_id, *names)
+        out, _ = status.communicate(timeout=60)
+        assert status.returncode == 0
+        assert "failed" in out and "map task 0 failed 3 times" in out
+        assert "KeyError: 'missing field id42'" in out
+        assert "tasks_retried" in out
+        listing = _cli("status", *names)
+        out, _ = listing.communicate(timeout=60)
+        assert job_id[:12] in out
+    finally:
+        remove_test_resources(f"cmr-st-{tag}", f"cmr-st-{tag}", f"cmrs-{tag}-")
