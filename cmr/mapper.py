@@ -14,7 +14,8 @@ import asyncio
 import os
 import secrets
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import msgpack
 
@@ -125,8 +126,8 @@ async def _send_spool(
 async def _send_all(
     spool: str,
     pending: dict[int, list[bytes]],
-    send: Callable[[int, list[bytes]], Awaitable[None]],
-    spilled_body: Callable[[int, int, int, bytes], Awaitable[bytes]],
+    send: Callable[[int, list[bytes]], Coroutine[Any, Any, None]],
+    spilled_body: Callable[[int, int, int, bytes], Coroutine[Any, Any, bytes]],
 ) -> None:
     async with asyncio.TaskGroup() as tg:
         with open(spool, "rb") as f:

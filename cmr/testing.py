@@ -212,15 +212,15 @@ async def chaos_run(
                         await asyncio.wait(
                             [waiter, *(t for _, t in fleet)], return_when=asyncio.FIRST_COMPLETED
                         )
-                        for i, (w, t) in enumerate(fleet):
+                        for i, (_, t) in enumerate(fleet):
                             if t.done() and not waiter.done():
                                 _crashed_or_raise(t)
                                 fleet[i] = start(len(fleet) + result.workers_started)
                 result.record = waiter.result()
             finally:
                 waiter.cancel()
-                for w, _ in fleet:
-                    w.done.set()
+                for worker, _ in fleet:
+                    worker.done.set()
                 await asyncio.gather(*(t for _, t in fleet), waiter, return_exceptions=True)
     return result
 
