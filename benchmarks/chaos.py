@@ -21,14 +21,15 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cmr import logs  # noqa: E402
-from cmr.api import cpu_pool  # noqa: E402
-from cmr.backends.faults import FaultPlan  # noqa: E402
-from cmr.testing import chaos_run, diff_outputs, read_output, sequential  # noqa: E402
-from tests.engine.corpus import edge_cases  # noqa: E402
+from cmr import logs
+from cmr.api import cpu_pool
+from cmr.backends.faults import FaultPlan
+from cmr.testing import chaos_run, diff_outputs, read_output, sequential
+from tests.engine.corpus import edge_cases
 
 JOBS = ("examples/wordcount.py", "examples/invertedindex.py")
 
@@ -52,8 +53,9 @@ async def chaos_totals(runs: int, pool: object) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         data = edge_cases(Path(tmp) / "in")
         expected = {job: sequential(job, data, 3) for job in JOBS}
-        totals: dict[str, Counter[str]] = {k: Counter() for k in
-                                           ("injected", "crashes", "pauses", "duplicates")}
+        totals: dict[str, Counter[str]] = {
+            k: Counter() for k in ("injected", "crashes", "pauses", "duplicates")
+        }
         differences = failures = 0
 
         async def one(seed: int) -> None:
@@ -74,43 +76,68 @@ async def chaos_totals(runs: int, pool: object) -> dict[str, object]:
         started = time.monotonic()
         for b in range(0, runs, 25):
             await asyncio.gather(*(one(s) for s in range(b, min(runs, b + 25))))
-        return {"runs": runs, "seconds": round(time.monotonic() - started, 1),
-                "jobs_failed": failures, "parts_differing": differences,
-                **{k: dict(sorted(v.items())) for k, v in totals.items()}}
+        return {
+            "runs": runs,
+            "seconds": round(time.monotonic() - started, 1),
+            "jobs_failed": failures,
+            "parts_differing": differences,
+            **{k: dict(sorted(v.items())) for k, v in totals.items()},
+        }
 
 
-async def protection_cost(size_mb: float, pool: object) -> list[dict[str, object]]:
-    rows = []
+async def protection_cost(size_mb: float, pool: object, repeat: int = 3) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         data = corpus(Path(tmp) / "in", size_mb)
         expected = sequential(JOBS[0], data, 4)
         for rate in (0.0, 0.1, 0.3):
             plan = FaultPlan(seed=1, duplicate_delivery=rate, duplicate_send=rate)
-            out = Path(tmp) / f"out-{rate}"
-            started = time.monotonic()
-            r = await chaos_run(JOBS[0], data, out, seed=1, pool=pool, plan=plan,  # type: ignore[arg-type]
-                                hooks=[None, None], workers=2, reducers=4, split_bytes=None,
-                                visibility_s=30)
-            secs = time.monotonic() - started
-            rows.append({"duplicates": rate, "seconds": round(secs, 2),
-                         "mb_s": round(size_mb / secs, 2),
-                         "exact": not diff_outputs(expected, read_output(out, 4)),
-                         "injected": dict(r.injected), "handled": r.duplicates_handled})
+            best = None
+            for attempt in range(repeat):  # best of N: the first also warms caches
+                out = Path(tmp) / f"out-{rate}-{attempt}"
+                started = time.monotonic()
+                r = await chaos_run(
+                    JOBS[0],
+                    data,
+                    out,
+                    seed=1,
+                    pool=pool,
+                    plan=plan,  # type: ignore[arg-type]
+                    hooks=[None, None],
+                    workers=2,
+                    reducers=4,
+                    split_bytes=None,
+                    visibility_s=30,
+                )
+                secs = time.monotonic() - started
+                row = {
+                    "duplicates": rate,
+                    "seconds": round(secs, 2),
+                    "mb_s": round(size_mb / secs, 2),
+                    "exact": not diff_outputs(expected, read_output(out, 4)),
+                    "injected": dict(r.injected),
+                    "handled": r.duplicates_handled,
+                }
+                if best is None or secs < best["seconds"]:
+                    best = row
+            rows.append(best)
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--runs", type=int, default=200)
-    ap.add_argument("--size-mb", type=float, default=20)
+    ap.add_argument("--size-mb", type=float, default=100)
     ap.add_argument("--json")
     args = ap.parse_args()
     logs.configure(logging.CRITICAL)
 
     async def go() -> dict[str, object]:
         with cpu_pool(2) as pool:
-            return {"chaos": await chaos_totals(args.runs, pool),
-                    "protection_cost": await protection_cost(args.size_mb, pool)}
+            return {
+                "chaos": await chaos_totals(args.runs, pool),
+                "protection_cost": await protection_cost(args.size_mb, pool),
+            }
 
     result = asyncio.run(go())
     text = json.dumps(result, indent=2)
