@@ -24,6 +24,7 @@ from cmr.job import JobRef
 from cmr.lifecycle import cleanup, finalize, job_scratch, part_name
 from cmr.records import (
     JOBS_PK,
+    RUNNING_PK,
     JobSpec,
     JobState,
     job_pk,
@@ -179,6 +180,7 @@ async def submit(
         },
     )
     await backend.table.put(JOBS_PK, job_id, {"state": JobState.RUNNING.value, "created": now})
+    await backend.table.put(RUNNING_PK, job_id, {"state": JobState.RUNNING.value, "created": now})
     return spec
 
 

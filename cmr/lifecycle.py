@@ -17,7 +17,7 @@ import structlog
 
 from cmr.backends.base import Backend, Eq
 from cmr.errors import BlobMissing, ConditionFailed, QueueGone
-from cmr.records import JOBS_PK, JobSpec, JobState, job_pk
+from cmr.records import JOBS_PK, RUNNING_PK, JobSpec, JobState, job_pk
 
 log = structlog.get_logger("cmr.lifecycle")
 
@@ -43,6 +43,7 @@ async def set_state(backend: Backend, job_id: str, state: JobState, error: str =
     except ConditionFailed:
         return False
     await backend.table.update(JOBS_PK, job_id, set_={"state": state.value, "finished": now})
+    await backend.table.delete(RUNNING_PK, job_id)
     return True
 
 

@@ -1,6 +1,7 @@
 """The job's shared state in the table: one partition per job, plus an index of jobs.
 
-    pk=jobs          sk=<job id>          state, created       (what workers poll)
+    pk=jobs          sk=<job id>          state, created       (what `cmr status` lists)
+    pk=jobs#running  sk=<job id>          while it runs        (what workers poll)
     pk=job#<id>      sk=job               the job record: spec, state, counters, error
     pk=job#<id>      sk=map#<task>        the task's winning attempt and its per-partition counts
     pk=job#<id>      sk=fail#<m|r><n>     how often user code failed on a map task or partition
@@ -23,7 +24,8 @@ from cmr.backends.base import Item
 from cmr.errors import WireError
 from cmr.job import JobRef
 
-JOBS_PK = "jobs"
+JOBS_PK = "jobs"  # every job ever submitted (what `cmr status` lists)
+RUNNING_PK = "jobs#running"  # only running jobs: what workers poll, so it stays small
 
 
 class JobState(StrEnum):

@@ -21,12 +21,13 @@ from cmr import wire
 from cmr.backends.base import Backend, Received
 from cmr.errors import BackendError, QueueGone, Throttled, WireError
 from cmr.mapper import run_map_task
-from cmr.records import JOBS_PK, JobSpec, JobState, job_pk
+from cmr.records import JOBS_PK, RUNNING_PK, JobSpec, JobState, job_pk
 from cmr.reducer import run_reduce_task
 from cmr.runtime import Hook, Runtime, WorkerCrashed
 from cmr.settings import WorkerSettings
 
-JOB_REFRESH_S = 1.0
+JOB_REFRESH_S = 1.0  # a worker serving one job checks it this often
+FLEET_REFRESH_S = 5.0  # a fleet worker looks for new jobs this often (one query each)
 T = TypeVar("T")
 
 
@@ -57,7 +58,7 @@ class Worker:
         if self.only_job is not None:
             rows = [r for r in [await table.get(JOBS_PK, self.only_job)] if r is not None]
         else:
-            rows = await table.query(JOBS_PK, consistent=False)
+            rows = await table.query(RUNNING_PK, consistent=False)
         running = []
         for row in rows:
             job_id = str(row["sk"])
@@ -77,6 +78,7 @@ class Worker:
                     )
                     continue
                 self._specs[job_id] = spec
+                self.last_work = time.monotonic()  # a new job is work to come, not idleness
             running.append(spec)
         self.jobs = running
         if self.only_job is not None and not running:
@@ -178,7 +180,9 @@ class Worker:
                 self.rt.log.info("idle; exiting", idle_s=idle_exit)
                 self.done.set()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.done.wait(), JOB_REFRESH_S)
+                await asyncio.wait_for(
+                    self.done.wait(), JOB_REFRESH_S if self.only_job else FLEET_REFRESH_S
+                )
 
     async def run(self) -> None:
         """Serve jobs until ``done`` is set (by the caller, idleness, or the only job ending)."""
