@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import inspect
 import multiprocessing
 import os
@@ -87,6 +89,16 @@ async def open_backend(name: str, aws: AwsSettings) -> AsyncIterator[Backend]:
         raise UsageError(f"unknown backend {name!r}: use embedded or aws")
 
 
+def _die_with_parent() -> None:
+    """Pool processes exit when the worker dies, even by SIGKILL (Linux): a fleet node
+    whose main process is OOM-killed must not keep its pool processes running forever."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(0)
+
+
 def _noop() -> None:
     time.sleep(0.1)  # stay busy so every submit below starts a process of its own
 
@@ -99,7 +111,9 @@ def cpu_pool(processes: int) -> ProcessPoolExecutor:
     module while they start: a user's script without an ``if __name__ == "__main__"``
     guard (or a notebook) would otherwise be re-run in every child.
     """
-    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(
+        processes, mp_context=multiprocessing.get_context("spawn"), initializer=_die_with_parent
+    )
     main = sys.modules["__main__"]
     saved: dict[str, Any] = {
         k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__

@@ -107,6 +107,12 @@ class Claim:
             return False
         return True
 
+    async def forget(self) -> None:
+        """Delete our uncommitted claim: the job ended (its queues are gone) while we held
+        it, after cleanup removed the records; ours must not linger as a stray."""
+        with contextlib.suppress(ConditionFailed):
+            await self.table.delete(*self.key, condition=self._ours())
+
     async def release(self) -> None:
         """Give the partition up at once (after a failure) instead of letting the lease lapse."""
         with contextlib.suppress(ConditionFailed):

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from cmr import api, client, lifecycle, logs
 from cmr.errors import CmrError, JobFailed
+from cmr.loadgen.cli import loadgen_app
 from cmr.records import JobState
 from cmr.settings import AwsSettings, WorkerSettings, default_cores
 from cmr.worker import Worker
@@ -25,6 +26,7 @@ app = typer.Typer(
     help="cmr: masterless MapReduce on queues (SQS), blobs (S3) and a table "
     "(DynamoDB), or all of it in-process.",
 )
+app.add_typer(loadgen_app, name="loadgen")
 err = Console(stderr=True, soft_wrap=True)  # an error message must stay greppable
 out = Console()
 
@@ -116,7 +118,7 @@ def run(
         if not ids:
             ids["map"] = bars.add_task("map", total=p.maps or 1, note="")
             ids["reduce"] = bars.add_task("reduce", total=p.reduces, note="")
-        rate = p.stats.get("bytes_in", 0) / max(1e-9, time.monotonic() - started)
+        rate = p.stats.get("progress_bytes", 0) / max(1e-9, time.monotonic() - started)
         bars.update(
             ids["map"], completed=p.maps_done if p.maps else 1, note=f"{rate / 1e6:.1f} MB/s"
         )

@@ -197,7 +197,12 @@ async def progress(backend: Backend, spec: JobSpec) -> Progress:
         return Progress(spec.maps, spec.maps, spec.partitions, spec.partitions, state, stats)
     done = sum(1 for r in reduces if r.get("state") == "committed")
     return Progress(
-        min(spec.maps, stats.get("maps_done", 0)), spec.maps, done, spec.partitions, state, stats
+        min(spec.maps, stats.get("progress_maps", 0)),
+        spec.maps,
+        done,
+        spec.partitions,
+        state,
+        stats,
     )
 
 

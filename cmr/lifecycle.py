@@ -82,16 +82,25 @@ async def finalize(backend: Backend, spec: JobSpec) -> bool:
         # Another finalizer finished and cleaned up under us; its verdict stands.
         job = await backend.table.get(job_pk(spec.job_id), "job")
         return job is not None and job.get("state") == JobState.SUCCEEDED.value
+    pk = job_pk(spec.job_id)
     records_out = sum(
-        int(i.get("records", 0))
-        for i in await backend.table.query(job_pk(spec.job_id), prefix="reduce#")
+        int(i.get("records", 0)) for i in await backend.table.query(pk, prefix="reduce#")
     )
+    winners = await backend.table.query(pk, prefix="map#")
+    totals = {
+        "records_out": records_out,
+        # Exact totals from the winners' commit records (the counters may miss a worker
+        # that died between its commit and its stats update).
+        "records_in": sum(int(i.get("records_in", 0)) for i in winners),
+        "bytes_in": sum(int(i.get("bytes_in", 0)) for i in winners),
+        "maps_done": len(winners),
+    }
     await backend.table.update(
         job_pk(spec.job_id),
         "job",
         # Provenance: which committed attempt each part came from (for audits and tests).
         set_={
-            "records_out": records_out,
+            **totals,
             "published": [outputs[p].rsplit("/", 1)[-1] for p in sorted(outputs)],
         },
     )

@@ -11,6 +11,7 @@ counted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 from collections import Counter
@@ -20,8 +21,8 @@ from typing import Any
 import msgpack
 
 from cmr import compute, wire
-from cmr.backends.base import Received, item_absent
-from cmr.errors import ConditionFailed
+from cmr.backends.base import Eq, Received, item_absent
+from cmr.errors import ConditionFailed, QueueGone
 from cmr.lease import message_lease
 from cmr.lifecycle import fail, job_scratch
 from cmr.records import JobSpec, MapCommit, fail_sk, job_pk, map_sk
@@ -73,6 +74,8 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             attempt,
             {p: b for p, b in enumerate(result.batches) if b},
             {p: r for p, r in enumerate(result.records) if r},
+            result.records_in,
+            result.bytes_in,
         )
         try:
             await table.put(pk, map_sk(task.task), commit.to_item(), condition=item_absent())
@@ -85,11 +88,19 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             stats["map_attempts_filtered"] += 1
             log.info("map attempt lost to an earlier commit; its batches will be ignored")
         else:
-            stats["maps_done"] += 1  # for progress displays only; decisions read map# records
-            stats["records_in"] += result.records_in
-            stats["bytes_in"] += result.bytes_in
+            # For progress displays only: finalize writes exact totals from the commits.
+            stats["progress_maps"] += 1
+            stats["progress_bytes"] += result.bytes_in
         await rt.step("map.committed", task=task.task, attempt=attempt, won=won)
-        await queues.delete_messages(in_q, [msg.receipt])
+        try:
+            await queues.delete_messages(in_q, [msg.receipt])
+        except QueueGone:
+            # The job ended and was cleaned up while we worked (a pause, a slow network):
+            # our commit landed on a cleaned table. Take it back, so nothing stray remains.
+            if won:
+                with contextlib.suppress(ConditionFailed):
+                    await table.delete(pk, map_sk(task.task), condition=Eq("attempt", attempt))
+            raise
     await rt.add_stats(spec.job_id, stats)
 
 

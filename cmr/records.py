@@ -37,10 +37,8 @@ class JobState(StrEnum):
 
 # Counters the job record accumulates; ``cmr status`` shows them.
 STATS = (
-    "maps_done",
-    "records_in",
-    "bytes_in",
-    "records_out",
+    "progress_maps",  # approximate, while running; maps_done/records_in/bytes_in/records_out
+    "progress_bytes",  # are written exactly from the commit records when the job succeeds
     "map_attempts_filtered",  # method 1: attempts that finished but lost to the winner
     "map_duplicates_skipped",  # task messages for tasks that already had a winner
     "batches_dropped",  # method 2: repeated batches (same tag) a reducer threw away
@@ -140,10 +138,17 @@ class MapCommit:
     attempt: str
     batches: dict[int, int]  # partition -> batches (partitions with none are absent)
     records: dict[int, int]
+    records_in: int = 0  # input records and bytes the attempt read: the job's totals are
+    bytes_in: int = 0  # summed from winners, so a worker dying after its commit loses none
 
     def to_item(self) -> Item:
         sparse = [[p, self.batches[p], self.records.get(p, 0)] for p in sorted(self.batches)]
-        return {"attempt": self.attempt, "counts": wire.pack(sparse)}
+        return {
+            "attempt": self.attempt,
+            "counts": wire.pack(sparse),
+            "records_in": self.records_in,
+            "bytes_in": self.bytes_in,
+        }
 
     @staticmethod
     def from_item(item: Item) -> MapCommit:
@@ -153,6 +158,8 @@ class MapCommit:
                 str(item["attempt"]),
                 {int(p): int(b) for p, b, _ in rows},
                 {int(p): int(r) for p, _, r in rows},
+                int(item.get("records_in", 0)),
+                int(item.get("bytes_in", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise WireError(f"map commit record is malformed: {exc}") from None

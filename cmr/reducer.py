@@ -26,7 +26,7 @@ from collections import Counter
 from cmr import compute, wire
 from cmr.backends.base import Received
 from cmr.claim import Claim, Refusal, claim
-from cmr.errors import BackendError, BlobMissing, WireError
+from cmr.errors import BackendError, BlobMissing, QueueGone, WireError
 from cmr.lease import message_lease
 from cmr.lifecycle import finalize, job_scratch
 from cmr.mapper import task_failed
@@ -147,18 +147,33 @@ async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.
     workdir = tempfile.mkdtemp(prefix=f"reduce-{p}-", dir=rt.spool_dir)
     drain = Drain(spec, p, workdir)
     try:
-        async with (
-            message_lease(queues, reduce_q, msg.receipt, spec.visibility_s, rt.awake),
-            got.renewing(rt.awake),
-        ):
-            await _drain(rt, spec, got, drain, part_qs[p])
-            if got.lost.is_set():
-                await _let_go(rt, drain, part_qs[p])
-                return
-            await _reduce_and_commit(rt, spec, got, drain, msg)
+        await _run_claimed(rt, spec, got, drain, msg, part_qs[p], reduce_q)
+    except QueueGone:
+        await got.forget()  # the job ended while we held the partition
+        raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         await rt.add_stats(spec.job_id, drain.stats)
+
+
+async def _run_claimed(
+    rt: Runtime,
+    spec: JobSpec,
+    got: Claim,
+    drain: Drain,
+    msg: Received,
+    queue: str,
+    reduce_q: str,
+) -> None:
+    async with (
+        message_lease(rt.backend.queues, reduce_q, msg.receipt, spec.visibility_s, rt.awake),
+        got.renewing(rt.awake),
+    ):
+        await _drain(rt, spec, got, drain, queue)
+        if got.lost.is_set():
+            await _let_go(rt, drain, queue)
+            return
+        await _reduce_and_commit(rt, spec, got, drain, msg)
 
 
 async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: str) -> None:
