@@ -184,7 +184,11 @@ async def run_on(
             "--workers must be at least 1 with the embedded backend (no other "
             "process can reach its in-memory queues)"
         )
-    ws = worker_settings or WorkerSettings(visibility_s=visibility_timeout)
+    ws = worker_settings or WorkerSettings(
+        visibility_s=visibility_timeout,
+        # In-process queues and table cost nothing to poll: short waits, prompt reactions.
+        poll_s=0.1 if be.name == "embedded" else 1.0,
+    )
     client.check_output(output, overwrite)
     started = time.monotonic()
     calls_before = be.calls()
@@ -203,7 +207,9 @@ async def run_on(
     )
     if on_submit is not None:
         on_submit(spec.job_id)
-    waiter = asyncio.create_task(client.wait(be, spec, on_progress))
+    waiter = asyncio.create_task(
+        client.wait(be, spec, on_progress, poll_s=0.05 if be.name == "embedded" else 0.5)
+    )
     if be.name == "embedded":
         with cpu_pool(ws.processes) as pool:
             fleet = [Worker(be, ws, pool, only_job=spec.job_id) for _ in range(workers)]

@@ -223,9 +223,10 @@ async def wait(
                 await finalize(backend, spec)
                 continue
             if p.state != JobState.RUNNING.value:
-                # The worker that ended the job may be stopped mid-cleanup; it is idempotent.
-                await cleanup(backend, spec)
                 job = await backend.table.get(job_pk(spec.job_id), "job") or {}
+                if not job.get("cleaned"):
+                    # The worker that ended the job was stopped mid-cleanup; finish it.
+                    await cleanup(backend, spec)
                 if p.state != JobState.SUCCEEDED.value:
                     raise JobFailed(spec.job_id, str(job.get("error") or p.state))
                 return job

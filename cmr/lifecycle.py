@@ -127,3 +127,4 @@ async def cleanup(backend: Backend, spec: JobSpec) -> None:
     for prefix in ("map#", "fail#", "reduce#"):
         for item in await backend.table.query(pk, prefix=prefix):
             await backend.table.delete(pk, item["sk"])
+    await backend.table.update(pk, "job", set_={"cleaned": True})

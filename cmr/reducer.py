@@ -202,6 +202,10 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
         )
         for m in got:
             await drain.accept(rt, m)
+        if not got:
+            # Nothing in flight for us: what we wait for may be the last commits, which no
+            # message announces. Ask the table now instead of at the backed-off time.
+            next_poll = 0.0
         if got and not stepped:
             stepped = True
             await rt.step("reduce.draining", partition=drain.partition, owner=owner.owner)

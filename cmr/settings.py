@@ -33,5 +33,5 @@ class WorkerSettings:
     memory_mb: int = 512  # reducer budget before spilling to local disk
     visibility_s: int = 60  # task lease; renewed while a task runs
     idle_exit_s: float | None = None  # exit after this long with nothing to do
-    poll_s: int = 1  # long-poll wait on task queues
+    poll_s: float = 1.0  # long-poll wait on queues (SQS rounds it to whole seconds)
     spill_dir: str | None = None

@@ -44,6 +44,8 @@ def plan(inputs: Sequence[Input], split_bytes: int) -> list[tuple[Range, ...]]:
         start = 0
         while start < inp.size:
             end = min(inp.size, start + split_bytes - pending_bytes)
+            if inp.size - end < split_bytes // 10:
+                end = inp.size  # a sliver left over would be a whole extra task; fold it in
             pending.append(Range(inp.url, start, end, inp.name))
             pending_bytes += end - start
             start = end

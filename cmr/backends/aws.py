@@ -324,12 +324,12 @@ class AwsQueues:
         name: str,
         *,
         max_messages: int = 10,
-        wait_s: int = 0,
+        wait_s: float = 0,
         visibility_s: int | None = None,
     ) -> builtins.list[Received]:  # `list` is a method here
         kwargs: dict[str, Any] = {
             "MaxNumberOfMessages": max(1, min(10, max_messages)),
-            "WaitTimeSeconds": max(0, min(20, wait_s)),
+            "WaitTimeSeconds": max(0, min(20, round(wait_s))),  # SQS takes whole seconds
             "MessageSystemAttributeNames": ["ApproximateReceiveCount"],
         }
         if visibility_s is not None:

@@ -106,10 +106,11 @@ class Queues(Protocol):
         name: str,
         *,
         max_messages: int = 10,
-        wait_s: int = 0,
+        wait_s: float = 0,
         visibility_s: int | None = None,
     ) -> builtins.list[Received]:
-        """Up to max_messages (1..10) messages, waiting up to wait_s for the first."""
+        """Up to max_messages (1..10) messages, waiting up to wait_s for the first (SQS rounds
+        it to whole seconds)."""
 
     async def delete_messages(self, name: str, receipts: Sequence[str]) -> None:
         """Delete by receipt; unknown or stale receipts are ignored."""

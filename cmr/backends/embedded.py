@@ -144,7 +144,7 @@ class EmbeddedQueues:
         name: str,
         *,
         max_messages: int = 10,
-        wait_s: int = 0,
+        wait_s: float = 0,
         visibility_s: int | None = None,
     ) -> builtins.list[Received]:
         self.calls["sqs.ReceiveMessage"] += 1

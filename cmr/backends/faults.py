@@ -216,7 +216,7 @@ class FaultyQueues:
         name: str,
         *,
         max_messages: int = 10,
-        wait_s: int = 0,
+        wait_s: float = 0,
         visibility_s: int | None = None,
     ) -> builtins.list[Received]:
         c = self._chaos

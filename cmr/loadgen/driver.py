@@ -57,7 +57,7 @@ from cmr.loadgen.recorder import Measurement, Staleness
 from cmr.loadgen.spec import LoadTask
 from cmr.loadgen.targets import OpFailed, Reply, Target, make_target
 
-__all__ = ["BIN_MS", "LATE_S", "TRACE_CAP", "run_task"]
+__all__ = ["BACKLOG_S", "BIN_MS", "LATE_S", "TRACE_CAP", "run_task"]
 
 LATE_S = 0.010  # an open-loop op starting later than this after its intended start is late
 TRACE_CAP = 200_000  # staleness ops kept for analysis per task (~100 bytes each)

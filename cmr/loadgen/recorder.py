@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
+from hdrh.histogram import HdrHistogram
 
 from cmr.errors import UsageError
 from cmr.loadgen.targets import ERROR_CLASSES
@@ -164,7 +164,7 @@ class Measurement:
     def __init__(self) -> None:
         self.histograms: dict[tuple[str, str, str], Any] = {}
         self.retries: Counter[tuple[str, str]] = Counter()
-        self.dropped = 0  # open loop: intended ops never sent, the backlog being full
+        self.dropped = 0  # open loop: intended ops never sent (backlog full, or waited too long)
         self.late = 0  # open loop: ops sent more than LATE_S after their intended start
         self.cpu_us = 0  # the generator's process CPU time during the load
         self.wall_us = 0  # the load's wall time, summed over tasks
@@ -174,8 +174,6 @@ class Measurement:
         self.first_start: float | None = None  # epoch seconds, across tasks
         self.last_end: float | None = None
         self.staleness: Staleness | None = None
-
-    # recording ------------------------------------------------------------------------------
 
     def record(self, op: str, mode: str, outcome: str, seconds: float, retries: int = 0) -> None:
         """One completed operation and its latency in seconds (clamped to the histogram)."""
@@ -203,8 +201,6 @@ class Measurement:
             self.first_start = start if self.first_start is None else min(self.first_start, start)
         if end is not None:
             self.last_end = end if self.last_end is None else max(self.last_end, end)
-
-    # queries ----------------------------------------------------------------------------------
 
     def count(
         self, op: str | None = None, mode: str | None = None, outcome: str | None = None
@@ -241,8 +237,6 @@ class Measurement:
     def elapsed_s(self) -> float:
         return self.elapsed_us / 1e6
 
-    # merging ----------------------------------------------------------------------------------
-
     def add(self, other: Measurement) -> None:
         """``self += other``."""
         for key, h in other.histograms.items():
@@ -277,8 +271,6 @@ class Measurement:
         for m in items:
             out.add(m)
         return out
-
-    # the wire ---------------------------------------------------------------------------------
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -335,9 +327,6 @@ class Measurement:
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"not a load measurement: {type(exc).__name__}: {exc}") from None
         return m
-
-
-# reports ----------------------------------------------------------------------------------------
 
 
 def _ms(us: float) -> float:
@@ -410,8 +399,8 @@ def jam_report(
 
     ``throughput_ops_s`` counts successful operations per second of ``duration_s`` (default:
     the longest task's load phase); ``latency_ms`` describes the successful operations. Extra
-    top-level keys: retries, dropped, late, client_cpu, warnings, overloaded (any throttled or
-    unavailable answer: the store was jammed).
+    top-level keys: retries, dropped, late, span_s, client_cpu, warnings, overloaded (any
+    throttled or unavailable answer: the store was jammed).
     """
     duration = duration_s if duration_s and duration_s > 0 else m.elapsed_s
     ops = []
@@ -441,6 +430,12 @@ def jam_report(
         "dropped": m.dropped,
         "late": m.late,
         "overloaded": overloaded,
+        # wall time from the first task's start to the last one's end, across machines
+        "span_s": (
+            round(m.last_end - m.first_start, 6)
+            if m.first_start is not None and m.last_end is not None
+            else None
+        ),
         "client_cpu": _client(m),
         "warnings": _warnings(m),
     }

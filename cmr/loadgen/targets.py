@@ -62,6 +62,7 @@ from cmr.settings import AwsSettings
 
 __all__ = [
     "ERROR_CLASSES",
+    "RESOURCE",
     "ErrorClass",
     "OpFailed",
     "Reply",
@@ -550,8 +551,7 @@ def make_target(
     raise UsageError(f"unknown target {task.target!r}: use one of {', '.join(TARGETS)}")
 
 
-# resources ----------------------------------------------------------------------------------
-
+# the name in a task's resources of what each AWS target needs
 RESOURCE = {"dynamodb": "table", "s3": "bucket", "sqs": "queue", "simpledb": "domain"}
 
 
