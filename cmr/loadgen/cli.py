@@ -19,27 +19,31 @@ that JSON alone (``cmr.loadgen.report``, ``cmr.loadgen.plots``).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar, get_args
 
 import typer
 from rich.console import Console
 
 from cmr import logs
 from cmr.errors import CmrError, JobFailed, UsageError
-from cmr.loadgen import plots, report
-from cmr.loadgen.job import run_load
-from cmr.loadgen.recorder import Measurement, jam_report, staleness_report
+from cmr.loadgen import report
 from cmr.loadgen.sim import SimConfig
 from cmr.loadgen.spec import TARGETS, Kind, LoadTask, Retries
 from cmr.loadgen.targets import RESOURCE, cleanup, prepare
 from cmr.settings import AwsSettings
+
+# the engine, HDR histograms and matplotlib are imported inside the commands: plain `cmr run`
+# must not pay for them (matplotlib alone costs over a second)
+if TYPE_CHECKING:
+    from cmr.loadgen.recorder import Measurement
 
 __all__ = ["loadgen_app"]
 
@@ -109,7 +113,7 @@ ShowProgress = Annotated[
 Verbose = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more log output")]
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     err.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(1)
 
@@ -176,6 +180,8 @@ def _writable(path: Path, plots_dir: Path | None) -> None:
             raise UsageError(f"cannot write under {directory} ({flag}): permission denied")
     if path.is_dir():
         raise UsageError(f"--json {path} is a directory: give a file name")
+    if plots_dir is not None and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plots needs matplotlib, which is not installed: pip install matplotlib")
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -184,8 +190,10 @@ def _split(total: int, parts: int) -> list[int]:
     return [base + (i < extra) for i in range(parts)]
 
 
-def _sim_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+def _sim_overrides(pairs: Sequence[str], target: str) -> dict[str, Any]:
     """``--sim KEY=VALUE`` pairs typed after SimConfig's fields (so a typo fails up front)."""
+    if pairs and target != "sim":
+        raise UsageError(f"--sim configures the simulated store; target {target} is not it")
     known = {f.name: f for f in fields(SimConfig)}
     overrides: dict[str, Any] = {}
     for pair in pairs:
@@ -302,9 +310,13 @@ async def _on_target(
             await cleanup(engine.target, resources, engine.aws)
 
 
-async def _measure(engine: Engine, tasks: list[LoadTask], status: report.LiveStatus) -> Measurement:
+async def _measure(
+    engine: Engine, tasks: list[LoadTask], status: report.LiveStatus, what: str = "running"
+) -> Measurement:
     """Run one load job and return what its reducers merged."""
-    status.phase("running")
+    from cmr.loadgen.job import run_load
+
+    status.phase(what)
     return await run_load(
         tasks,
         backend=engine.backend,
@@ -331,7 +343,6 @@ def _run(
         # asyncio.run cancelled the job and ran the target's cleanup on the way out
         err.print(f"{label}: interrupted", highlight=False)
         raise typer.Exit(130) from None
-    raise AssertionError("unreachable: _fail exits")
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
@@ -342,16 +353,24 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
         _fail(f"cannot write {path}: {exc.strerror or exc}")
 
 
-def _write_plots(directory: Path | None, draw: Sequence[tuple[Any, str]], data: Any) -> list[str]:
+def _write_plots(directory: Path | None, kind: str, data: Mapping[str, Any]) -> list[str]:
+    """The figures of one command, named after it (jam-latency.png, cpq.png, ...)."""
     if directory is None:
         return []
-    written = []
+    from cmr.loadgen import plots
+
     try:
-        for fn, name in draw:
-            written.append(str(fn(data, directory / name)))
+        if kind == "jam":
+            paths = [plots.latency_boxplots(data, directory / "jam-latency.png")]
+        elif kind == "sweep":
+            paths = [plots.sweep_plot(data, directory / "sweep-total-time.png")]
+        elif kind == "staleness":
+            paths = [plots.freshness_plot(data, directory / "staleness-freshness.png")]
+        else:
+            paths = [plots.cpq_plot(data, directory / "cpq.png")]
     except OSError as exc:
         _fail(f"cannot write figures under {directory}: {exc.strerror or exc}")
-    return written
+    return [str(p) for p in paths]
 
 
 def _finish(
@@ -359,7 +378,7 @@ def _finish(
     json_path: Path,
     tables: Sequence[Any],
     plots_dir: Path | None,
-    draw: Sequence[tuple[Any, str]],
+    kind: str,
 ) -> None:
     """Save the JSON first (the contract), then show the tables and draw the figures."""
     _write_json(json_path, data)
@@ -368,13 +387,15 @@ def _finish(
     out.file.flush()  # the tables before the stderr lines below, even when piped
     for warning in data.get("warnings") or []:
         err.print(f"[yellow]warning:[/] {warning}", highlight=False)
-    figures = _write_plots(plots_dir, draw, data)
+    figures = _write_plots(plots_dir, kind, data)
     err.print(f"results: {json_path}", highlight=False)
     if figures:
         err.print("figures: " + ", ".join(figures), highlight=False)
 
 
 def _jam_report(m: Measurement, target: str, tasks: list[LoadTask]) -> dict[str, Any]:
+    from cmr.loadgen.recorder import jam_report
+
     # duration defaults to the longest task's load phase: job start-up is not load
     return jam_report(m, target, len(tasks))
 
@@ -445,7 +466,7 @@ def jam(
             ops=ops,
             rate=rate,
             resources=engine.resources,
-            sim=_sim_overrides(sim),
+            sim=_sim_overrides(sim, target),
             consistent_ratio=consistent_ratio,
             conditional_ratio=conditional_ratio,
             retries=_retries(retries),
@@ -466,7 +487,7 @@ def jam(
         json_path,
         [report.jam_table(data)],
         plots_dir,
-        [(plots.latency_boxplots, "jam-latency.png")],
+        "jam",
     )
 
 
@@ -478,9 +499,12 @@ def _names(
 
 def _with(tasks: list[LoadTask], resources: Mapping[str, str]) -> list[LoadTask]:
     """The tasks with the resource names ``prepare`` settled on."""
-    from dataclasses import replace
-
     return [replace(t, resources=dict(resources)) for t in tasks]
+
+
+def _warnings_of(points: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every distinct warning of a run of points, once (they tend to repeat)."""
+    return list(dict.fromkeys(w for p in points for w in p.get("warnings") or []))
 
 
 def _mix(op: Op, concurrency: int) -> tuple[int, int]:
@@ -556,7 +580,7 @@ def sweep(
             keep,
             progress,
         )
-        overrides = _sim_overrides(sim)
+        overrides = _sim_overrides(sim, target)
         plan = []
         for k in item_counts:
             for c in levels:
@@ -592,9 +616,9 @@ def sweep(
     async def main(status: report.LiveStatus) -> list[dict[str, Any]]:
         async def body(resources: dict[str, str]) -> list[dict[str, Any]]:
             points = []
-            for k, c, r, w, task_list in plan:
-                status.phase(f"{k} item(s), concurrency {c}")
-                m = await _measure(engine, _with(task_list, resources), status)
+            for n, (k, c, r, w, task_list) in enumerate(plan, 1):
+                what = f"point {n}/{len(plan)}: {k} item(s), concurrency {c}"
+                m = await _measure(engine, _with(task_list, resources), status, what)
                 jam_data = _jam_report(m, target, task_list)
                 total_s = float(jam_data["duration_s"])
                 ok = sum(int(o.get("ok", 0)) for o in jam_data.get("ops", []))
@@ -623,13 +647,14 @@ def sweep(
         "tasks": tasks,
         "ops_per_point": ops,
         "points": points,
+        "warnings": _warnings_of(points),
     }
     _finish(
         data,
         json_path,
         [report.sweep_table(data)],
         plots_dir,
-        [(plots.sweep_plot, "sweep-total-time.png")],
+        "sweep",
     )
 
 
@@ -696,9 +721,8 @@ def staleness(
             duration,
             write_interval_ms,
             consistent_ratio,
-            0.0,
             engine.resources,
-            _sim_overrides(sim),
+            _sim_overrides(sim, target),
         )
     except CmrError as exc:
         _fail(str(exc))
@@ -706,7 +730,7 @@ def staleness(
     async def main(status: report.LiveStatus) -> dict[str, Any]:
         async def body(resources: dict[str, str]) -> dict[str, Any]:
             m = await _measure(engine, _with(task_list, resources), status)
-            return {"target": target, **staleness_report(m)}
+            return {"target": target, **_staleness_report(m)}
 
         return await _on_target(engine, status, body)
 
@@ -718,7 +742,7 @@ def staleness(
         json_path,
         [*tables, *([succ] if succ is not None else [])],
         plots_dir,
-        [(plots.freshness_plot, "staleness-freshness.png")],
+        "staleness",
     )
 
 
@@ -731,7 +755,6 @@ def _staleness_tasks(
     duration: float,
     write_interval_ms: int,
     consistent_ratio: float,
-    conditional_ratio: float,
     resources: Mapping[str, str],
     sim: Mapping[str, Any],
 ) -> list[LoadTask]:
@@ -755,9 +778,14 @@ def _staleness_tasks(
         resources=resources,
         sim=sim,
         consistent_ratio=consistent_ratio,
-        conditional_ratio=conditional_ratio,
         write_interval_ms=write_interval_ms,
     )
+
+
+def _staleness_report(m: Measurement) -> dict[str, Any]:
+    from cmr.loadgen.recorder import staleness_report
+
+    return staleness_report(m)
 
 
 def _cpq_point(p: float, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -839,7 +867,7 @@ def cpq(
             keep,
             progress,
         )
-        overrides = _sim_overrides(sim)
+        overrides = _sim_overrides(sim, target)
         plan = [
             (
                 x,
@@ -852,7 +880,6 @@ def cpq(
                     duration,
                     write_interval_ms,
                     x,
-                    0.0,
                     engine.resources,
                     overrides,
                 ),
@@ -865,10 +892,10 @@ def cpq(
     async def main(status: report.LiveStatus) -> list[dict[str, Any]]:
         async def body(resources: dict[str, str]) -> list[dict[str, Any]]:
             points = []
-            for x, task_list in plan:
-                status.phase(f"p = {x:g}")
-                m = await _measure(engine, _with(task_list, resources), status)
-                points.append(_cpq_point(x, staleness_report(m)))
+            for n, (x, task_list) in enumerate(plan, 1):
+                what = f"point {n}/{len(plan)}: p = {x:g}"
+                m = await _measure(engine, _with(task_list, resources), status, what)
+                points.append(_cpq_point(x, _staleness_report(m)))
             return points
 
         return await _on_target(engine, status, body)
@@ -879,5 +906,6 @@ def cpq(
         "duration_s": duration,
         "write_mode": "plain",
         "points": points,
+        "warnings": _warnings_of(points),
     }
-    _finish(data, json_path, [report.cpq_table(data)], plots_dir, [(plots.cpq_plot, "cpq.png")])
+    _finish(data, json_path, [report.cpq_table(data)], plots_dir, "cpq")

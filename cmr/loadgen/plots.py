@@ -164,7 +164,7 @@ def freshness_plot(report: JsonObj, path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.set_title(f"Probability of reading the freshest value: target {report.get('target', '?')}")
     if drawn:
-        ax.legend(loc="lower right")
+        ax.legend(loc="best")
     return _save(fig, path)
 
 
@@ -193,8 +193,9 @@ def sweep_plot(report: JsonObj, path: Path) -> Path:
         _empty(ax, "no points")
     if len(concurrencies) > 1 and concurrencies[-1] / max(1, concurrencies[0]) >= 20:
         ax.set_xscale("log")  # 1 ... 200 threads: a log axis keeps the small counts readable
-        ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
         ax.minorticks_off()
+    if concurrencies:
+        ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
     ax.set_xlabel("concurrent operations (threads)")
     ax.set_ylabel("total time (s)")
     ax.set_ylim(bottom=0)
