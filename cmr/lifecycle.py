@@ -30,10 +30,17 @@ def job_scratch(scratch: str, job_id: str) -> str:
     return f"{scratch.rstrip('/')}/jobs/{job_id}/"
 
 
-async def set_state(backend: Backend, job_id: str, state: JobState, error: str = "") -> bool:
-    """Move a running job to a final state; False if it already had one."""
+async def set_state(
+    backend: Backend,
+    job_id: str,
+    state: JobState,
+    error: str = "",
+    extra: dict[str, object] | None = None,
+) -> bool:
+    """Move a running job to a final state, with ``extra`` fields in the same conditional
+    write; False if it already had one (then nothing of ours was written)."""
     now = time.time()
-    fields: dict[str, object] = {"state": state.value, "finished": now}
+    fields: dict[str, object] = {**(extra or {}), "state": state.value, "finished": now}
     if error:
         fields["error"] = error[-8000:]
     try:
@@ -87,7 +94,7 @@ async def finalize(backend: Backend, spec: JobSpec) -> bool:
         int(i.get("records", 0)) for i in await backend.table.query(pk, prefix="reduce#")
     )
     winners = await backend.table.query(pk, prefix="map#")
-    totals = {
+    totals: dict[str, object] = {
         "records_out": records_out,
         # Exact totals from the winners' commit records (the counters may miss a worker
         # that died between its commit and its stats update).
@@ -95,16 +102,10 @@ async def finalize(backend: Backend, spec: JobSpec) -> bool:
         "bytes_in": sum(int(i.get("bytes_in", 0)) for i in winners),
         "maps_done": len(winners),
     }
-    await backend.table.update(
-        job_pk(spec.job_id),
-        "job",
-        # Provenance: which committed attempt each part came from (for audits and tests).
-        set_={
-            **totals,
-            "published": [outputs[p].rsplit("/", 1)[-1] for p in sorted(outputs)],
-        },
-    )
-    if await set_state(backend, spec.job_id, JobState.SUCCEEDED):
+    # One conditional write: a concurrent finalizer that already succeeded (and may have
+    # cleaned the records these totals come from) keeps its figures; ours are dropped.
+    totals["published"] = [outputs[p].rsplit("/", 1)[-1] for p in sorted(outputs)]
+    if await set_state(backend, spec.job_id, JobState.SUCCEEDED, extra=totals):
         log.info("job succeeded", job=spec.job_id)
     await cleanup(backend, spec)
     return True
