@@ -21,7 +21,7 @@ from cmr.records import job_pk
 from cmr.settings import AwsSettings
 from tests.stack import remove_test_resources
 
-from .corpus import edge_cases
+from .corpus import edge_cases, small_files
 from .reference import counts_from_parts, inverted_index, word_count
 
 pytestmark = pytest.mark.usefixtures("aws_stack")
@@ -266,3 +266,26 @@ def test_cmr_status_shows_a_failed_jobs_traceback_and_counters(
         assert job_id[:12] in out
     finally:
         remove_test_resources(f"cmr-st-{tag}", f"cmr-st-{tag}", f"cmrs-{tag}-")
+
+
+async def test_many_small_files_and_more_reducers_than_keys(
+    aws: tuple[Backend, AwsSettings], tmp_path: Path
+) -> None:
+    be, settings = aws
+    data = small_files(tmp_path / "in", 120)
+    (data / "empty.txt").write_bytes(b"")
+    result = await run_on(
+        be,
+        "examples/wordcount.py",
+        str(data),
+        str(tmp_path / "out"),
+        reducers=60,
+        workers=2,
+        visibility_timeout=10,
+        aws=settings,
+    )
+    counts = counts_from_parts(tmp_path / "out", 60)
+    assert counts == word_count(data)
+    assert len(counts) < 60  # more reducers than distinct words: some parts are empty
+    assert result.record["maps"] <= 2  # 120 small files are packed into few tasks
+    await assert_cleaned(be, settings, result.job_id)
