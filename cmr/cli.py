@@ -15,6 +15,7 @@ from rich.table import Table
 
 from cmr import api, client, lifecycle, logs
 from cmr.errors import CmrError, JobFailed
+from cmr.fleet import fleet_app
 from cmr.loadgen.cli import loadgen_app
 from cmr.records import JobState
 from cmr.settings import AwsSettings, WorkerSettings, default_cores
@@ -27,6 +28,7 @@ app = typer.Typer(
     "(DynamoDB), or all of it in-process.",
 )
 app.add_typer(loadgen_app, name="loadgen")
+app.add_typer(fleet_app, name="fleet")
 err = Console(stderr=True, soft_wrap=True)  # an error message must stay greppable
 out = Console()
 

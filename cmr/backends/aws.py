@@ -808,10 +808,21 @@ async def _ensure_table(db: Any, table: str, create: bool) -> None:
         )
 
 
-async def _probe(session: Any, region: str, queue_prefix: str, path_style: bool) -> None:
+async def _probe(session: Any, region: str, settings: AwsSettings, path_style: bool) -> None:
     """One cheap call per service, without retries, so that a wrong setup (no credentials,
-    nothing listening) fails in seconds at open time, not after minutes of backoff mid-job."""
+    nothing listening) fails in seconds at open time, not after minutes of backoff mid-job.
+    Each call names only our own queue prefix, bucket or table: a least-privilege role
+    (deploy/fleet.yaml) allows them, where ListBuckets or ListTables would need "*"."""
     config = {"retries": {"total_max_attempts": 1}, "connect_timeout": 5, "read_timeout": 20}
+    # "Not found" still proves the service answered and let us in.
+    absent = {
+        "AWS.SimpleQueueService.NonExistentQueue",
+        "QueueDoesNotExist",
+        "404",
+        "NoSuchBucket",
+        "NotFound",
+        "ResourceNotFoundException",
+    }
 
     async def one(service: str) -> None:
         extra = {"s3": {"addressing_style": "path"}} if service == "s3" and path_style else {}
@@ -819,12 +830,16 @@ async def _probe(session: Any, region: str, queue_prefix: str, path_style: bool)
             async with session.client(
                 service, region_name=region, config=AioConfig(**config, **extra)
             ) as c:
-                if service == "sqs":
-                    await c.list_queues(QueueNamePrefix=queue_prefix, MaxResults=1)
-                elif service == "s3":
-                    await c.list_buckets()
-                else:
-                    await c.list_tables(Limit=1)
+                try:
+                    if service == "sqs":
+                        await c.get_queue_url(QueueName=f"{settings.queue_prefix}probe")
+                    elif service == "s3":
+                        await c.head_bucket(Bucket=settings.bucket)
+                    else:
+                        await c.describe_table(TableName=settings.table)
+                except ClientError as exc:
+                    if _error_code(exc) not in absent:
+                        raise
 
     await asyncio.gather(*(one(s) for s in ("sqs", "s3", "dynamodb")))
 
@@ -853,7 +868,7 @@ async def open_aws(settings: AwsSettings) -> AsyncIterator[Backend]:
                 clients[service] = await stack.enter_async_context(
                     session.client(service, region_name=region, config=AioConfig(**base, **extra))
                 )
-        await _probe(session, region, settings.queue_prefix, path_style)
+        await _probe(session, region, settings, path_style)
         await _ensure_bucket(clients["s3"], settings.bucket, region, settings.create)
         await _ensure_table(clients["dynamodb"], settings.table, settings.create)
         yield Backend(

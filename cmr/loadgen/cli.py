@@ -323,6 +323,7 @@ async def _measure(
         workers=engine.workers,
         aws=engine.aws,
         visibility_timeout=engine.visibility_timeout,
+        on_progress=status.update,
     )
 
 

@@ -13,11 +13,12 @@ import asyncio
 import json
 import math
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from cmr.api import run_async
+from cmr.client import Progress
 from cmr.errors import UsageError
 from cmr.job import Job, Pair
 from cmr.loadgen.driver import run_task
@@ -83,10 +84,12 @@ async def run_load(
     workers: int = 1,
     aws: AwsSettings | None = None,
     visibility_timeout: int | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
 ) -> Measurement:
     """Run the tasks as one job (one map task each, one reducer) and return the merged
     measurement. Every task runs at once: each worker gets a map slot and a pool process per
-    task it may hold. The visibility timeout is at least ``visibility_for(tasks)``."""
+    task it may hold. The visibility timeout is at least ``visibility_for(tasks)``.
+    ``on_progress`` receives the engine's progress (tasks done, committed counters)."""
     if not tasks:
         raise UsageError("a load test needs at least one task")
     if workers < 1:
@@ -120,6 +123,7 @@ async def run_load(
             split_bytes=width + 1,
             visibility_timeout=visibility,
             worker_settings=settings,
+            on_progress=on_progress,
         )
         lines = Path(result.parts[0]).read_text().splitlines()
     if len(lines) != 1:

@@ -1,0 +1,88 @@
+"""`cmr fleet up/status/logs/down` against LocalStack community: it accepts the template
+(table in DynamoDB Local, so CreateTable=false) but creates no Auto Scaling group and serves
+no Auto Scaling API, so status reports the group missing; down must leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+import uuid
+
+import boto3
+import pytest
+
+from tests.deploy.conftest import ROOT, fleet, fleet_status
+from tests.stack import LOCALSTACK_URL
+
+NEEDED = ("cloudformation", "ec2", "iam", "s3", "sts")
+
+
+def missing_services() -> list[str]:
+    with urllib.request.urlopen(f"{LOCALSTACK_URL}/_localstack/health", timeout=3) as r:
+        services = json.load(r).get("services", {})
+    return [s for s in NEEDED if services.get(s) not in ("available", "running")]
+
+
+def test_up_status_down_on_localstack(
+    aws_stack: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = missing_services()
+    if missing:
+        pytest.skip(
+            f"LocalStack runs without {', '.join(missing)}: set LS_SERVICES in scripts/stack.sh "
+            "to s3,sqs,cloudformation,ec2,iam,ssm,sts and run scripts/stack.sh restart"
+        )
+    monkeypatch.chdir(ROOT)
+    ec2 = boto3.client("ec2")
+    groups_before = {g["GroupId"] for g in ec2.describe_security_groups()["SecurityGroups"]}
+    tag = uuid.uuid4().hex[:8]
+    stack, bucket, table, prefix = (
+        f"lsfleet-{tag}",
+        f"cmr-lsfleet-{tag}",
+        f"cmr-ls-{tag}",
+        f"cmrls{tag}-",
+    )
+    fleet("up", "--stack", stack, "--count", "1", "--bucket", bucket, "--table", table,
+          "--queue-prefix", prefix, "--no-create-table")  # fmt: skip
+    cfn = boto3.client("cloudformation")
+    resources = {
+        r["LogicalResourceId"]: r
+        for r in cfn.describe_stack_resources(StackName=stack)["StackResources"]
+    }
+    assert {"Bucket", "WorkerRole", "WorkerProfile", "WorkerSecurityGroup", "LaunchTemplate",
+            "WorkerGroup"} <= set(resources)  # fmt: skip
+    assert "Table" not in resources  # the condition left it out: DynamoDB Local has the table
+    params = {
+        p["ParameterKey"]: p["ParameterValue"]
+        for p in cfn.describe_stacks(StackName=stack)["Stacks"][0]["Parameters"]
+    }
+    s3 = boto3.client("s3")
+    assert s3.head_object(Bucket=bucket, Key=params["WheelKey"])["ContentLength"] > 10_000
+    sg = resources["WorkerSecurityGroup"]["PhysicalResourceId"]
+    assert sg in {g["GroupId"] for g in ec2.describe_security_groups()["SecurityGroups"]}
+    role = resources["WorkerRole"]["PhysicalResourceId"]
+    assert boto3.client("iam").get_role(RoleName=role)["Role"]["RoleName"] == role
+
+    report = fleet_status(stack)
+    assert report["group_missing"] and report["instances"] == []
+    assert report["running_jobs"] == [] and report["hourly_cost_usd"] == 0
+    assert "no instances" in fleet("logs", "--stack", stack)
+
+    fleet("down", "--stack", stack)
+    live = [
+        s["StackName"]
+        for s in cfn.list_stacks()["StackSummaries"]
+        if s["StackName"] == stack and s["StackStatus"] != "DELETE_COMPLETE"
+    ]
+    assert live == []
+    assert bucket not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    iam = boto3.client("iam")
+    assert not [r for r in iam.list_roles()["Roles"] if r["RoleName"].startswith(stack)]
+    assert not [
+        p
+        for p in iam.list_instance_profiles()["InstanceProfiles"]
+        if p["InstanceProfileName"].startswith(stack)
+    ]
+    groups_after = {g["GroupId"] for g in ec2.describe_security_groups()["SecurityGroups"]}
+    assert groups_after - groups_before == set()
+    assert boto3.client("sqs").list_queues(QueueNamePrefix=prefix).get("QueueUrls", []) == []
