@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from cmr import client, logs
+from cmr import client, logs, taskprogress
 from cmr.backends.base import Backend
 from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
 from cmr.backends.retry import with_retries
@@ -89,6 +89,17 @@ async def open_backend(name: str, aws: AwsSettings) -> AsyncIterator[Backend]:
         raise UsageError(f"unknown backend {name!r}: use embedded or aws")
 
 
+class CpuPool(ProcessPoolExecutor):
+    """The process pool, with the queue its processes report live counters on."""
+
+    progress: Any = None
+
+
+def _start_child(channel: Any) -> None:
+    _die_with_parent()
+    taskprogress.attach(channel)
+
+
 def _die_with_parent() -> None:
     """Pool processes exit when the worker dies, even by SIGKILL (Linux): a fleet node
     whose main process is OOM-killed must not keep its pool processes running forever."""
@@ -103,7 +114,7 @@ def _noop() -> None:
     time.sleep(0.1)  # stay busy so every submit below starts a process of its own
 
 
-def cpu_pool(processes: int) -> ProcessPoolExecutor:
+def cpu_pool(processes: int) -> CpuPool:
     """A spawn pool, started at once.
 
     spawn, not fork: forking a process that runs an event loop and SDK threads is unsafe.
@@ -111,9 +122,10 @@ def cpu_pool(processes: int) -> ProcessPoolExecutor:
     module while they start: a user's script without an ``if __name__ == "__main__"``
     guard (or a notebook) would otherwise be re-run in every child.
     """
-    pool = ProcessPoolExecutor(
-        processes, mp_context=multiprocessing.get_context("spawn"), initializer=_die_with_parent
-    )
+    ctx = multiprocessing.get_context("spawn")
+    channel = ctx.Queue()
+    pool = CpuPool(processes, mp_context=ctx, initializer=_start_child, initargs=(channel,))
+    pool.progress = channel
     main = sys.modules["__main__"]
     saved: dict[str, Any] = {
         k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__

@@ -55,6 +55,13 @@ class Job:
     def reduce(self, key: Any, values: Iterator[Any]) -> Iterable[Pair]:
         raise NotImplementedError(f"{type(self).__name__} does not define reduce()")
 
+    def progress(self, **counters: int) -> None:
+        """Add to live counters of the job (``cmr status``, progress displays), e.g.
+        ``self.progress(ops=500, errors=2)``. For watching only; never for decisions."""
+        from cmr import taskprogress
+
+        taskprogress.report(**counters)
+
     def partition(self, key: Any, partitions: int) -> int:
         """Which reducer gets ``key``: stable across processes and machines."""
         return stable_partition(key, partitions)

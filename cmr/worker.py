@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import shutil
 import tempfile
 import time
@@ -17,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import TypeVar
 
-from cmr import wire
+from cmr import taskprogress, wire
 from cmr.backends.base import Backend, Received
 from cmr.errors import BackendError, QueueGone, Throttled, WireError
 from cmr.mapper import run_map_task
@@ -27,6 +28,7 @@ from cmr.runtime import Hook, Runtime, WorkerCrashed
 from cmr.settings import WorkerSettings
 
 JOB_REFRESH_S = 1.0  # a worker serving one job checks it this often
+PROGRESS_FOLD_S = 1.0  # how often live counters from user code reach the job record
 FLEET_REFRESH_S = 5.0  # a fleet worker looks for new jobs this often (one query each)
 T = TypeVar("T")
 
@@ -184,12 +186,44 @@ class Worker:
                     self.done.wait(), JOB_REFRESH_S if self.only_job else FLEET_REFRESH_S
                 )
 
+    async def _fold_progress(self) -> None:
+        """Move live counters reported by user code (Job.progress) into the job records."""
+        channel = getattr(self.rt.pool, "progress", None)
+        if channel is None:
+            return
+        pending: dict[str, Counter[str]] = {}
+
+        async def flush() -> None:
+            while True:  # what is already queued, without waiting
+                try:
+                    job_id, counters = channel.get_nowait()
+                except queue.Empty:
+                    break
+                pending.setdefault(job_id, Counter()).update(counters)
+            for job_id, counters in pending.items():
+                with contextlib.suppress(BackendError):
+                    await self.rt.backend.table.update(
+                        job_pk(job_id),
+                        "job",
+                        add={taskprogress.PREFIX + k: v for k, v in counters.items()},
+                    )
+            pending.clear()
+
+        try:
+            while True:
+                await asyncio.sleep(PROGRESS_FOLD_S)
+                await flush()
+        except asyncio.CancelledError:
+            await asyncio.shield(flush())  # the last window too, as the worker stops
+            raise
+
     async def run(self) -> None:
         """Serve jobs until ``done`` is set (by the caller, idleness, or the only job ending)."""
         s = self.rt.settings
         await self.refresh_jobs()
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._watch())
+            folder = tg.create_task(self._fold_progress())
             slots = [
                 tg.create_task(self._slot(lambda j: j.queues()[0], self._map))
                 for _ in range(s.map_slots)
@@ -201,7 +235,7 @@ class Worker:
             try:
                 await self.done.wait()
             finally:
-                for t in slots:
+                for t in [*slots, folder]:
                     t.cancel()
         # Only now: the slots (and the spool files they read) are all finished.
         shutil.rmtree(self.rt.spool_dir, ignore_errors=True)

@@ -33,13 +33,14 @@ time otherwise. All random choices come from ``random.Random(task.seed)``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import random
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from cmr.errors import UsageError
@@ -60,6 +61,7 @@ from cmr.loadgen.targets import OpFailed, Reply, Target, make_target
 __all__ = ["BACKLOG_S", "BIN_MS", "LATE_S", "TRACE_CAP", "run_task"]
 
 LATE_S = 0.010  # an open-loop op starting later than this after its intended start is late
+LIVE_REPORT_S = 0.5  # how often a task reports its live counters
 TRACE_CAP = 200_000  # staleness ops kept for analysis per task (~100 bytes each)
 BIN_MS = 10.0
 BACKLOG_S = 1.0  # open loop: the longest an intended op may wait for an operator
@@ -122,7 +124,24 @@ async def _timed(
     return reply
 
 
-async def run_task(task: LoadTask, target: Target | None = None) -> Measurement:
+async def _report_live(m: Measurement, report: Callable[..., None]) -> None:
+    """Every half second, the operations and errors since the last report (live display)."""
+    sent_ops = sent_errors = 0
+    try:
+        while True:
+            await asyncio.sleep(LIVE_REPORT_S)
+            ops, errors = m.count(), m.count() - m.count(outcome="ok")
+            report(load_ops=ops - sent_ops, load_errors=errors - sent_errors)
+            sent_ops, sent_errors = ops, errors
+    except asyncio.CancelledError:
+        ops, errors = m.count(), m.count() - m.count(outcome="ok")
+        report(load_ops=ops - sent_ops, load_errors=errors - sent_errors)
+        raise
+
+
+async def run_task(
+    task: LoadTask, target: Target | None = None, report: Callable[..., None] | None = None
+) -> Measurement:
     """Run one load task and return what it measured.
 
     Without ``target`` the task's own is made, set up and closed here; a given one must be
@@ -143,12 +162,17 @@ async def run_task(task: LoadTask, target: Target | None = None) -> Measurement:
             time.time(),
             clock.now(),
         )
+        live = asyncio.create_task(_report_live(m, report)) if report is not None else None
         if task.kind == "staleness":
             m.staleness = await _staleness(task, target, m, clock)
         elif task.rate is not None:
             await _open_loop(task, target, m, clock)
         else:
             await _closed_loop(task, target, m, clock)
+        if live is not None:
+            live.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await live
         m.finish_task(
             cpu_s=time.process_time() - cpu0,
             wall_s=time.perf_counter() - wall0,

@@ -43,7 +43,7 @@ class LoadJob(Job):
     def map_chunk(self, source: str, data: bytes) -> Iterable[Pair]:
         lines = [line for line in data.decode("utf-8").splitlines() if line.strip()]
         if lines:
-            yield KEY, _run([LoadTask.from_json(line) for line in lines])
+            yield KEY, _run([LoadTask.from_json(line) for line in lines], self.progress)
 
     def combine(self, key: Any, values: Iterator[Any]) -> Iterable[Pair]:
         yield key, _merged(values)
@@ -55,11 +55,12 @@ class LoadJob(Job):
         return json.dumps(value, sort_keys=True)
 
 
-def _run(tasks: list[LoadTask]) -> dict[str, Any]:
-    """Run the split's tasks (one, as run_load plans it; several still run all at once)."""
+def _run(tasks: list[LoadTask], report: Callable[..., None] | None = None) -> dict[str, Any]:
+    """Run the split's tasks (one, as run_load plans it; several still run all at once),
+    reporting live operation and error counts through ``report``."""
 
     async def all_of() -> list[Measurement]:
-        return list(await asyncio.gather(*(run_task(t) for t in tasks)))
+        return list(await asyncio.gather(*(run_task(t, report=report) for t in tasks)))
 
     # the pool process has no running loop: the load owns one for its whole run
     return Measurement.merged(asyncio.run(all_of())).to_wire()

@@ -258,9 +258,17 @@ def test_the_live_line_shows_tasks_done_while_the_job_runs(
     result = CliRunner().invoke(
         app,
         ["loadgen", "jam", "--target", "sim", "--tasks", "2", "--readers", "2", "--writers",
-         "2", "--duration", "1", "--progress", "--json", str(tmp_path / "jam.json")],
+         "2", "--duration", "3", "--progress", "--json", str(tmp_path / "jam.json")],
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert any("load tasks 0/2 done" in line for line in lines), lines
+    # Live ops/s and errors from the tasks' own reports, before any task has finished.
+    assert any(
+        "load tasks 0/2 done" in line
+        and "ops/s" in line
+        and "errors" in line
+        and "reported when the job ends" not in line
+        for line in lines
+    ), lines
     assert "load tasks 2/2 done" in lines[-1]
     assert all("jam sim: running" in line and " s · " in line for line in lines)

@@ -247,5 +247,5 @@ def test_live_status_says_when_numbers_come_only_at_the_end() -> None:
     line = status.line().plain
     assert "load tasks 1/2 done" in line
     assert "reported when the job ends" in line
-    status.update(Progress(2, 2, 0, 1, "RUNNING", {"load_ops": 500, "load_errors": 3}))
+    status.update(Progress(2, 2, 0, 1, "RUNNING", {"c_load_ops": 500, "c_load_errors": 3}))
     assert "3 errors" in status.line().plain
