@@ -75,7 +75,6 @@ async def open_backend(name: str, aws: AwsSettings) -> AsyncIterator[Backend]:
                     EmbeddedBlobs(),
                     EmbeddedTable(),
                     file_url(scratch),
-                    direct_reads=True,
                 )
             )
         finally:

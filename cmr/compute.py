@@ -24,8 +24,6 @@ import msgpack
 
 from cmr import taskprogress, wire
 from cmr.job import Job, JobRef, load_job_class
-from cmr.split import read_local_split
-from cmr.wire import Range
 
 COMBINE_KEYS = 200_000  # distinct keys held before a map task combines and flushes
 REDUCE_COMBINE_AT = 64  # values per key the reducer holds before combining them
@@ -146,12 +144,9 @@ def _combined(job: Job, groups: dict[Any, list[Any]]) -> Iterator[tuple[Any, Any
 
 
 def run_map(
-    ref: JobRef, params: dict[str, str], inputs: list[tuple[str, bytes | Range]], spec: MapSpec
+    ref: JobRef, params: dict[str, str], chunks: list[tuple[str, bytes]], spec: MapSpec
 ) -> MapResult:
-    """Map a split. Each input is its bytes, or a file:// range this process reads itself
-    (saving the event loop a read and a copy of the split through the pool's pipe)."""
     taskprogress.running(spec.job)
-    chunks = [(n, d if isinstance(d, bytes) else read_local_split(d)) for n, d in inputs]
     result = MapResult(records_in=0, bytes_in=sum(len(d) for _, d in chunks))
     fd, path = tempfile.mkstemp(prefix="map-", suffix=".spool", dir=spec.spool_dir)
     try:

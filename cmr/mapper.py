@@ -45,12 +45,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
     attempt = secrets.token_hex(6)
     log = rt.log.bind(job=spec.job_id, task=task.task, attempt=attempt)
     async with message_lease(queues, in_q, msg.receipt, spec.visibility_s, rt.awake):
-        direct = rt.backend.direct_reads and all(r.url.startswith("file://") for r in task.ranges)
-        chunks: list[bytes | wire.Range] = (
-            list(task.ranges)
-            if direct
-            else list(await asyncio.gather(*(read_split(rt.backend.blobs, r) for r in task.ranges)))
-        )
+        chunks = await asyncio.gather(*(read_split(rt.backend.blobs, r) for r in task.ranges))
         result = await rt.cpu(
             compute.run_map,
             spec.ref,

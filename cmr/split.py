@@ -8,12 +8,10 @@ the ranges fall (the 2009 implementation cut words at split edges; this does not
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cmr.backends.base import BlobInfo, Blobs
-from cmr.backends.embedded import file_path
 from cmr.wire import Range
 
 LOOKAHEAD = 64 * 1024  # bytes read past a split's end to finish its last line, per round
@@ -104,17 +102,3 @@ async def read_split(blobs: Blobs, r: Range, size: int | None = None) -> bytes:
         nl = data.find(b"\n", searched)
     stop = nl + 1 if nl >= 0 else len(data)
     return data[begin:stop]
-
-
-class _LocalFiles:
-    """Just enough of a blob store for read_split on local files, without threads."""
-
-    async def get_range(self, url: str, start: int, end: int) -> bytes:
-        with open(file_path(url), "rb") as f:
-            f.seek(start)
-            return f.read(max(0, end - start))
-
-
-def read_local_split(r: Range) -> bytes:
-    """read_split for a file:// range, from a plain (pool) process."""
-    return asyncio.run(read_split(_LocalFiles(), r))  # type: ignore[arg-type]

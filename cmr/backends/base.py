@@ -18,7 +18,7 @@ from __future__ import annotations
 import builtins
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
 Item: TypeAlias = dict[str, Any]
@@ -189,9 +189,6 @@ class Backend:
     blobs: Blobs
     table: Table
     scratch: str  # URL prefix for staged input, attempt outputs and spilled values
-    # Map processes may read file:// input ranges themselves instead of receiving the bytes
-    # from the event loop (plain local files only: no fault injection in between).
-    direct_reads: bool = field(default=False, kw_only=True)
 
     def calls(self) -> Counter[str]:
         """Every request made so far through this backend, by operation."""

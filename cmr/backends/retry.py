@@ -71,14 +71,7 @@ def with_retries(backend: Backend, attempts: int = 8, max_delay_s: float = 30.0)
     wrapped = [
         _Retrying(s, attempts, max_delay_s) for s in (backend.queues, backend.blobs, backend.table)
     ]
-    return Backend(
-        backend.name,
-        wrapped[0],
-        wrapped[1],
-        wrapped[2],
-        backend.scratch,
-        direct_reads=backend.direct_reads,
-    )
+    return Backend(backend.name, wrapped[0], wrapped[1], wrapped[2], backend.scratch)
 
 
 async def retried(fn: Callable[[], Awaitable[T]], attempts: int = 8) -> T:
