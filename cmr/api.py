@@ -235,7 +235,7 @@ async def run_on(
     else:
         procs = [await _spawn_worker(spec.job_id, aws, ws, workers) for _ in range(workers)]
         try:
-            record = await waiter
+            record = await _until_done_or_workers_gone(waiter, procs, spec.job_id)
         finally:
             waiter.cancel()
             await _stop(procs)
@@ -249,6 +249,31 @@ async def run_on(
     return RunResult(
         spec.job_id, output, parts, time.monotonic() - started, record, be.calls() - calls_before
     )
+
+
+async def _until_done_or_workers_gone(
+    waiter: asyncio.Task[Any], procs: list[asyncio.subprocess.Process], job_id: str
+) -> Any:
+    """Wait for the job; if every worker we started has exited first, say so instead of
+    waiting forever (the job itself stays, for a fleet or a rerun to finish)."""
+    if not procs:
+        return await waiter
+    exits = asyncio.ensure_future(asyncio.gather(*(p.wait() for p in procs)))
+    try:
+        await asyncio.wait([waiter, exits], return_when=asyncio.FIRST_COMPLETED)
+        if waiter.done():
+            return waiter.result()
+        # Workers exit on their own only once the job ends: give the client a moment to see it.
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(asyncio.shield(waiter), 5)
+        codes = ", ".join(str(c) for c in exits.result())
+        raise UsageError(
+            f"all {len(procs)} worker processes exited (codes {codes}) before job {job_id} "
+            f"finished; see their messages above. Start workers with `cmr worker --backend "
+            f"aws`, or remove the job with `cmr cleanup {job_id}`"
+        )
+    finally:
+        exits.cancel()
 
 
 async def _spawn_worker(

@@ -16,11 +16,12 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
 
 from cmr import taskprogress, wire
 from cmr.backends.base import Backend, Received
-from cmr.errors import BackendError, QueueGone, Throttled, WireError
+from cmr.errors import BackendError, CmrError, QueueGone, Throttled, WireError
 from cmr.mapper import run_map_task
 from cmr.records import JOBS_PK, RUNNING_PK, JobSpec, JobState, job_pk
 from cmr.reducer import run_reduce_task
@@ -53,6 +54,7 @@ class Worker:
         self._turn = 0
         self.last_work = time.monotonic()
         self.busy = 0
+        self.broken = False
         self.done = asyncio.Event()
 
     async def refresh_jobs(self) -> None:
@@ -129,6 +131,12 @@ class Worker:
                 await asyncio.sleep(1.0)
             except WorkerCrashed:
                 raise
+            except BrokenProcessPool:
+                # A pool process died (OOM killer, os._exit in user code): the pool is gone
+                # for good. Stop, so the supervisor (systemd, the client) can restart us.
+                self.broken = True
+                self.done.set()
+                return
             except Exception:
                 # A bug or a record we cannot read must not take the worker down: the task's
                 # lease lapses and another attempt runs. The traceback says what to fix.
@@ -239,3 +247,9 @@ class Worker:
                     t.cancel()
         # Only now: the slots (and the spool files they read) are all finished.
         shutil.rmtree(self.rt.spool_dir, ignore_errors=True)
+        if self.broken:
+            raise CmrError(
+                "a CPU pool process of this worker died (killed, out of memory, or the job's "
+                "code exited its process); the worker stopped: restart it. Unfinished tasks "
+                "return to the queues when their leases lapse."
+            )

@@ -16,7 +16,7 @@ import pytest
 
 from cmr.api import open_backend, run_on
 from cmr.backends.base import Backend
-from cmr.errors import JobFailed
+from cmr.errors import JobFailed, UsageError
 from cmr.records import job_pk
 from cmr.settings import AwsSettings
 from tests.stack import remove_test_resources
@@ -289,3 +289,29 @@ async def test_many_small_files_and_more_reducers_than_keys(
     assert len(counts) < 60  # more reducers than distinct words: some parts are empty
     assert result.record["maps"] <= 2  # 120 small files are packed into few tasks
     await assert_cleaned(be, settings, result.job_id)
+
+
+async def test_client_reports_when_all_its_worker_processes_are_gone(
+    aws: tuple[Backend, AwsSettings], tmp_path: Path
+) -> None:
+    be, settings = aws
+    job = tmp_path / "exits.py"
+    job.write_text(
+        "import os\nimport cmr\nclass Exits(cmr.Job):\n    def map(self, k, line):\n"
+        "        os._exit(3)\n        yield\n    def reduce(self, k, vs):\n"
+        "        yield k, 0\n"
+    )
+    src = tmp_path / "in.txt"
+    src.write_text("x\n")
+    with pytest.raises(UsageError, match="all 1 worker processes exited") as info:
+        await run_on(
+            be,
+            str(job),
+            str(src),
+            str(tmp_path / "out"),
+            reducers=1,
+            workers=1,
+            visibility_timeout=10,
+            aws=settings,
+        )
+    assert "cmr cleanup" in str(info.value)

@@ -215,3 +215,30 @@ async def test_reducers_spill_to_disk_past_their_memory_budget(
     )
     assert index_from_parts(tmp_path / "out", 1) == inverted_index(data)
     assert result.record["reduce_spills"] >= 2
+
+
+EXITING_JOB = """
+import os
+import cmr
+
+class Exits(cmr.Job):
+    def map(self, key, line):
+        os._exit(3)  # the process vanishes, as under the OOM killer
+        yield line, 1
+
+    def reduce(self, key, values):
+        yield key, 0
+"""
+
+
+async def test_a_dying_pool_process_stops_the_run_with_a_clear_error(
+    embedded: Backend, tmp_path: Path
+) -> None:
+    from cmr.errors import CmrError
+
+    job = tmp_path / "exits.py"
+    job.write_text(EXITING_JOB)
+    src = tmp_path / "in.txt"
+    src.write_text("x\n")
+    with pytest.raises(CmrError, match="pool process of this worker died"):
+        await run_on(embedded, str(job), str(src), str(tmp_path / "out"), reducers=1)
