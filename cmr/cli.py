@@ -9,11 +9,11 @@ import time
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cmr import api, client, lifecycle, logs
+from cmr.cliopts import Bucket, Profile, QueuePrefix, Region, TableName, Verbose, err, fail, out
 from cmr.errors import CmrError, JobFailed
 from cmr.fleet import fleet_app
 from cmr.loadgen.cli import loadgen_app
@@ -29,16 +29,8 @@ app = typer.Typer(
 )
 app.add_typer(loadgen_app, name="loadgen")
 app.add_typer(fleet_app, name="fleet")
-err = Console(stderr=True, soft_wrap=True)  # an error message must stay greppable
-out = Console()
 
 Backend = Annotated[str, typer.Option("--backend", help="embedded (in-process) or aws")]
-Bucket = Annotated[str, typer.Option(help="S3 bucket for staging, scratch and output")]
-TableName = Annotated[str, typer.Option("--table", help="DynamoDB table for job state")]
-QueuePrefix = Annotated[str, typer.Option(help="prefix of every queue cmr creates")]
-Region = Annotated[str | None, typer.Option(help="AWS region (default: AWS config)")]
-Profile = Annotated[str | None, typer.Option(help="AWS profile (default: AWS config)")]
-Verbose = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more log output")]
 
 
 def _aws(
@@ -67,11 +59,6 @@ def _params(pairs: list[str]) -> dict[str, str]:
             raise typer.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--param")
         params[key] = value
     return params
-
-
-def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(1)
 
 
 def _mb(n: float) -> str:
@@ -145,9 +132,9 @@ def run(
                 on_submit=on_submit,
             )
     except JobFailed as exc:
-        _fail(f"job {exc.job_id} failed.\n{exc.reason}")
+        fail(f"job {exc.job_id} failed.\n{exc.reason}")
     except CmrError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     rec = result.record
     secs = result.seconds
     err.print(
@@ -180,7 +167,7 @@ def worker(
     """Serve every running job (or one) until idle: the fleet's only process."""
     logs.configure(logging.INFO - 10 * verbose)
     if backend != "aws":
-        _fail(
+        fail(
             "a standalone worker needs a shared backend: use --backend aws "
             "(the embedded backend lives inside `cmr run`)"
         )
@@ -208,7 +195,7 @@ def worker(
     try:
         asyncio.run(serve())
     except CmrError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 @app.command()
@@ -223,7 +210,7 @@ def status(
 ) -> None:
     """Jobs and their map/reduce progress, or one job's record and duplicate counters."""
     if backend != "aws":
-        _fail(
+        fail(
             "the embedded backend keeps no state after `cmr run` ends; status is for --backend aws"
         )
 
@@ -267,7 +254,7 @@ def status(
     try:
         asyncio.run(show())
     except CmrError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 @app.command()
@@ -293,7 +280,7 @@ def cleanup(
     try:
         asyncio.run(go())
     except CmrError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     err.print(f"job {job}: queues, scratch data and task records removed")
 
 

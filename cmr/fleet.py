@@ -34,13 +34,13 @@ from botocore.parsers import ResponseParserError
 from rich.console import Console
 from rich.table import Table
 
+from cmr.cliopts import Profile, Region, err, fail
 from cmr.records import RUNNING_PK
 
 fleet_app = typer.Typer(
     no_args_is_help=True,
     help="Run a worker fleet on EC2: up, scale, status, logs, down (deploy/fleet.yaml).",
 )
-err = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
 
 TEMPLATE = "deploy/fleet.yaml"
@@ -51,8 +51,6 @@ _DONE = {"CREATE_COMPLETE", "UPDATE_COMPLETE", "DELETE_COMPLETE", "IMPORT_COMPLE
 _FAILED_SUFFIXES = ("_FAILED", "ROLLBACK_COMPLETE")
 
 StackName = Annotated[str, typer.Option("--stack", help="CloudFormation stack name")]
-Region = Annotated[str | None, typer.Option(help="AWS region (default: AWS config)")]
-Profile = Annotated[str | None, typer.Option(help="AWS profile (default: AWS config)")]
 Timeout = Annotated[float, typer.Option(help="seconds to wait for the stack")]
 
 
@@ -369,12 +367,8 @@ def _run(fn: Callable[[], None]) -> None:
     """Run a command body; AWS and fleet failures become one readable line and exit 1."""
     try:
         fn()
-    except FleetError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(1) from exc
-    except (ClientError, BotoCoreError, ResponseParserError) as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(1) from exc
+    except (FleetError, ClientError, BotoCoreError, ResponseParserError) as exc:
+        fail(str(exc))
 
 
 def _account(aws: Aws) -> str:

@@ -27,12 +27,12 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, get_args
 
 import typer
-from rich.console import Console
 
 from cmr import logs
+from cmr.cliopts import Bucket, Profile, QueuePrefix, Region, TableName, Verbose, err, fail, out
 from cmr.errors import CmrError, JobFailed, UsageError
 from cmr.loadgen import report
 from cmr.loadgen.sim import SimConfig
@@ -53,8 +53,6 @@ loadgen_app = typer.Typer(
     help="Load tests and consistency measurements of a store (DynamoDB, S3, SQS, SimpleDB or "
     "the simulated 'sim'), run as cmr jobs: map tasks drive traffic, reducers merge it.",
 )
-err = Console(stderr=True, soft_wrap=True)  # an error message must stay greppable
-out = Console()
 
 T = TypeVar("T")
 Op = Literal["get", "put", "both"]
@@ -102,20 +100,9 @@ Workers = Annotated[int, typer.Option(help="workers to start (in-process when em
 VisibilityTimeout = Annotated[
     int | None, typer.Option(help="task lease, seconds (default: from the tasks' length)")
 ]
-Bucket = Annotated[str, typer.Option(help="S3 bucket for the engine's staging and scratch")]
-TableName = Annotated[str, typer.Option("--table", help="DynamoDB table for job state")]
-QueuePrefix = Annotated[str, typer.Option(help="prefix of every queue cmr creates")]
-Region = Annotated[str | None, typer.Option(help="AWS region (default: AWS config)")]
-Profile = Annotated[str | None, typer.Option(help="AWS profile (default: AWS config)")]
 ShowProgress = Annotated[
     bool | None, typer.Option("--progress/--no-progress", help="live line (default: on a tty)")
 ]
-Verbose = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more log output")]
-
-
-def _fail(message: str) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(1)
 
 
 @dataclass(frozen=True)
@@ -337,9 +324,9 @@ def _run(
     except JobFailed as exc:
         # the reason carries the task's traceback; its last line is the error itself
         lines = [line for line in exc.reason.strip().splitlines() if line.strip()]
-        _fail(f"load job {exc.job_id} failed: {lines[-1] if lines else 'no reason recorded'}")
+        fail(f"load job {exc.job_id} failed: {lines[-1] if lines else 'no reason recorded'}")
     except CmrError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except KeyboardInterrupt:
         # asyncio.run cancelled the job and ran the target's cleanup on the way out
         err.print(f"{label}: interrupted", highlight=False)
@@ -351,7 +338,7 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=2) + "\n")
     except OSError as exc:
-        _fail(f"cannot write {path}: {exc.strerror or exc}")
+        fail(f"cannot write {path}: {exc.strerror or exc}")
 
 
 def _write_plots(directory: Path | None, kind: str, data: Mapping[str, Any]) -> list[str]:
@@ -370,7 +357,7 @@ def _write_plots(directory: Path | None, kind: str, data: Mapping[str, Any]) -> 
         else:
             paths = [plots.cpq_plot(data, directory / "cpq.png")]
     except OSError as exc:
-        _fail(f"cannot write figures under {directory}: {exc.strerror or exc}")
+        fail(f"cannot write figures under {directory}: {exc.strerror or exc}")
     return [str(p) for p in paths]
 
 
@@ -473,7 +460,7 @@ def jam(
             retries=_retries(retries),
         )
     except CmrError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
     async def main(status: report.LiveStatus) -> dict[str, Any]:
         async def body(resources: dict[str, str]) -> dict[str, Any]:
@@ -612,7 +599,7 @@ def sweep(
                     )
                 )
     except CmrError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
     async def main(status: report.LiveStatus) -> list[dict[str, Any]]:
         async def body(resources: dict[str, str]) -> list[dict[str, Any]]:
@@ -726,7 +713,7 @@ def staleness(
             _sim_overrides(sim, target),
         )
     except CmrError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
     async def main(status: report.LiveStatus) -> dict[str, Any]:
         async def body(resources: dict[str, str]) -> dict[str, Any]:
@@ -888,7 +875,7 @@ def cpq(
             for x in ps
         ]
     except CmrError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
     async def main(status: report.LiveStatus) -> list[dict[str, Any]]:
         async def body(resources: dict[str, str]) -> list[dict[str, Any]]:
