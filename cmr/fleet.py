@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -388,6 +389,34 @@ DEFAULTS = {
 }
 
 
+ALARM_PERIOD_S = 300  # EC2's basic monitoring: one CPU figure per instance every 5 minutes
+
+
+def idle_periods(idle_exit_s: int) -> int:
+    """5-minute periods of an all-idle fleet before its alarm scales it to zero: the workers'
+    idle time, rounded up, so the fleet outlives no worker by more than one period."""
+    return max(1, math.ceil(idle_exit_s / ALARM_PERIOD_S))
+
+
+def idle_alarm(aws: Any, name: str | None) -> dict[str, Any]:
+    """The idle alarm's state, or why it cannot be read (status must not fail on it)."""
+    if not name:
+        return {"name": None, "state": "unknown", "why": "the stack has no idle alarm"}
+    try:
+        got = aws.client("cloudwatch").describe_alarms(AlarmNames=[name])["MetricAlarms"]
+    except (ClientError, BotoCoreError) as exc:
+        return {"name": name, "state": "unknown", "why": str(exc)}
+    if not got:
+        return {"name": name, "state": "unknown", "why": "no such alarm"}
+    a = got[0]
+    return {
+        "name": name,
+        "state": a.get("StateValue", "unknown"),
+        "idle_minutes": int(a.get("EvaluationPeriods", 1)) * int(a.get("Period", 300)) // 60,
+        "cpu_below_percent": a.get("Threshold"),
+    }
+
+
 def _opt(value: object) -> str | None:
     if value is None:
         return None
@@ -413,7 +442,8 @@ def up(
     max_count: Annotated[int | None, typer.Option("--max", help="group bound [20]")] = None,
     processes: Annotated[int | None, typer.Option(help="worker processes per instance [2]")] = None,
     idle_exit: Annotated[
-        int | None, typer.Option(help="idle seconds before retiring [300]")
+        int | None,
+        typer.Option(help="idle seconds before a worker exits; the fleet then scales to 0 [300]"),
     ] = None,
     subnet: Annotated[
         list[str], typer.Option(help="subnet id (repeat); default: the default VPC's")
@@ -498,6 +528,7 @@ def up(
                     "SubnetIds": ",".join(subnets),
                 }
             )
+            params["IdlePeriods"] = str(idle_periods(int(params["IdleExitSeconds"])))
             if image:
                 params["ImageId"] = image
             elif prev.get("ImageId", "").startswith("/"):
@@ -589,8 +620,10 @@ def status(
             "hourly_cost_usd": round(cost, 4),
             "unpriced_types": unknown,
             "prices_as_of": prices["as_of"],
+            "prices_verified": bool(prices.get("verified", False)),
             "prices_region": prices["region"],
             "region": aws.region,
+            "idle_alarm": idle_alarm(aws, outputs.get("IdleAlarmName")),
         }
         if as_json:
             out.print_json(json.dumps(report))
@@ -612,11 +645,22 @@ def status(
             )
         out.print(t)
         out.print(f"running jobs: {', '.join(jobs) if jobs else 'none'}", highlight=False)
+        alarm = report["idle_alarm"]
+        if "idle_minutes" in alarm:
+            out.print(
+                f"idle scale-in: alarm {alarm['name']} is {alarm['state']}; the group goes to 0 "
+                f"after {alarm['idle_minutes']} min with every instance under "
+                f"{alarm['cpu_below_percent']:g}% CPU",
+                highlight=False,
+            )
+        else:
+            out.print(f"idle scale-in: state unknown ({alarm['why']})", highlight=False)
         note = "" if aws.region == prices["region"] else f", priced as {prices['region']}"
         missing = f"; no price for {', '.join(unknown)}" if unknown else ""
         out.print(
             f"estimated cost: ${cost:.4f}/hour (prices of {prices['as_of']}, spot at "
-            f"{prices['spot_discount_assumption']:.0%} off{note}{missing}; see {PRICES})",
+            f"{prices['spot_discount_assumption']:.0%} off{note}{missing}"
+            f"{'' if prices.get('verified') else ', unverified'}; see {PRICES})",
             highlight=False,
         )
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Local AWS stack for cmr, without Docker:
-#   * LocalStack (S3, SQS, CloudFormation, EC2, IAM, SSM, STS) on 127.0.0.1:4566
+#   * LocalStack (S3, SQS, CloudFormation, CloudWatch, EC2, IAM, SSM, STS) on 127.0.0.1:4566
 #   * Amazon DynamoDB Local on 127.0.0.1:8000
 #
 # Usage: scripts/stack.sh {install|start|stop|restart|status|env|logs|lock}
@@ -31,7 +31,7 @@ START_TIMEOUT="${CMR_STACK_TIMEOUT:-120}"   # seconds to wait for health on star
 LS_VERSION=4.9.2
 LS_EXCLUDE_NEWER=2025-10-15                 # resolution date pin (newer releases need Python >= 3.12)
 LS_PORT=4566
-LS_SERVICES=s3,sqs,cloudformation,ec2,iam,ssm,sts   # no dynamodb: DynamoDB Local serves that
+LS_SERVICES=s3,sqs,cloudformation,cloudwatch,ec2,iam,ssm,sts   # no dynamodb: DynamoDB Local serves that
 LS_VENV="$STACK_DIR/localstack-venv"
 LS_LOCK="$ROOT/scripts/localstack-requirements.txt"
 LS_LAUNCHER="$STACK_DIR/localstack-launch.py"

@@ -1,6 +1,7 @@
 """`cmr fleet up/status/logs/down` against LocalStack community: it accepts the template
-(table in DynamoDB Local, so CreateTable=false) but creates no Auto Scaling group and serves
-no Auto Scaling API, so status reports the group missing; down must leave nothing behind."""
+(table in DynamoDB Local, so CreateTable=false) and creates the idle alarm, but creates no
+Auto Scaling group and serves no Auto Scaling API, so status reports the group missing; down
+must leave nothing behind."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from tests.deploy.conftest import ROOT, fleet, fleet_status
 from tests.stack import LOCALSTACK_URL
 
-NEEDED = ("cloudformation", "ec2", "iam", "s3", "sts")
+NEEDED = ("cloudformation", "cloudwatch", "ec2", "iam", "s3", "sts")
 
 
 def missing_services() -> list[str]:
@@ -30,7 +31,7 @@ def test_up_status_down_on_localstack(
     if missing:
         pytest.skip(
             f"LocalStack runs without {', '.join(missing)}: set LS_SERVICES in scripts/stack.sh "
-            "to s3,sqs,cloudformation,ec2,iam,ssm,sts and run scripts/stack.sh restart"
+            "to s3,sqs,cloudformation,cloudwatch,ec2,iam,ssm,sts and run scripts/stack.sh restart"
         )
     monkeypatch.chdir(ROOT)
     ec2 = boto3.client("ec2")
@@ -50,7 +51,7 @@ def test_up_status_down_on_localstack(
         for r in cfn.describe_stack_resources(StackName=stack)["StackResources"]
     }
     assert {"Bucket", "WorkerRole", "WorkerProfile", "WorkerSecurityGroup", "LaunchTemplate",
-            "WorkerGroup"} <= set(resources)  # fmt: skip
+            "WorkerGroup", "ScaleToZero", "IdleAlarm"} <= set(resources)  # fmt: skip
     assert "Table" not in resources  # the condition left it out: DynamoDB Local has the table
     params = {
         p["ParameterKey"]: p["ParameterValue"]
@@ -63,7 +64,24 @@ def test_up_status_down_on_localstack(
     role = resources["WorkerRole"]["PhysicalResourceId"]
     assert boto3.client("iam").get_role(RoleName=role)["Role"]["RoleName"] == role
 
+    # The idle alarm: the busiest instance of the group under 5% CPU for one 5-minute period
+    # (the default 300 s of worker idle time) fires the scale-to-zero policy.
+    cloudwatch = boto3.client("cloudwatch")
+    (alarm,) = cloudwatch.describe_alarms(AlarmNames=[f"{stack}-idle"])["MetricAlarms"]
+    assert (alarm["Namespace"], alarm["MetricName"], alarm["Statistic"]) == (
+        "AWS/EC2",
+        "CPUUtilization",
+        "Maximum",
+    )
+    assert [d["Name"] for d in alarm["Dimensions"]] == ["AutoScalingGroupName"]
+    assert (alarm["Period"], alarm["EvaluationPeriods"], alarm["Threshold"]) == (300, 1, 5.0)
+    assert alarm["ComparisonOperator"] == "LessThanThreshold"
+    assert len(alarm["AlarmActions"]) == 1 and alarm["ActionsEnabled"]
+
     report = fleet_status(stack)
+    assert report["idle_alarm"]["name"] == f"{stack}-idle"
+    assert report["idle_alarm"]["idle_minutes"] == 5
+    assert report["idle_alarm"]["state"] in ("OK", "INSUFFICIENT_DATA")
     assert report["group_missing"] and report["instances"] == []
     assert report["running_jobs"] == [] and report["hourly_cost_usd"] == 0
     assert "no instances" in fleet("logs", "--stack", stack)
@@ -86,3 +104,4 @@ def test_up_status_down_on_localstack(
     groups_after = {g["GroupId"] for g in ec2.describe_security_groups()["SecurityGroups"]}
     assert groups_after - groups_before == set()
     assert boto3.client("sqs").list_queues(QueueNamePrefix=prefix).get("QueueUrls", []) == []
+    assert cloudwatch.describe_alarms(AlarmNamePrefix=stack)["MetricAlarms"] == []

@@ -18,6 +18,7 @@ def leftovers(stack: str, bucket: str, table: str) -> dict[str, Any]:
     """Whatever of the fleet still exists (or still runs) on the endpoint."""
     cfn, asg, ec2 = (boto3.client(s) for s in ("cloudformation", "autoscaling", "ec2"))
     iam, s3, db = (boto3.client(s) for s in ("iam", "s3", "dynamodb"))
+    cloudwatch = boto3.client("cloudwatch")
     live_stacks = [
         s["StackName"]
         for s in cfn.list_stacks()["StackSummaries"]
@@ -55,6 +56,10 @@ def leftovers(stack: str, bucket: str, table: str) -> dict[str, Any]:
         ],
         "buckets": [b["Name"] for b in s3.list_buckets()["Buckets"] if b["Name"] == bucket],
         "tables": [t for t in db.list_tables()["TableNames"] if t == table],
+        "alarms": [
+            a["AlarmName"]
+            for a in cloudwatch.describe_alarms(AlarmNamePrefix=stack)["MetricAlarms"]
+        ],
     }
 
 
@@ -70,6 +75,7 @@ NOTHING: dict[str, list[str]] = {
         "profiles",
         "buckets",
         "tables",
+        "alarms",
     )
 }
 
@@ -117,10 +123,20 @@ def test_up_scale_status_logs_down(moto_env: dict[str, str]) -> None:
     logs = fleet("logs", *names, "-n", "5")
     assert f"==> {report['instances'][0]['id']} <==" in logs
 
-    # An update (spot, new bound) keeps the current size and the owned bucket and table.
-    fleet("up", *names, "--spot", "--max", "5")
+    # An update (spot, new bound, idle time) keeps the current size, the owned bucket and
+    # table; the idle alarm's window follows the workers' idle time, in 5-minute periods.
+    # (moto runs the group but not CloudWatch alarms from a template: LocalStack's test
+    # checks the alarm.)
+    fleet("up", *names, "--spot", "--max", "5", "--idle-exit", "601")
     report = fleet_status(stack)
     assert report["desired"] == 1 and report["max"] == 5
+    params = {
+        p["ParameterKey"]: p["ParameterValue"]
+        for p in boto3.client("cloudformation").describe_stacks(StackName=stack)["Stacks"][0][
+            "Parameters"
+        ]
+    }
+    assert (params["IdleExitSeconds"], params["IdlePeriods"]) == ("601", "3")
 
     fleet("down", *names)
     assert leftovers(stack, bucket, table) == NOTHING

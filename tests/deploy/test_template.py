@@ -13,15 +13,11 @@ import pytest
 
 from tests.deploy.conftest import ROOT, TEMPLATE, load_template
 
-# The three resources (and the group's own leave permission), as the template writes them.
+# The three resources, as the template writes them: the role may touch nothing else.
 QUEUES = "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${QueuePrefix}*"
 TABLE = "arn:${AWS::Partition}:dynamodb:${AWS::Region}:${AWS::AccountId}:table/${TableName}"
 BUCKET = "arn:${AWS::Partition}:s3:::${BucketName}"
 OBJECTS = "arn:${AWS::Partition}:s3:::${BucketName}/*"
-GROUP = (
-    "arn:${AWS::Partition}:autoscaling:${AWS::Region}:${AWS::AccountId}:autoScalingGroup:*:"
-    "autoScalingGroupName/${AWS::StackName}-workers"
-)
 ALLOWED = {
     QUEUES: {
         "sqs:CreateQueue",
@@ -44,8 +40,6 @@ ALLOWED = {
     },
     BUCKET: {"s3:ListBucket"},
     OBJECTS: {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"},
-    # An idle worker removes its own instance and lowers the desired count: this group only.
-    GROUP: {"autoscaling:TerminateInstanceInAutoScalingGroup"},
 }
 
 # Every client call in cmr/backends/aws.py and the IAM action it needs.
@@ -150,18 +144,44 @@ def test_policy_grants_only_the_three_resources(template: dict[str, Any]) -> Non
     ]
 
 
-def test_only_wildcards_are_the_queue_prefix_objects_and_group_id(
-    template: dict[str, Any],
-) -> None:
+def test_only_wildcards_are_the_queue_prefix_and_the_objects(template: dict[str, Any]) -> None:
     for st in statements(template):
         for resource in as_list(st["Resource"]):
             arn = resource["Fn::Sub"]
             assert arn != "*"
             stars = [m.start() for m in re.finditer(r"\*", arn)]
-            if arn == GROUP:
-                assert len(stars) == 1  # the group's generated id, name fixed after it
-            else:
-                assert stars in ([], [len(arn) - 1]), arn
+            assert stars in ([], [len(arn) - 1]), arn
+
+
+def test_idle_fleet_scales_to_zero_without_instance_permissions(
+    template: dict[str, Any],
+) -> None:
+    """Scale-in is CloudWatch's and the group's doing: the alarm watches the busiest
+    instance of this group and calls a policy that sets this group's capacity to zero."""
+    resources = template["Resources"]
+    policy = resources["ScaleToZero"]
+    assert policy["Type"] == "AWS::AutoScaling::ScalingPolicy"
+    assert policy["Properties"]["AutoScalingGroupName"] == {"Ref": "WorkerGroup"}
+    assert policy["Properties"]["AdjustmentType"] == "ExactCapacity"
+    assert policy["Properties"]["ScalingAdjustment"] == 0
+    alarm = resources["IdleAlarm"]["Properties"]
+    assert resources["IdleAlarm"]["Type"] == "AWS::CloudWatch::Alarm"
+    assert alarm["AlarmActions"] == [{"Ref": "ScaleToZero"}]
+    assert (alarm["Namespace"], alarm["MetricName"]) == ("AWS/EC2", "CPUUtilization")
+    assert alarm["Dimensions"] == [
+        {"Name": "AutoScalingGroupName", "Value": {"Ref": "WorkerGroup"}}
+    ]
+    # Maximum: one busy instance keeps the whole fleet; idle means every instance is idle.
+    assert alarm["Statistic"] == "Maximum"
+    assert alarm["ComparisonOperator"] == "LessThanThreshold"
+    assert alarm["TreatMissingData"] == "notBreaching"
+    assert alarm["EvaluationPeriods"] == {"Ref": "IdlePeriods"}
+    # The unit does not restart a worker that exited cleanly, and nothing on the instance
+    # tries to leave the group itself (the role could not).
+    data = resources["LaunchTemplate"]["Properties"]["LaunchTemplateData"]
+    text = data["UserData"]["Fn::Base64"]["Fn::Sub"]
+    assert "Restart=on-failure" in text
+    assert "autoscaling" not in text.replace("Auto Scaling", "")
 
 
 def backend_calls() -> set[str]:
