@@ -2,12 +2,14 @@
 
     .venv/bin/python benchmarks/wordcount.py --size-mb 200 [--path P]
         [--backends embedded,aws,aws-inproc] [--workers 1,3] [--json out.json] [--seed 1]
+        [--peers all|none|mrjob-inline,mrjob-local,lithops,dask,spark]
         [--repeat 1] [--timeout 600]
 
 Generates (or reuses) a seeded synthetic corpus, counts its words with a plain
 ``multiprocessing`` + ``Counter`` program (the practical limit on this machine), runs cmr on
-the same files, checks that every cmr output equals the baseline's counts exactly, and
-prints one row per run. See benchmarks/README.md for what each column means.
+the same files and the tools users would pick instead (benchmarks/peers.py, each in a venv
+of its own), checks that every output equals the baseline's counts exactly, and prints one
+row per run. See benchmarks/README.md for what each column means.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import platform
 import random
 import resource
+import shutil
 import string
 import subprocess
 import sys
@@ -41,6 +44,11 @@ import cmr.logs
 from cmr.api import cpu_pool, open_backend, run_on
 from cmr.settings import AwsSettings, WorkerSettings
 from cmr.worker import Worker
+
+if __package__:  # imported as benchmarks.wordcount (the tests)
+    from benchmarks import peers
+else:  # run as a script: benchmarks/ is on sys.path
+    import peers  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -223,6 +231,9 @@ class Row:
     requests: dict[str, int] = field(default_factory=dict)  # by service
     requests_per_mb: dict[str, float] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)  # by operation
+    peak_mb: float | None = None  # summed RSS of the run's processes, sampled every 50 ms
+    start_mb: float | None = None  # the same sum at the row's start (this process: imports)
+    setup_s: float | None = None  # peers: seconds spent building the venv (not timed)
     exact: bool | None = None
     note: str = ""
 
@@ -289,17 +300,18 @@ def trial_cmr(
     row = Row(f"cmr {kind} w={workers}")
     out = HERE / "out" / f"{path.name}-{kind}-w{workers}"
     try:
-        result, wall, cpu = timed(
-            cmr_run,
-            kind,
-            workers,
-            timeout,
-            JOB,
-            str(path),
-            str(out),
-            reducers=reducers,
-            overwrite=True,
-        )
+        with peers.PeakRss(os.getpid()) as peak:  # this process and the workers it starts
+            result, wall, cpu = timed(
+                cmr_run,
+                kind,
+                workers,
+                timeout,
+                JOB,
+                str(path),
+                str(out),
+                reducers=reducers,
+                overwrite=True,
+            )
     except TimeoutError:
         row.note = f"failed: no result after {timeout:g}s (hung?)"
         return row
@@ -307,6 +319,7 @@ def trial_cmr(
         row.note = f"failed: {type(e).__name__}: {e}"
         return row
     row.seconds, row.trials, row.cpu_s, row.cores_busy = wall, [wall], cpu, cpu / wall
+    row.peak_mb, row.start_mb = peak.mb, peak.first / MB
     row.calls = dict(sorted(result.calls.items()))
     for op, n in result.calls.items():
         service = op.split(".")[0]
@@ -318,6 +331,42 @@ def trial_cmr(
         console.print(f"[bold red]MISMATCH in {row.name}:[/]\n" + "\n".join(diff))
     if kind == "aws":
         row.note = "requests: client only (workers are processes)"
+    return row
+
+
+def peer_name(peer: peers.Peer) -> str:
+    return f"{peer.label} {peer.version()}"
+
+
+def trial_peer(
+    peer: peers.Peer,
+    *,
+    files: list[Path],
+    path: Path,
+    workers: int,
+    want: Counter[str],
+    timeout: float,
+    setup_s: float,
+) -> Row:
+    row = Row(peer_name(peer), setup_s=setup_s, note=peer.method.format(workers=workers))
+    out = HERE / "out" / f"{path.name}-peer-{peer.name}"
+    scratch = HERE / "out" / f".scratch-{peer.name}"
+    run = peers.run(peer, files, out, workers=workers, timeout=timeout, scratch=scratch)
+    row.peak_mb, row.start_mb = run.peak_mb, run.start_mb
+    if run.failure or run.seconds is None:
+        row.note = f"{run.failure} (log: {scratch / 'output.txt'})"
+        return row
+    shutil.rmtree(scratch, ignore_errors=True)  # Lithops' storage, Spark's shuffle files
+    row.seconds, row.trials, row.cpu_s = run.seconds, [run.seconds], run.cpu_s
+    row.cores_busy = (run.cpu_s or 0) / run.seconds
+    try:
+        diff = differences(want, read_parts(run.parts))
+    except (ValueError, UnicodeDecodeError) as e:
+        diff = [f"unreadable output: {e}"]
+    row.exact = not diff
+    if diff:
+        console.print(f"[bold red]MISMATCH in {row.name}:[/]\n" + "\n".join(diff))
+        row.note = f"{diff[0]}; {row.note}"
     return row
 
 
@@ -341,6 +390,7 @@ def table(rows: list[Row], title: str) -> Table:
         "x baseline",
         "CPU s",
         "cores busy",
+        "peak MB",
         *SERVICES,
         "req/MB",
         "exact",
@@ -361,6 +411,7 @@ def table(rows: list[Row], title: str) -> Table:
             f(r.vs_baseline, ".2f"),
             f(r.cpu_s, ".1f"),
             f(r.cores_busy, ".2f"),
+            f(r.peak_mb, ".0f"),
             *[str(r.requests.get(s, 0)) if r.requests else "-" for s in SERVICES],
             f(per_mb, ".1f"),
             exact,
@@ -376,7 +427,7 @@ def main() -> int:
     ap.add_argument(
         "--backends",
         default="embedded,aws",
-        help="any of embedded, aws, aws-inproc (aws, workers in this process)",
+        help="any of embedded, aws, aws-inproc (aws, workers in this process); none",
     )
     ap.add_argument("--workers", default="1,3", help="worker counts for the aws backends")
     ap.add_argument("--reducers", type=int, help="default: the job's own (4)")
@@ -387,24 +438,43 @@ def main() -> int:
         default=1,
         help="run every row N times, interleaved; report the fastest",
     )
-    ap.add_argument("--timeout", type=float, default=600, help="seconds before a cmr run fails")
+    ap.add_argument(
+        "--peers",
+        default="all",
+        help=f"all, none, or any of {','.join(peers.PEERS)} (each in its own venv)",
+    )
+    ap.add_argument(
+        "--peer-workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes for the peers (default: cores, like the baseline)",
+    )
+    ap.add_argument("--timeout", type=float, default=600, help="seconds before a run fails")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    try:
+        chosen = peers.select(args.peers)
+    except ValueError as e:
+        ap.error(str(e))
 
     path = args.path or corpus(args.size_mb, args.seed)
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     size_mb = sum(p.stat().st_size for p in files) / MB
 
     runs = []
-    for kind in args.backends.split(","):
+    for kind in [k for k in args.backends.split(",") if k not in ("", "none")]:
         counts = [1] if kind == "embedded" else [int(w) for w in args.workers.split(",")]
         runs += [(kind, w) for w in counts]
     aws_problem = stack_problem() if any(k.startswith("aws") for k, _ in runs) else None
+    ready: dict[str, tuple[str | None, float]] = {}  # peer: (why it cannot run, set-up s)
+    for peer in chosen:  # set-up, not timed: build each venv once (pyspark's takes a minute)
+        ready[peer.name] = peers.prepare(peer, console.print)
 
     want: Counter[str] = Counter()
     trials: dict[str, list[Row]] = {}
     for _ in range(args.repeat):
-        want, wall, cpu = timed(baseline, files)
+        with peers.PeakRss(os.getpid()) as peak:
+            want, wall, cpu = timed(baseline, files)
         trials.setdefault("baseline", []).append(
             Row(
                 "baseline",
@@ -412,6 +482,8 @@ def main() -> int:
                 [wall],
                 cpu_s=cpu,
                 cores_busy=cpu / wall,
+                peak_mb=peak.mb,
+                start_mb=peak.first / MB,
                 note=f"multiprocessing x{os.cpu_count()}, {len(want)} distinct words",
             )
         )
@@ -429,6 +501,23 @@ def main() -> int:
                     reducers=args.reducers,
                     want=want,
                     timeout=args.timeout,
+                )
+            )
+        for peer in chosen:
+            name = peer_name(peer)
+            problem, setup_s = ready[peer.name]
+            if problem:
+                trials[name] = [Row(name, setup_s=setup_s, note=f"not run: {problem}")]
+                continue
+            trials.setdefault(name, []).append(
+                trial_peer(
+                    peer,
+                    files=files,
+                    path=path,
+                    workers=args.peer_workers,
+                    want=want,
+                    timeout=args.timeout,
+                    setup_s=setup_s,
                 )
             )
 
@@ -461,7 +550,7 @@ def main() -> int:
             + "\n"
         )
     if any(r.exact is False for r in rows):
-        console.print("[bold red]cmr output differs from the baseline[/]")
+        console.print("[bold red]output differs from the baseline[/]")
         return 1
     if any(r.note.startswith("failed") for r in rows):
         return 2
