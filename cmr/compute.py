@@ -36,8 +36,10 @@ class MapSpec:
     task: int
     attempt: str
     partitions: int
-    max_message_bytes: int
+    max_message_bytes: int  # shuffle batches are packed to at most this many bytes
     spool_dir: str
+    compress: bool = True  # zstd bodies; off: plain msgpack, packed to the byte
+    combine: bool = True  # run the job's combine, if it has one
 
 
 @dataclass
@@ -87,15 +89,31 @@ class _Shuffle:
         self.counts = [0] * spec.partitions
         self.batches = [0] * spec.partitions
         self.records = [0] * spec.partitions
-        # Raw bytes per batch, tuned by the compression ratio seen so far.
-        self.target = [spec.max_message_bytes * 3] * spec.partitions
         self.packer = msgpack.Packer(use_bin_type=True)
+        if spec.compress:
+            # Raw bytes per batch, tuned by the compression ratio seen so far.
+            self.target = [spec.max_message_bytes * 3] * spec.partitions
+        else:
+            # A plain body's size is known in advance: its header plus the pairs.
+            header = len(
+                wire.encode(
+                    wire.Batch(spec.job, spec.task, spec.attempt, 2**32, 2**32, 2**32, b""),
+                    compress=False,
+                )
+            )
+            room = spec.max_message_bytes - header - 4  # bin 8/16/32 adds up to 4 bytes
+            self.target = [room] * spec.partitions
+        # Below this a batch is not worth a message of its own (compressed guesses shrink
+        # the target when a body came out too big).
+        self.floor = max(1, min(64 * 1024, spec.max_message_bytes // 4))
 
     def add(self, p: int, key: Any, value: Any) -> None:
         data = self.packer.pack((key, value))
         if len(data) > self.spec.max_message_bytes // 2:
             self._emit(p, [data], 1, spilled=True)
             return
+        if not self.spec.compress and self.sizes[p] + len(data) > self.target[p]:
+            self.flush(p)  # exact packing: this pair would not fit in the plain body
         self.buffers[p].append(data)
         self.sizes[p] += len(data)
         self.counts[p] += 1
@@ -116,16 +134,21 @@ class _Shuffle:
             self.out.write(self.packer.pack((p, self.batches[p], n, b"".join(parts), True)))
         else:
             raw = b"".join(parts)
-            body = wire.encode(wire.Batch(s.job, s.task, s.attempt, p, self.batches[p], n, raw))
+            body = wire.encode(
+                wire.Batch(s.job, s.task, s.attempt, p, self.batches[p], n, raw),
+                compress=s.compress,
+            )
             if len(body) > s.max_message_bytes and len(parts) > 1:
                 half = len(parts) // 2
                 left = sum(1 for _ in wire.iter_pairs(b"".join(parts[:half])))
                 self._emit(p, parts[:half], left, spilled=False)
                 self._emit(p, parts[half:], n - left, spilled=False)
-                self.target[p] = max(64 * 1024, self.target[p] // 2)
+                if s.compress:
+                    self.target[p] = max(self.floor, self.target[p] // 2)
                 return
-            ratio = len(raw) / max(1, len(body))
-            self.target[p] = int(s.max_message_bytes * ratio * 0.85)
+            if s.compress:
+                ratio = len(raw) / max(1, len(body))
+                self.target[p] = int(s.max_message_bytes * ratio * 0.85)
             self.out.write(self.packer.pack((p, self.batches[p], n, body, False)))
         self.batches[p] += 1
         self.records[p] += n
@@ -155,7 +178,7 @@ def run_map(
             shuffle = _Shuffle(spec, out)
             part = job.partition
             n = spec.partitions
-            combine = job.combine is not None
+            combine = job.combine is not None and spec.combine
             groups: dict[Any, list[Any]] = {}
             for name, chunk in chunks:
                 # The last line's newline ends it; it opens no new (empty) line.
@@ -225,14 +248,16 @@ def run_reduce(
     out_path: str,
     memory_bytes: int,
     spill_dir: str,
+    use_combiner: bool = True,
 ) -> ReduceResult:
     """Group the winners' pairs by key (spilling sorted runs past the memory budget), run
-    reduce over keys in sorted order, and write the partition's output lines."""
+    reduce over keys in sorted order, and write the partition's output lines. With
+    ``use_combiner`` (and a job that has combine) long value lists are combined as they grow."""
     result = ReduceResult()
     runs: list[str] = []
     try:
         job = job_instance(ref, params)
-        combine = job.combine
+        combine = job.combine if use_combiner else None
         groups: dict[Any, list[Any]] = {}
         held = 0
         for spool in spools:

@@ -56,8 +56,10 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 task.task,
                 attempt,
                 spec.partitions,
-                queues.max_message_bytes,
+                rt.settings.shuffle_bytes(queues.max_message_bytes),
                 rt.spool_dir,
+                compress=rt.settings.compress,
+                combine=rt.settings.use_combiner,
             ),
         )
         del chunks
@@ -125,7 +127,10 @@ async def _send_spool(
         # A value too big for one message travels through the blob store instead.
         url = f"{job_scratch(spec.scratch, spec.job_id)}spill/{task}-{attempt}-{p}-{seq}"
         await blobs.put(url, stream)
-        return wire.encode(wire.Batch(spec.job_id, task, attempt, p, seq, n, b"", url))
+        return wire.encode(
+            wire.Batch(spec.job_id, task, attempt, p, seq, n, b"", url),
+            compress=rt.settings.compress,
+        )
 
     try:
         await _send_all(spool, pending, send, spilled_body)

@@ -33,7 +33,6 @@ from cmr.mapper import task_failed
 from cmr.records import JobSpec, MapCommit, job_pk, task_of
 from cmr.runtime import Runtime
 
-WINNER_POLL_MAX_S = 5.0
 CONFLICT_CHECK_S = 2.0  # silence, with batches missing, before we ask who else reads
 
 
@@ -61,6 +60,11 @@ class Drain:
             len(self.seqs.get((t, w.attempt), ())) >= w.batches.get(p, 0)
             for t, w in self.winners.items()
         )
+
+    def expecting_commits(self) -> bool:
+        """Batches arrived from a task whose winner we do not know yet: its commit record is
+        written right after its last send, so the table is worth asking again soon."""
+        return any(t not in self.winners for t, _ in self.seqs)
 
     def missing(self) -> int:
         p = self.partition
@@ -179,6 +183,7 @@ async def _run_claimed(
 async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: str) -> None:
     table, queues = rt.backend.table, rt.backend.queues
     pk = job_pk(spec.job_id)
+    poll_max = rt.settings.idle_wait_s  # while no commit is expected, ask at most this rarely
     next_poll, poll_every = 0.0, 0.25
     stalled_since: float | None = None
     stepped = False
@@ -191,20 +196,24 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
                 if t not in drain.winners:
                     drain.learn_winner(t, MapCommit.from_item(item))
             # Poll the table often while commits arrive, back off while they do not.
-            poll_every = (
-                0.25 if len(drain.winners) > known else min(WINNER_POLL_MAX_S, poll_every * 2)
-            )
+            poll_every = 0.25 if len(drain.winners) > known else min(poll_max, poll_every * 2)
             next_poll = time.monotonic() + poll_every
             if drain.complete():
                 break
+        wait_s = rt.settings.poll_s
+        if len(drain.winners) < spec.maps and not drain.expecting_commits():
+            # Waiting for map output: a batch ends a long poll at once, and until the
+            # backed-off table poll there is nothing else to ask, so wait on the queue.
+            wait_s = max(wait_s, min(poll_max, next_poll - time.monotonic()))
         got = await queues.receive(
-            queue, max_messages=10, wait_s=rt.settings.poll_s, visibility_s=spec.visibility_s
+            queue, max_messages=10, wait_s=wait_s, visibility_s=spec.visibility_s
         )
         for m in got:
             await drain.accept(rt, m)
-        if not got:
-            # Nothing in flight for us: what we wait for may be the last commits, which no
-            # message announces. Ask the table now instead of at the backed-off time.
+        if not got and drain.expecting_commits():
+            # Nothing in flight for us, yet tasks whose batches we hold have not been seen to
+            # commit: their commits, which no message announces, are what we wait for. Ask
+            # the table now instead of at the backed-off time.
             next_poll = 0.0
         if got and not stepped:
             stepped = True
@@ -254,6 +263,7 @@ async def _reduce_and_commit(
         out_path,
         max(64 * 1024, rt.settings.memory_mb * 1024 * 1024),
         drain.workdir,
+        rt.settings.use_combiner,
     )
     drain.stats["reduce_spills"] += result.spills
     if result.error:

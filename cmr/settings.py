@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from cmr.errors import UsageError
+
+MIN_MESSAGE_BYTES = 1024
+
 
 def default_cores() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
@@ -33,5 +37,30 @@ class WorkerSettings:
     memory_mb: int = 512  # reducer budget before spilling to local disk
     visibility_s: int = 60  # task lease; renewed while a task runs
     idle_exit_s: float | None = None  # exit after this long with nothing to do
-    poll_s: float = 1.0  # long-poll wait on queues (SQS rounds it to whole seconds)
+    poll_s: float = 1.0  # long-poll wait on queues (SQS rounds it up to whole seconds)
+    # Idle waits back off to this: an idle slot's long poll, a reducer's table polls while
+    # no commit is expected. Longer: fewer requests while idle, later notice of a map that
+    # sent nothing to a partition. None: 5 x poll_s (5 s on SQS).
+    idle_poll_s: float | None = None
     spill_dir: str | None = None
+    # The shuffle. Defaults are cmr's; ``message_bytes=7 * 1024, compress=False,
+    # use_combiner=False`` mimics the 2009 implementation (SQS's 8 KB limit then, no zstd,
+    # no combiner), for comparing costs. Readers accept every combination, whoever sent it.
+    message_bytes: int | None = None  # largest shuffle message; None: the queue's own limit
+    compress: bool = True  # zstd-compress shuffle batches (off: plain msgpack bodies)
+    use_combiner: bool = True  # run the job's combine (if it has one) in map and reduce
+
+    def __post_init__(self) -> None:
+        if self.message_bytes is not None and self.message_bytes < MIN_MESSAGE_BYTES:
+            raise UsageError(
+                f"message_bytes must be at least {MIN_MESSAGE_BYTES} (a batch's tag and "
+                f"header need room); got {self.message_bytes}"
+            )
+
+    @property
+    def idle_wait_s(self) -> float:
+        return max(self.poll_s, 5 * self.poll_s if self.idle_poll_s is None else self.idle_poll_s)
+
+    def shuffle_bytes(self, queue_limit: int) -> int:
+        """The size shuffle batches are packed to: ours, never above the queue's limit."""
+        return min(queue_limit, self.message_bytes or queue_limit)

@@ -1,8 +1,12 @@
 """What travels on queues: map tasks, reduce tasks and shuffle batches, as msgpack data.
 
-A body is ``MAGIC`` followed by a zstd frame of one msgpack map. Decoding never evaluates
-anything: msgpack yields plain data, every field is type-checked, sizes are bounded (the
-zstd frame must declare its size and stay under ``MAX_DECODED``), and anything else is a
+A body is ``MAGIC`` followed by either a zstd frame of one msgpack map (the default) or
+that msgpack map itself (``compress=False``, as the 2009 implementation sent plain
+messages); the byte after ``MAGIC`` tells them apart (zstd's frame magic or a msgpack map
+header), so a reader accepts both and bodies written before the plain form existed decode
+as they always did. Decoding never evaluates anything: msgpack yields plain data, every
+field is type-checked, sizes are bounded (a zstd frame must declare its size, and a body
+compressed or not must stay under ``MAX_DECODED``), and anything else is a
 :class:`WireError` that the caller logs and counts. Nothing here unpickles.
 """
 
@@ -18,6 +22,9 @@ import zstandard
 from cmr.errors import WireError
 
 MAGIC = b"CMR1"
+ZSTD_FRAME = b"\x28\xb5\x2f\xfd"  # every zstd frame starts with these bytes
+# msgpack's map headers: fixmap (0x80-0x8f), map16 (0xde), map32 (0xdf).
+_MAP_HEADERS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
 MAX_DECODED = 64 * 1024 * 1024  # a decoded body larger than this is refused, not allocated
 _LEVEL = 3  # zstd's default: fast, and ~4x on shuffled text pairs
 
@@ -108,7 +115,8 @@ def decompress(data: bytes) -> bytes:
         raise WireError(f"corrupt zstd frame: {exc}") from None
 
 
-def encode(msg: Message) -> bytes:
+def encode(msg: Message, *, compress: bool = True) -> bytes:
+    """The queue body of a message: zstd-compressed msgpack, or plain msgpack."""
     match msg:
         case MapTask(job, task, ranges):
             doc: dict[str, Any] = {
@@ -131,7 +139,8 @@ def encode(msg: Message) -> bytes:
                 "pairs": msg.pairs,
                 "spill": msg.spilled,
             }
-    return MAGIC + compress(pack(doc))
+    packed = pack(doc)
+    return MAGIC + (_zstd()[0].compress(packed) if compress else packed)
 
 
 def _field(doc: dict[Any, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -159,7 +168,15 @@ def decode(body: bytes) -> Message:
     """Parse and validate a queue body. Raises WireError for anything that is not ours."""
     if not body.startswith(MAGIC):
         raise WireError("body does not start with the cmr magic bytes")
-    doc = unpack(decompress(body[len(MAGIC) :]))
+    rest = body[len(MAGIC) :]
+    if rest.startswith(ZSTD_FRAME):
+        doc = unpack(decompress(rest))
+    elif rest and rest[0] in _MAP_HEADERS:
+        if len(rest) > MAX_DECODED:
+            raise WireError(f"plain body of {len(rest)} bytes (limit {MAX_DECODED})")
+        doc = unpack(rest)  # one whole map: trailing bytes are refused as extra data
+    else:
+        raise WireError("body is neither a zstd frame nor a msgpack map")
     if not isinstance(doc, dict):
         raise WireError("body is not a msgpack map")
     kind = doc.get("k")

@@ -28,7 +28,7 @@ from cmr.reducer import run_reduce_task
 from cmr.runtime import Hook, Runtime, WorkerCrashed
 from cmr.settings import WorkerSettings
 
-JOB_REFRESH_S = 1.0  # a worker serving one job checks it this often
+JOB_REFRESH_S = 5.0  # a worker serving one job checks it this often (sooner when its queues go)
 PROGRESS_FOLD_S = 1.0  # how often live counters from user code reach the job record
 FLEET_REFRESH_S = 5.0  # a fleet worker looks for new jobs this often (one query each)
 T = TypeVar("T")
@@ -56,6 +56,7 @@ class Worker:
         self.busy = 0
         self.broken = False
         self.done = asyncio.Event()
+        self._poke = asyncio.Event()  # refresh the jobs now, not at the next period
 
     async def refresh_jobs(self) -> None:
         table = self.rt.backend.table
@@ -100,21 +101,28 @@ class Worker:
         handle: Callable[[JobSpec, Received], Awaitable[None]],
     ) -> None:
         queues = self.rt.backend.queues
+        poll_s = self.rt.settings.poll_s
+        # An idle slot long-polls longer after each empty receive, up to idle_wait_s: a
+        # receive returns as soon as a message arrives, so the wait costs no latency, and an
+        # idle slot makes one request per idle_wait_s instead of one per poll_s.
+        wait_s = poll_s
         while not self.done.is_set():
             await self.rt.awake.wait()
             spec = self._next_job()
             if spec is None:
-                await asyncio.sleep(self.rt.settings.poll_s / 2)
+                await asyncio.sleep(poll_s / 2)
                 continue
             try:
                 got = await queues.receive(
                     queue_of(spec),
                     max_messages=1,
-                    wait_s=self.rt.settings.poll_s,
+                    wait_s=wait_s,
                     visibility_s=spec.visibility_s,
                 )
                 if not got:
+                    wait_s = min(self.rt.settings.idle_wait_s, wait_s * 2)
                     continue
+                wait_s = poll_s
                 self.busy += 1
                 self.last_work = time.monotonic()
                 try:
@@ -123,7 +131,11 @@ class Worker:
                     self.busy -= 1
                     self.last_work = time.monotonic()
             except QueueGone:
-                await asyncio.sleep(0.1)  # the job ended; the next refresh drops it
+                # The job ended and was cleaned up: stop polling its queues now (each try
+                # costs a request) and let the watcher confirm it at once.
+                self.jobs = [j for j in self.jobs if j.job_id != spec.job_id]
+                self._poke.set()
+                await asyncio.sleep(0.1)
             except Throttled:
                 await asyncio.sleep(1.0)
             except BackendError as exc:
@@ -189,10 +201,17 @@ class Worker:
             ):
                 self.rt.log.info("idle; exiting", idle_s=idle_exit)
                 self.done.set()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self.done.wait(), JOB_REFRESH_S if self.only_job else FLEET_REFRESH_S
-                )
+            await self._nap(JOB_REFRESH_S if self.only_job else FLEET_REFRESH_S)
+
+    async def _nap(self, seconds: float) -> None:
+        """Sleep until the next refresh: ``seconds``, or less when we stop or are poked."""
+        waits = [asyncio.ensure_future(e.wait()) for e in (self.done, self._poke)]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        self._poke.clear()
 
     async def _fold_progress(self) -> None:
         """Move live counters reported by user code (Job.progress) into the job records."""

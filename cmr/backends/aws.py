@@ -12,6 +12,7 @@ import base64
 import binascii
 import builtins
 import io
+import math
 import os
 from collections import Counter
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Sequence
@@ -329,7 +330,9 @@ class AwsQueues:
     ) -> builtins.list[Received]:  # `list` is a method here
         kwargs: dict[str, Any] = {
             "MaxNumberOfMessages": max(1, min(10, max_messages)),
-            "WaitTimeSeconds": max(0, min(20, round(wait_s))),  # SQS takes whole seconds
+            # SQS takes whole seconds: round up, so that a short wait never becomes a short
+            # poll (an immediate, often empty, billed answer); only 0 asks for one.
+            "WaitTimeSeconds": max(0, min(20, math.ceil(wait_s))),
             "MessageSystemAttributeNames": ["ApproximateReceiveCount"],
         }
         if visibility_s is not None:

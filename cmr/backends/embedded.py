@@ -189,8 +189,9 @@ class EmbeddedQueues:
             if m is not None and m.visible_at > now:  # an expired lease cannot be extended
                 m.visible_at = now + seconds
                 self._push(q, m)
-        if seconds == 0:
-            q.arrived.set()
+        # Wake long-pollers either way: they sleep until the next message they know of
+        # becomes visible, and this may have moved a message's time earlier.
+        q.arrived.set()
 
     async def counts(self, name: str) -> tuple[int, int]:
         self.calls["sqs.GetQueueAttributes"] += 1
