@@ -184,18 +184,29 @@ async def submit(
     return spec
 
 
-async def progress(backend: Backend, spec: JobSpec) -> Progress:
+async def progress(
+    backend: Backend, spec: JobSpec, *, reduces_known: int | None = None
+) -> Progress:
+    """Where the job stands. ``reduces_known``: skip the reduce-record query and report this
+    many reduces done (a caller polling often asks for them only when they can change)."""
     pk = job_pk(spec.job_id)
-    reduces, job = await asyncio.gather(
-        backend.table.query(pk, prefix="reduce#"),
-        backend.table.get(pk, "job"),
-    )
+    if reduces_known is None:
+        reduces, job = await asyncio.gather(
+            backend.table.query(pk, prefix="reduce#"),
+            backend.table.get(pk, "job"),
+        )
+    else:
+        reduces, job = [], await backend.table.get(pk, "job")
     job = job or {}
     stats = {k: int(v) for k, v in job.items() if isinstance(v, int) and not isinstance(v, bool)}
     state = str(job.get("state", "unknown"))
     if state == JobState.SUCCEEDED.value:
         return Progress(spec.maps, spec.maps, spec.partitions, spec.partitions, state, stats)
-    done = sum(1 for r in reduces if r.get("state") == "committed")
+    done = (
+        reduces_known
+        if reduces_known is not None
+        else sum(1 for r in reduces if r.get("state") == "committed")
+    )
     return Progress(
         min(spec.maps, stats.get("progress_maps", 0)),
         spec.maps,
@@ -206,6 +217,9 @@ async def progress(backend: Backend, spec: JobSpec) -> Progress:
     )
 
 
+REDUCE_QUERY_EVERY = 10
+
+
 async def wait(
     backend: Backend,
     spec: JobSpec,
@@ -213,10 +227,19 @@ async def wait(
     poll_s: float = 0.5,
 ) -> dict[str, Any]:
     """Wait until the job ends; finalize it ourselves if every partition is committed.
-    Returns the final job record; raises JobFailed. Transient backend errors only delay."""
+    Returns the final job record; raises JobFailed. Transient backend errors only delay.
+
+    Each poll reads the job record; the reduce records (a query) too once the maps are
+    counted done, or after REDUCE_QUERY_EVERY polls in case a map counter was lost with its
+    worker: during the map phase a waiting client costs one request per poll, not two."""
+    reduces_done, polls, full = 0, 0, True
     while True:
         try:
-            p = await progress(backend, spec)
+            polls += 1
+            p = await progress(backend, spec, reduces_known=None if full else reduces_done)
+            reduces_done = p.reduces_done
+            # Whether the next poll reads the reduce records too.
+            full = p.maps_done >= spec.maps or polls % REDUCE_QUERY_EVERY == 0
             if on_progress is not None:
                 on_progress(p)
             if p.state == JobState.RUNNING.value and p.reduces_done == spec.partitions:

@@ -117,15 +117,27 @@ async def fail(backend: Backend, spec: JobSpec, reason: str) -> None:
     await cleanup(backend, spec)
 
 
+CLEANUP_CONCURRENCY = 32  # deletes in flight: one at a time, thousands of records take minutes
+
+
 async def cleanup(backend: Backend, spec: JobSpec) -> None:
     """Delete the job's queues, scratch blobs and task records; keep the job record."""
     in_q, reduce_q, part_qs = spec.queues()
-    for name in (in_q, reduce_q, *part_qs):
-        with contextlib.suppress(QueueGone):
-            await backend.queues.delete(name)
-    await backend.blobs.delete_prefix(job_scratch(spec.scratch, spec.job_id))
     pk = job_pk(spec.job_id)
+    gate = asyncio.Semaphore(CLEANUP_CONCURRENCY)
+
+    async def delete_queue(name: str) -> None:
+        async with gate:
+            with contextlib.suppress(QueueGone):
+                await backend.queues.delete(name)
+
+    async def delete_item(sk: str) -> None:
+        async with gate:
+            await backend.table.delete(pk, sk)
+
+    await asyncio.gather(*(delete_queue(n) for n in (in_q, reduce_q, *part_qs)))
+    await backend.blobs.delete_prefix(job_scratch(spec.scratch, spec.job_id))
     for prefix in ("map#", "fail#", "reduce#"):
-        for item in await backend.table.query(pk, prefix=prefix):
-            await backend.table.delete(pk, item["sk"])
+        items = await backend.table.query(pk, prefix=prefix)
+        await asyncio.gather(*(delete_item(str(item["sk"])) for item in items))
     await backend.table.update(pk, "job", set_={"cleaned": True})
