@@ -274,6 +274,9 @@ async def _until_done_or_workers_gone(
         )
     finally:
         exits.cancel()
+        # A cancelled gather still holds a CancelledError; take it, or asyncio logs it as
+        # "exception was never retrieved" when the future is collected.
+        exits.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 async def _spawn_worker(

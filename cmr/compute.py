@@ -28,7 +28,17 @@ from cmr import taskprogress, wire
 from cmr.job import Job, JobRef, load_job_class
 
 COMBINE_KEYS = 200_000  # distinct keys held before a map task combines and flushes
-MAP_PIECE = 4 * 1024 * 1024  # bytes of whole lines handed to map_chunk at a time
+# Bytes of whole lines handed to map_chunk at a time: a user's map_chunk may hold many
+# times its input in objects (word count: ~16x), so a small memory budget gets small
+# pieces; the default budget gets whole splits, as each piece costs per-key work later.
+MAP_PIECE_MIN = 4 * 1024 * 1024
+MAP_PIECE_OF_BUDGET = 16  # a piece is at most budget / this
+
+
+def map_piece_bytes(memory_bytes: int) -> int:
+    return max(MAP_PIECE_MIN, memory_bytes // MAP_PIECE_OF_BUDGET)
+
+
 REDUCE_COMBINE_AT = 64  # values per key the reducer holds before combining them
 OBJECT_OVERHEAD = 4  # rough Python-object bytes per packed byte, for the memory budget
 # What holding a pair costs the reducer beyond the sizes of its key and value objects
@@ -48,6 +58,7 @@ class MapSpec:
     spool_dir: str
     compress: bool = True  # zstd bodies; off: plain msgpack, packed to the byte
     combine: bool = True  # run the job's combine, if it has one
+    piece_bytes: int = MAP_PIECE_MIN  # map_chunk sees at most about this much at once
 
 
 @dataclass
@@ -205,7 +216,7 @@ def run_map(
                 result.records_in += data.count(b"\n") + 1 if chunk else 0
                 pairs: Iterable[tuple[Any, Any]] = (
                     itertools.chain.from_iterable(
-                        job.map_chunk(name, piece) for piece in _pieces(data, MAP_PIECE)
+                        job.map_chunk(name, piece) for piece in _pieces(data, spec.piece_bytes)
                     )
                     if chunk
                     else ()

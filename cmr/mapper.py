@@ -60,6 +60,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 rt.spool_dir,
                 compress=rt.settings.compress,
                 combine=rt.settings.use_combiner,
+                piece_bytes=compute.map_piece_bytes(rt.settings.memory_mb * 1024 * 1024),
             ),
         )
         del chunks
