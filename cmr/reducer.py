@@ -297,4 +297,5 @@ async def _reduce_and_commit(
     await rt.backend.queues.delete_messages(reduce_q, [msg.receipt])
     await rt.add_stats(spec.job_id, drain.stats)
     drain.stats.clear()
+    await rt.flush_stats()  # the job that ends now shows this worker's counters at once
     await finalize(rt.backend, spec)

@@ -14,10 +14,17 @@ from typing import Any, TypeVar
 import structlog
 
 from cmr.backends.base import Backend
+from cmr.errors import BackendError
 from cmr.records import STATS, job_pk
 from cmr.settings import WorkerSettings
 
 T = TypeVar("T")
+
+# A worker folds its tasks' counters into a job's record at most this often. One write per
+# task put every task of a fleet on ONE item, and one item takes at most 1,000 writes/s:
+# a 1,000-node fleet of 1-2 s tasks would write it 1,000-2,000 times a second (see
+# benchmarks/RESULTS.md, fleet scaling). Coalesced, it is about nodes / STATS_FLUSH_S.
+STATS_FLUSH_S = 2.0
 
 # The protocol steps at which tests (and chaos runs) may crash or pause a worker.
 STEPS = (
@@ -46,6 +53,8 @@ class Runtime:
     log: Any = field(default_factory=lambda: structlog.get_logger("cmr.worker"))
     hook: Hook | None = None
     awake: asyncio.Event = field(default_factory=asyncio.Event)
+    _pending_stats: dict[str, Counter[str]] = field(default_factory=dict)
+    _stats_flusher: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.awake.set()
@@ -69,7 +78,36 @@ class Runtime:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def add_stats(self, job_id: str, stats: Counter[str]) -> None:
-        """Fold a task's counters into the job record in one write."""
+        """Fold a task's counters into the job record, coalesced with this worker's other
+        tasks' for up to STATS_FLUSH_S. Counters are for watching (progress, duplicates
+        handled); nothing decides on them: commits and claims are the job's state."""
         add = {k: v for k, v in stats.items() if v and k in STATS}
-        if add:
-            await self.backend.table.update(job_pk(job_id), "job", add=add)
+        if not add:
+            return
+        self._pending_stats.setdefault(job_id, Counter()).update(add)
+        if self._stats_flusher is None or self._stats_flusher.done():
+            self._stats_flusher = asyncio.create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(STATS_FLUSH_S)
+        await self.flush_stats()
+
+    async def flush_stats(self) -> None:
+        """Write every pending counter now (before a job is finalized, and at worker exit);
+        what a failed write could not deliver waits for the next flush."""
+        pending, self._pending_stats = self._pending_stats, {}
+        for job_id, add in pending.items():
+            try:
+                await self.backend.table.update(job_pk(job_id), "job", add=dict(add))
+            except BackendError:
+                self._pending_stats.setdefault(job_id, Counter()).update(add)
+                if self._stats_flusher is None or self._stats_flusher.done():
+                    self._stats_flusher = asyncio.create_task(self._flush_later())
+
+    async def close_stats(self) -> None:
+        """Stop the timer and write what is pending (a worker's last act)."""
+        if self._stats_flusher is not None and not self._stats_flusher.done():
+            self._stats_flusher.cancel()
+        await self.flush_stats()  # a write that fails is dropped: counters only
+        if self._stats_flusher is not None and not self._stats_flusher.done():
+            self._stats_flusher.cancel()

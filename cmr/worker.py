@@ -265,6 +265,7 @@ class Worker:
                 for t in [*slots, folder]:
                     t.cancel()
         # Only now: the slots (and the spool files they read) are all finished.
+        await self.rt.close_stats()
         shutil.rmtree(self.rt.spool_dir, ignore_errors=True)
         if self.broken:
             raise CmrError(

@@ -48,6 +48,8 @@ Clock = Callable[[], float]
 SQS_BODY_LIMIT = 262_144
 MAX_MESSAGE_BYTES = SQS_BODY_LIMIT * 3 // 4 - 1024
 
+INLINE_READ_BYTES = 256 * 1024  # reads this small run on the event loop itself
+
 
 @dataclass
 class _Message:
@@ -254,6 +256,10 @@ class EmbeddedBlobs:
                 return f.read(max(0, end - start))
 
         try:
+            if end - start <= INLINE_READ_BYTES:
+                # A small read from the page cache takes microseconds, less than the hop to
+                # a thread and back: a task of 400 small files would spend more on hops.
+                return read()
             return await asyncio.to_thread(read)
         except (FileNotFoundError, IsADirectoryError):
             raise BlobMissing(f"no blob at {url}") from None
