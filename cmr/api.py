@@ -215,6 +215,8 @@ async def run_on(
         parallelism=max(1, workers) * ws.map_slots,
         split_bytes=split_bytes,
         max_task_failures=max_task_failures,
+        # The workers we start have this budget; a fleet's (workers=0) is not known here.
+        memory_bytes=ws.memory_mb * 1024 * 1024 if workers > 0 else None,
     )
     if on_submit is not None:
         on_submit(spec.job_id)

@@ -137,13 +137,14 @@ async def submit(
     parallelism: int,
     max_task_failures: int = 3,
     split_bytes: int | None = None,
+    memory_bytes: int | None = None,
 ) -> JobSpec:
     if partitions < 1:
         raise UsageError("--reducers must be at least 1")
     job_id = new_job_id()
     inputs = await list_input(backend, source, job_id)
     total = sum(i.size for i in inputs)
-    tasks = plan(inputs, split_bytes or choose_split_bytes(total, parallelism))
+    tasks = plan(inputs, split_bytes or choose_split_bytes(total, parallelism, memory_bytes))
     spec = JobSpec(
         job_id,
         ref,

@@ -26,10 +26,19 @@ class Input:
     name: str
 
 
-def choose_split_bytes(total: int, parallelism: int) -> int:
-    """Enough splits to keep every slot busy with some left for balance, none tiny or huge."""
+SPLIT_OF_BUDGET = 8  # a worker holds a running split a few times over (read, sent, mapped)
+
+
+def choose_split_bytes(total: int, parallelism: int, memory_bytes: int | None = None) -> int:
+    """Enough splits to keep every slot busy with some left for balance, none tiny or huge.
+    With the workers' memory budget known, a split is at most budget / SPLIT_OF_BUDGET (and
+    at least 4 MiB): otherwise a worker's memory grows with the input through its splits,
+    whatever its reducers' budget (benchmarks/RESULTS.md, growth)."""
+    cap = 64 * MIB
+    if memory_bytes is not None:
+        cap = min(cap, max(4 * MIB, memory_bytes // SPLIT_OF_BUDGET))
     target = total // max(1, 4 * parallelism)
-    return max(MIB, min(64 * MIB, target))
+    return max(MIB, min(cap, target))
 
 
 def plan(inputs: Sequence[Input], split_bytes: int) -> list[tuple[Range, ...]]:

@@ -242,3 +242,40 @@ async def test_a_dying_pool_process_stops_the_run_with_a_clear_error(
     src.write_text("x\n")
     with pytest.raises(CmrError, match="pool process of this worker died"):
         await run_on(embedded, str(job), str(src), str(tmp_path / "out"), reducers=1)
+
+
+async def test_splits_follow_the_workers_memory_budget(embedded: Backend, tmp_path: Path) -> None:
+    """A budget of 8 MiB caps splits at 4 MiB (budget / 8, at least 4 MiB): with one map
+    slot, 24 MB of input becomes 6 map tasks, where the default budget makes it 4 (input /
+    4 per slot), and the output is the same."""
+    from cmr.settings import WorkerSettings
+    from cmr.split import choose_split_bytes
+
+    mib = 1024 * 1024
+    assert choose_split_bytes(400 * 10**6, 2) == 50 * 10**6  # no budget: input / 8
+    assert choose_split_bytes(400 * 10**6, 2, 512 * mib) == 50 * 10**6  # 512 MiB: 64 MiB cap
+    assert choose_split_bytes(400 * 10**6, 2, 1 * mib) == 4 * mib  # never below 4 MiB
+    data = tmp_path / "in"
+    data.mkdir()
+    line = b"alpha beta gamma delta epsilon zeta eta theta iota kappa\n"
+    (data / "big.txt").write_bytes(line * (24 * 10**6 // len(line)))
+    budget = await run_on(
+        embedded,
+        WORDCOUNT,
+        str(data),
+        str(tmp_path / "small"),
+        reducers=2,
+        worker_settings=WorkerSettings(memory_mb=8, map_slots=1, poll_s=0.1),
+    )
+    default = await run_on(
+        embedded,
+        WORDCOUNT,
+        str(data),
+        str(tmp_path / "default"),
+        reducers=2,
+        worker_settings=WorkerSettings(map_slots=1, poll_s=0.1),
+    )
+    assert budget.record["maps"] >= 6 > default.record["maps"]
+    want = word_count(data)
+    assert counts_from_parts(tmp_path / "small", 2) == want
+    assert counts_from_parts(tmp_path / "default", 2) == want
