@@ -222,6 +222,21 @@ def file_url(path: str | Path) -> str:
     return Path(path).absolute().as_uri()
 
 
+def _into_dir(path: Path, write: Callable[[], object]) -> None:
+    """Write a blob file, making its directory. S3 has no directories: a PUT under a prefix
+    that a concurrent delete_prefix just removed still succeeds. Here that delete can remove
+    the directory between the mkdir and the write, so make it again and retry."""
+    for attempt in range(5):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            write()
+        except FileNotFoundError:
+            if attempt == 4 or path.parent.exists():
+                raise
+        else:
+            return
+
+
 class EmbeddedBlobs:
     """Blobs as files under any local directory, addressed by ``file://`` URLs."""
 
@@ -233,12 +248,11 @@ class EmbeddedBlobs:
         path = file_path(url)
 
         def write() -> None:
-            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(data)}.tmp")
             tmp.write_bytes(data)
             tmp.replace(path)  # readers never see a half-written blob, as with S3
 
-        await asyncio.to_thread(write)
+        await asyncio.to_thread(_into_dir, path, write)
 
     async def get(self, url: str) -> bytes:
         self.calls["s3.GetObject"] += 1
@@ -308,11 +322,9 @@ class EmbeddedBlobs:
         self.calls["s3.PutObject"] += 1
         dst = file_path(url)
 
-        def copy_file() -> None:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, dst)
-
-        await asyncio.to_thread(copy_file)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(path)
+        await asyncio.to_thread(_into_dir, dst, lambda: shutil.copyfile(path, dst))
 
     async def download_file(self, url: str, path: str) -> None:
         self.calls["s3.GetObject"] += 1

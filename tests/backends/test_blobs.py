@@ -178,3 +178,24 @@ async def test_calls_are_counted(backend: Backend, folder: Folder) -> None:
     assert calls["s3.PutObject"] == 1
     assert calls["s3.GetObject"] == 2
     assert calls["s3.HeadObject"] == 1
+
+
+def test_embedded_write_survives_its_directory_vanishing(tmp_path: Path) -> None:
+    """S3 has no directories: a PUT under a prefix that a concurrent delete_prefix removed
+    still lands. The embedded store makes the directory again when that delete wins the
+    race between its mkdir and its write (a chaos run once failed on it)."""
+    import shutil
+
+    from cmr.backends.embedded import _into_dir
+
+    target = tmp_path / "jobs" / "j1" / "out" / "p00000"
+    calls: list[int] = []
+
+    def write() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            shutil.rmtree(tmp_path / "jobs")  # the concurrent cleanup, between mkdir and write
+        target.write_bytes(b"part")
+
+    _into_dir(target, write)
+    assert target.read_bytes() == b"part" and len(calls) == 2
