@@ -41,7 +41,10 @@ def wordcount() -> Any:
 
 
 def runner(name: str) -> Any:
-    """A runner script, imported into this venv: it imports its tool only when run."""
+    """A runner script, imported into this venv: it imports its tool only when run. Its
+    directory goes on sys.path, as it is when the script runs (its shared byte_ranges)."""
+    if str(RUNNERS) not in sys.path:
+        sys.path.insert(0, str(RUNNERS))
     spec = importlib.util.spec_from_file_location(f"peer_{name}", RUNNERS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module: ModuleType = importlib.util.module_from_spec(spec)
