@@ -16,21 +16,24 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
-from cmr import client, logs, taskprogress
+from cmr import client, lifecycle, logs, taskprogress
 from cmr.backends.base import Backend
 from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
 from cmr.backends.retry import with_retries
 from cmr.errors import UsageError
 from cmr.job import Job, JobRef, load_job_class
+from cmr.publish import read_manifest
+from cmr.records import JobSpec, JobState
 from cmr.settings import AwsSettings, WorkerSettings, default_cores
 from cmr.worker import Worker
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -88,14 +91,11 @@ async def open_backend(name: str, aws: AwsSettings) -> AsyncIterator[Backend]:
         raise UsageError(f"unknown backend {name!r}: use embedded or aws")
 
 
-class CpuPool(ProcessPoolExecutor):
-    """The process pool, with the queue its processes report live counters on."""
-
-    progress: Any = None
-
-
 def _start_child(channel: Any) -> None:
     _die_with_parent()
+    # Ctrl-C is the worker's to handle (it cancels the job and shuts the pool down in
+    # order); a pool process that took it too would die mid-task and leak its semaphores.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     taskprogress.attach(channel)
 
 
@@ -113,31 +113,68 @@ def _noop() -> None:
     time.sleep(0.1)  # stay busy so every submit below starts a process of its own
 
 
-def cpu_pool(processes: int) -> CpuPool:
-    """A spawn pool, started at once.
+class CpuPool(Executor):
+    """A spawn process pool for user code, started at once, that a worker can restart (to
+    stop a task that overran its time limit), with the queue its processes report live
+    counters on.
 
     spawn, not fork: forking a process that runs an event loop and SDK threads is unsafe.
     Children load job code by reference, never from ``__main__``, so we hide the main
     module while they start: a user's script without an ``if __name__ == "__main__"``
     guard (or a notebook) would otherwise be re-run in every child.
     """
-    ctx = multiprocessing.get_context("spawn")
-    channel = ctx.Queue()
-    pool = CpuPool(processes, mp_context=ctx, initializer=_start_child, initargs=(channel,))
-    pool.progress = channel
-    main = sys.modules["__main__"]
-    saved: dict[str, Any] = {
-        k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__
-    }
-    try:
-        main.__dict__.pop("__file__", None)
-        main.__dict__["__spec__"] = None
-        for f in [pool.submit(_noop) for _ in range(processes)]:
-            f.result()
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
-    return pool
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        self._ctx = multiprocessing.get_context("spawn")
+        self.progress: Any = self._ctx.Queue()
+        self.generation = 0  # restarts so far: a task that ran in an older pool is not at fault
+        self._pool = self._start()
+
+    def _start(self) -> ProcessPoolExecutor:
+        pool = ProcessPoolExecutor(
+            self.processes,
+            mp_context=self._ctx,
+            initializer=_start_child,
+            initargs=(self.progress,),
+        )
+        main = sys.modules["__main__"]
+        saved: dict[str, Any] = {
+            k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__
+        }
+        try:
+            main.__dict__.pop("__file__", None)
+            main.__dict__["__spec__"] = None
+            for f in [pool.submit(_noop) for _ in range(self.processes)]:
+                f.result()
+        finally:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
+        return pool
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        return self._pool.submit(fn, *args, **kwargs)
+
+    def restart(self) -> None:
+        """Kill every process of the pool and start new ones; what ran in them fails with
+        BrokenProcessPool. (ProcessPoolExecutor cannot stop one running call, so we reach
+        for its processes.)"""
+        old = self._pool
+        for proc in list(getattr(old, "_processes", {}).values()):
+            with contextlib.suppress(OSError):
+                proc.kill()
+        old.shutdown(wait=False, cancel_futures=True)
+        self.generation += 1
+        self._pool = self._start()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+        self.progress.close()
+        self.progress.join_thread()
+
+
+def cpu_pool(processes: int) -> CpuPool:
+    return CpuPool(processes)
 
 
 async def _until_done(waiter: asyncio.Task[Any], helpers: list[asyncio.Task[Any]]) -> Any:
@@ -183,14 +220,38 @@ async def run_on(
     on_submit: Callable[[str], None] | None = None,
     split_bytes: int | None = None,
     max_task_failures: int = 3,
+    max_task_attempts: int = 10,
+    task_timeout: int = 0,
+    detach: bool = False,
 ) -> RunResult:
     """Submit the job on an open backend, start ``workers`` workers (in-process tasks on the
     embedded backend, ``cmr worker`` processes on aws; 0: rely on a fleet), wait for the
-    job, and bring the output home."""
+    job, and bring the output home. ``detach``: submit only, and return at once.
+
+    Cancelled (Ctrl-C, SIGTERM) while it waits, it cancels the job it submitted."""
     ref = job_ref(job)
-    partitions = reducers or load_job_class(ref).reducers
+    options = client.JobOptions(
+        partitions=reducers if reducers is not None else load_job_class(ref).reducers,
+        visibility_s=visibility_timeout,
+        max_task_failures=max_task_failures,
+        max_task_attempts=max_task_attempts,
+        task_timeout_s=task_timeout,
+        overwrite=overwrite,
+        params=dict(params or {}),
+    )
     aws = aws or AwsSettings()
-    if workers < 0 or (be.name == "embedded" and workers < 1):
+    if detach:
+        if be.local_files:
+            raise UsageError(
+                "--detach needs a backend that outlives this process: use --backend aws (the "
+                "embedded backend's queues live inside `cmr run`)"
+            )
+        if workers:
+            raise UsageError(
+                "--detach starts no workers; leave --workers out and start them with "
+                "`cmr worker --backend aws` (or run a fleet)"
+            )
+    elif workers < 0 or (be.local_files and workers < 1):
         raise UsageError(
             "--workers must be at least 1 with the embedded backend (no other "
             "process can reach its in-memory queues)"
@@ -198,9 +259,8 @@ async def run_on(
     ws = worker_settings or WorkerSettings(
         visibility_s=visibility_timeout,
         # In-process queues and table cost nothing to poll: short waits, prompt reactions.
-        poll_s=0.1 if be.name == "embedded" else 1.0,
+        poll_s=0.1 if be.local_files else 1.0,
     )
-    client.check_output(output, overwrite)
     started = time.monotonic()
     calls_before = be.calls()
     spec = await client.submit(
@@ -208,49 +268,108 @@ async def run_on(
         ref,
         input,
         output,
-        partitions=partitions,
-        params=params or {},
-        visibility_s=visibility_timeout,
+        options,
         queue_prefix=aws.queue_prefix,
         parallelism=max(1, workers) * ws.map_slots,
         split_bytes=split_bytes,
-        max_task_failures=max_task_failures,
         # The workers we start have this budget; a fleet's (workers=0) is not known here.
         memory_bytes=ws.memory_mb * 1024 * 1024 if workers > 0 else None,
     )
     if on_submit is not None:
         on_submit(spec.job_id)
-    waiter = asyncio.create_task(
-        client.wait(be, spec, on_progress, poll_s=0.05 if be.name == "embedded" else 0.5)
+    if detach:
+        record = {"state": "running"}
+        return RunResult(
+            spec.job_id, output, [], time.monotonic() - started, record, be.calls() - calls_before
+        )
+    try:
+        if be.local_files:
+            record = await _run_in_process(be, spec, ws, workers, on_progress)
+        else:
+            record = await _run_with_processes(be, spec, aws, ws, workers, on_progress)
+            await client.fetch_output(be, spec, record)
+    except asyncio.CancelledError:
+        await asyncio.shield(cancel(be, spec, "cancelled: `cmr run` was interrupted"))
+        raise
+    return RunResult(
+        spec.job_id,
+        output,
+        await published_parts(be, spec, output),
+        time.monotonic() - started,
+        record,
+        be.calls() - calls_before,
     )
-    if be.name == "embedded":
-        with cpu_pool(ws.processes) as pool:
-            fleet = [Worker(be, ws, pool, only_job=spec.job_id) for _ in range(workers)]
-            tasks = [asyncio.create_task(w.run()) for w in fleet]
-            try:
-                record = await _until_done(waiter, tasks)
-            finally:
-                waiter.cancel()
-                for w in fleet:
-                    w.done.set()
-                await asyncio.gather(*tasks, return_exceptions=True)
-    else:
-        procs = [await _spawn_worker(spec.job_id, aws, ws, workers) for _ in range(workers)]
+
+
+async def published_parts(be: Backend, spec: JobSpec, output: str) -> list[str]:
+    """The part files of the job's output, as its manifest lists them."""
+    if client.is_local(output):
+        return client.output_parts(output)
+    manifest, _ = await read_manifest(be.blobs, spec.output)
+    return [spec.output + p.name for p in manifest.parts] if manifest is not None else []
+
+
+async def cancel(be: Backend, spec: JobSpec, reason: str) -> bool:
+    """Cancel a running job (its workers clean it up); False if it had ended, or is
+    publishing (then it ends, successfully, in a moment)."""
+    with contextlib.suppress(UsageError):
+        ended = await lifecycle.end(be, spec, JobState.CANCELLED, reason=reason)
+        if ended and be.local_files:
+            # Nobody else can reach this job's queues: clean it up ourselves.
+            await lifecycle.cleanup(be, spec, JobState.CANCELLED)
+        return ended
+    return False
+
+
+SETTLE_S = 60.0  # how long workers we started get to finish a job's cleanup and stop
+
+
+async def _run_in_process(
+    be: Backend,
+    spec: JobSpec,
+    ws: WorkerSettings,
+    workers: int,
+    on_progress: Callable[[client.Progress], None] | None,
+) -> dict[str, Any]:
+    with cpu_pool(ws.processes) as pool:
+        fleet = [Worker(be, ws, pool, only_job=spec.job_id) for _ in range(workers)]
+        tasks = [asyncio.create_task(w.run()) for w in fleet]
+        waiter = asyncio.create_task(client.wait(be, spec, on_progress, poll_s=0.05))
         try:
-            record = await _until_done_or_workers_gone(waiter, procs, spec.job_id)
+            try:
+                return await _until_done(waiter, tasks)  # type: ignore[no-any-return]
+            finally:
+                # The workers stop by themselves once the job is cleaned up (a failed one
+                # too): its output place holds only what it should when we return.
+                await asyncio.wait(tasks, timeout=SETTLE_S)
         finally:
             waiter.cancel()
-            await _stop(procs)
-        await client.fetch_output(be, spec, output)
-    out_dir = output.removeprefix("file://")
-    parts = (
-        [str(Path(out_dir) / f"part-{p:05d}") for p in range(partitions)]
-        if client.is_local(output)
-        else [f"{spec.output}part-{p:05d}" for p in range(partitions)]
-    )
-    return RunResult(
-        spec.job_id, output, parts, time.monotonic() - started, record, be.calls() - calls_before
-    )
+            for w in fleet:
+                w.done.set()
+            await asyncio.gather(*tasks, waiter, return_exceptions=True)
+
+
+async def _run_with_processes(
+    be: Backend,
+    spec: JobSpec,
+    aws: AwsSettings,
+    ws: WorkerSettings,
+    workers: int,
+    on_progress: Callable[[client.Progress], None] | None,
+) -> dict[str, Any]:
+    waiter = asyncio.create_task(client.wait(be, spec, on_progress, poll_s=0.5))
+    procs = [await _spawn_worker(spec.job_id, aws, ws, workers) for _ in range(workers)]
+    try:
+        try:
+            return await _until_done_or_workers_gone(waiter, procs, spec.job_id)  # type: ignore[no-any-return]
+        finally:
+            if procs:
+                await asyncio.wait(
+                    [asyncio.ensure_future(p.wait()) for p in procs], timeout=SETTLE_S
+                )
+    finally:
+        waiter.cancel()
+        await _stop(procs)
 
 
 async def _until_done_or_workers_gone(

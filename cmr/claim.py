@@ -3,24 +3,33 @@
 Method 3 of the seeds ("no duplicate processing allowed"): a worker that receives a reduce
 task records in the table that it is processing the partition and learns, in the same
 atomic conditional write, whether someone else already is. The store serialises
-contenders, so each reaches the same verdict without talking to the others: the first
-live claim wins; a claim whose lease has run out may be taken over, which bumps the
-partition's *epoch*. The commit is fenced by (owner, epoch): a worker that was paused past
-its lease and wakes up finds the epoch moved and can never commit, overwrite or duplicate
-the partition's output.
+contenders, so each reaches the same verdict without talking to the others.
+
+Every claim attempt carries a token of its own, so two slots of one worker are two
+contenders like any others, and a read-back after a lost answer recognises only its own
+write. The holder beats (adds to ``beat``) every third of its lease. A contender that finds a
+live claim watches the beat for one and a half leases on its *own* clock; if it has not
+moved, the holder is dead or paused, and the contender takes the partition over with a write
+conditional on the very (token, beat) it watched, which bumps the partition's *epoch*. No
+two machines' clocks are ever compared. The commit is fenced by the token: a worker that was
+paused past its lease and wakes up finds the claim moved and can never commit, overwrite or
+duplicate the partition's output.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from cmr.backends.base import AllOf, AnyOf, Eq, Lt, Missing, Table
+from cmr.backends.base import AllOf, AnyOf, Condition, Eq, Missing, Table
 from cmr.errors import BackendError, ConditionFailed
 from cmr.records import job_pk, reduce_sk
+
+WATCH_LEASES = 1.5  # how long a contender watches a silent claim before taking it over
 
 
 @dataclass
@@ -28,8 +37,9 @@ class Claim:
     table: Table
     job_id: str
     partition: int
-    owner: str
-    epoch: int
+    owner: str  # the worker (for people and logs); the token decides
+    token: str  # this claim attempt's own
+    epoch: int  # claims of the partition so far, ours included
     lease_s: int
     lost: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -38,38 +48,32 @@ class Claim:
         return job_pk(self.job_id), reduce_sk(self.partition)
 
     def _ours(self) -> AllOf:
-        return AllOf((Eq("owner", self.owner), Eq("epoch", self.epoch), Eq("state", "claimed")))
+        return AllOf((Eq("token", self.token), Eq("state", "claimed")))
 
-    async def _still_ours(self) -> bool:
-        """Read back after a refused write: a retried write that was applied the first time
-        is refused the second time, yet the claim is ours."""
-        held = await self.table.get(*self.key, consistent=True)
-        return (
-            held is not None and held.get("owner") == self.owner and held.get("epoch") == self.epoch
-        )
+    async def _read_back(self) -> dict[str, object] | None:
+        return await self.table.get(*self.key, consistent=True)
 
     async def renew(self) -> bool:
+        """Beat: tell watchers we are alive. False (and ``lost`` set) if we no longer hold it."""
         try:
-            await self.table.update(
-                *self.key,
-                set_={"lease_until": time.time() + self.lease_s},
-                condition=self._ours(),
-            )
+            await self.table.update(*self.key, add={"beat": 1}, condition=self._ours())
         except ConditionFailed:
-            if await self._still_ours():
-                return True
+            # A retried beat that was applied the first time is refused the second time.
+            held = await self._read_back()
+            if held is not None and held.get("token") == self.token:
+                return held.get("state") == "claimed"
             self.lost.set()
             return False
         return True
 
     @contextlib.asynccontextmanager
     async def renewing(self, awake: asyncio.Event) -> AsyncIterator[None]:
-        """Renew the lease every third of its length; set ``lost`` when a renewal is refused."""
+        """Beat every third of the lease; set ``lost`` when a beat is refused."""
 
         async def loop() -> None:
             while not self.lost.is_set():
                 await asyncio.sleep(max(0.2, self.lease_s / 3))
-                await awake.wait()  # a paused process renews nothing
+                await awake.wait()  # a paused process beats nothing
                 with contextlib.suppress(BackendError):
                     await self.renew()
 
@@ -81,7 +85,7 @@ class Claim:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def commit(self, output: str, records: int) -> bool:
+    async def commit(self, output: str, records: int, nbytes: int) -> bool:
         """The fenced commit: succeeds only if nobody took the partition over meanwhile."""
         try:
             await self.table.update(
@@ -90,17 +94,17 @@ class Claim:
                     "state": "committed",
                     "output": output,
                     "records": records,
+                    "bytes": nbytes,
                     "committed_at": time.time(),
                 },
                 condition=self._ours(),
             )
         except ConditionFailed:
-            held = await self.table.get(*self.key, consistent=True)
+            held = await self._read_back()
             if (
                 held is not None
                 and held.get("state") == "committed"
-                and held.get("owner") == self.owner
-                and held.get("epoch") == self.epoch
+                and held.get("token") == self.token
             ):
                 return True  # our first try was applied; its answer was lost
             self.lost.set()
@@ -114,41 +118,78 @@ class Claim:
             await self.table.delete(*self.key, condition=self._ours())
 
     async def release(self) -> None:
-        """Give the partition up at once (after a failure) instead of letting the lease lapse."""
+        """Give the partition up at once (after a failure): the next contender takes it over
+        without watching for a whole lease."""
         with contextlib.suppress(ConditionFailed):
-            await self.table.update(*self.key, set_={"lease_until": 0.0}, condition=self._ours())
+            await self.table.update(*self.key, set_={"state": "released"}, condition=self._ours())
 
 
 @dataclass(frozen=True)
 class Refusal:
     committed: bool  # the partition is done: the task message is stale
-    retry_in: float  # otherwise: seconds until the holder's lease would lapse
+    retry_in: float  # otherwise: seconds until the task is worth trying again
+
+
+async def _take(
+    table: Table, job_id: str, partition: int, owner: str, token: str, condition: Condition
+) -> int:
+    """The claiming write; returns the new epoch. Raises ConditionFailed."""
+    item = await table.update(
+        job_pk(job_id),
+        reduce_sk(partition),
+        set_={"owner": owner, "token": token, "state": "claimed", "beat": 0},
+        add={"epoch": 1},
+        condition=condition,
+    )
+    return int(item["epoch"])
 
 
 async def claim(
-    table: Table, job_id: str, partition: int, owner: str, lease_s: int
+    table: Table,
+    job_id: str,
+    partition: int,
+    owner: str,
+    lease_s: int,
+    awake: asyncio.Event,
 ) -> Claim | Refusal:
+    """Claim the partition: at once if it is free or released, after watching one and a half
+    leases if another claim's beat has stopped, or not at all."""
     pk, sk = job_pk(job_id), reduce_sk(partition)
-    now = time.time()
-    try:
-        item = await table.update(
-            pk,
-            sk,
-            set_={"owner": owner, "state": "claimed", "lease_until": now + lease_s},
-            add={"epoch": 1},
-            condition=AnyOf(
-                (Missing("pk"), AllOf((Eq("state", "claimed"), Lt("lease_until", now))))
-            ),
-        )
-    except ConditionFailed:
+    token = secrets.token_hex(8)
+    free = AnyOf((Missing("pk"), Eq("state", "released")))
+    watched: tuple[object, object] | None = None
+    while True:
+        try:
+            if watched is None:
+                epoch = await _take(table, job_id, partition, owner, token, free)
+            else:
+                silent = AllOf(
+                    (Eq("token", watched[0]), Eq("beat", watched[1]), Eq("state", "claimed"))
+                )
+                epoch = await _take(table, job_id, partition, owner, token, AnyOf((free, silent)))
+            return Claim(table, job_id, partition, owner, token, epoch, lease_s)
+        except ConditionFailed:
+            pass
         # Read back who holds it. All contenders read the same record, so each reaches the
-        # same verdict on its own: the holder of the live claim goes on, the rest stand back.
+        # same verdict on its own.
         held = await table.get(pk, sk, consistent=True)
         if held is None:  # released and cleaned up between our write and read: try later
             return Refusal(False, 1.0)
+        if held.get("token") == token:  # our write was applied; only its answer was lost
+            return Claim(table, job_id, partition, owner, token, int(held["epoch"]), lease_s)
         if held.get("state") == "committed":
             return Refusal(True, 0.0)
-        if held.get("owner") == owner:  # our write was applied; only its answer was lost
-            return Claim(table, job_id, partition, owner, int(held["epoch"]), lease_s)
-        return Refusal(False, max(1.0, float(held.get("lease_until", now)) - now))
-    return Claim(table, job_id, partition, owner, int(item["epoch"]), lease_s)
+        if held.get("state") == "released":
+            watched = None
+            continue
+        if watched is not None:
+            # It beat while we watched (alive), or another contender took it over first.
+            return Refusal(False, float(lease_s))
+        # Watch the holder's beat on our own clock; a paused watcher measures nothing.
+        watched = (held.get("token"), held.get("beat"))
+        deadline = time.monotonic() + lease_s * WATCH_LEASES
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, 0.5))
+            if not awake.is_set():
+                await awake.wait()
+                deadline = time.monotonic() + lease_s * WATCH_LEASES

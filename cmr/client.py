@@ -1,30 +1,43 @@
 """Submitting a job and watching it: the client is not a master, only a convenience.
 
-Submission lists and cuts the input, creates the job's queues, enqueues every task, and
-only then publishes the job record, so a worker that finds the job finds it complete.
-After that the client merely watches the table; if it dies, workers finish the job.
+Submission checks the settings and the output place, lists and cuts the input, writes the
+plan, creates the job's queues, enqueues every task (pointers into the plan), and only then
+makes the job exist, in one transaction, so a worker that finds the job finds it complete.
+After that the client merely watches the table: it never finalizes or cleans up, so a job
+whose client died, or never waited, ends exactly as one whose client watched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cmr import wire
-from cmr.backends.base import Backend, BlobInfo
-from cmr.backends.embedded import file_url
+from cmr.backends.base import Backend, BlobInfo, Blobs
+from cmr.backends.embedded import EmbeddedBlobs, file_path, file_url
 from cmr.backends.retry import transient
 from cmr.errors import BackendError, BlobMissing, JobFailed, UsageError
 from cmr.job import JobRef
-from cmr.lifecycle import cleanup, finalize, job_scratch, part_name
+from cmr.lifecycle import job_scratch, record_submit
+from cmr.plan import Plan, plan_url
+from cmr.publish import (
+    Manifest,
+    OutputConflict,
+    Source,
+    existing_parts,
+    publish,
+    read_manifest,
+    remove_parts,
+)
 from cmr.records import (
+    FINAL_STATES,
     JOBS_PK,
-    RUNNING_PK,
+    OUTPUTS_PK,
     JobSpec,
     JobState,
     job_pk,
@@ -33,6 +46,9 @@ from cmr.records import (
 from cmr.split import Input, choose_split_bytes, input_name, plan
 
 STAGE_CONCURRENCY = 16
+MAX_PARTITIONS = 10_000  # one queue each: more is a mistake, not a job
+MAX_VISIBILITY_S = 12 * 3600  # SQS's longest visibility timeout
+MAX_REPLACED_LOCAL = 5_000  # part files a fetched local output may replace (kept in the record)
 
 
 @dataclass(frozen=True)
@@ -45,18 +61,70 @@ class Progress:
     stats: dict[str, int]
 
 
+@dataclass(frozen=True)
+class JobOptions:
+    """How a job runs, checked once at submit; nonsense is refused with the fix to make."""
+
+    partitions: int
+    visibility_s: int = 60
+    max_task_failures: int = 3
+    max_task_attempts: int = 10
+    task_timeout_s: int = 0  # 0: grows with each task's input (cmr.timelimit)
+    overwrite: bool = False
+    params: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise UsageError(what)
+
+        need(
+            1 <= self.partitions <= MAX_PARTITIONS,
+            f"--reducers must be between 1 and {MAX_PARTITIONS:,} (one queue each); "
+            f"got {self.partitions}",
+        )
+        need(
+            1 <= self.visibility_s <= MAX_VISIBILITY_S,
+            f"--visibility-timeout must be between 1 and {MAX_VISIBILITY_S} seconds (a task's "
+            f"lease: 0 would hand every task to every worker at once); got {self.visibility_s}",
+        )
+        need(
+            self.max_task_failures >= 1,
+            f"max_task_failures must be at least 1; got {self.max_task_failures}",
+        )
+        need(
+            self.max_task_attempts >= 1,
+            f"max_task_attempts must be at least 1; got {self.max_task_attempts}",
+        )
+        need(
+            self.task_timeout_s >= 0,
+            f"--task-timeout must be a number of seconds, or 0 for the default that grows "
+            f"with each task's input; got {self.task_timeout_s}",
+        )
+
+
 def is_local(path: str) -> bool:
     return "://" not in path or path.startswith("file://")
 
 
-async def _stage(backend: Backend, src: str, job_id: str) -> tuple[str, list[BlobInfo]]:
-    """Upload a local file or directory to the job's scratch area; returns (root, blobs)."""
-    root_path = Path(src.removeprefix("file://"))
-    files = (
-        [root_path]
-        if root_path.is_file()
-        else sorted(p for p in root_path.rglob("*") if p.is_file())
-    )
+def _local(path: str) -> Path:
+    return Path(path.removeprefix("file://")).absolute()
+
+
+def _utf8_name(p: Path) -> None:
+    try:
+        str(p).encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(
+            f"input file {os.fsencode(p)!r} has a name that is not valid UTF-8 (map would "
+            "receive a garbled name): rename it, or remove it from the input"
+        ) from None
+
+
+async def _stage(
+    backend: Backend, root_path: Path, files: list[Path], job_id: str
+) -> tuple[str, list[BlobInfo]]:
+    """Upload local files to the job's scratch area; returns (root, blobs)."""
     root = f"{job_scratch(backend.scratch, job_id)}input/"
     gate = asyncio.Semaphore(STAGE_CONCURRENCY)
 
@@ -66,23 +134,51 @@ async def _stage(backend: Backend, src: str, job_id: str) -> tuple[str, list[Blo
             await backend.blobs.upload_file(str(p), root + rel)
         return BlobInfo(root + rel, p.stat().st_size)
 
-    return root, list(await asyncio.gather(*(up(p) for p in files)))
+    blobs = list(await asyncio.gather(*(up(p) for p in files)))
+    return (blobs[0].url if root_path.is_file() else root), blobs
+
+
+def _local_files(path: Path) -> list[Path]:
+    """The input's files (symlinked files and directories followed), each readable, with
+    UTF-8 names: anything else is found now, not by a task that would fail on it."""
+    if path.is_file():
+        files = [path]
+    else:
+        files = []
+        seen: set[tuple[int, int]] = set()  # directories by (device, inode): links may loop
+        for dirpath, dirs, names in os.walk(path, followlinks=True):
+            st = os.stat(dirpath)
+            if (st.st_dev, st.st_ino) in seen:
+                dirs.clear()
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            files += [Path(dirpath, n) for n in names]
+        files.sort()
+    for f in files:
+        _utf8_name(f)
+        if not f.is_file():
+            raise UsageError(
+                f"input {f} is a broken link or not a regular file: fix it, or remove it from "
+                "the input"
+            )
+        if not os.access(f, os.R_OK):
+            raise UsageError(f"input file {f} cannot be read (permissions)")
+    return files
 
 
 async def list_input(backend: Backend, source: str, job_id: str) -> list[Input]:
     """The input's blobs: a file (or object) alone, or everything below a directory (or
     prefix, taken as a directory: ``s3://b/logs`` means ``s3://b/logs/``, not logs2/)."""
     if is_local(source):
-        path = Path(source.removeprefix("file://"))
+        path = _local(source)
         if not path.exists():
             raise UsageError(f"input {source} does not exist")
-        if backend.name != "embedded":
-            root, blobs = await _stage(backend, str(path), job_id)
-        elif path.is_file():
-            root, blobs = file_url(path), [BlobInfo(file_url(path), path.stat().st_size)]
+        files = await asyncio.to_thread(_local_files, path)
+        if backend.local_files:
+            root = file_url(path) if path.is_file() else file_url(path) + "/"
+            blobs = [BlobInfo(file_url(f), f.stat().st_size) for f in files]
         else:
-            root = file_url(path) + "/"
-            blobs = await backend.blobs.list(root)
+            root, blobs = await _stage(backend, path, files, job_id)
     else:
         try:
             root, blobs = source, [BlobInfo(source, await backend.blobs.size(source))]
@@ -94,34 +190,78 @@ async def list_input(backend: Backend, source: str, job_id: str) -> list[Input]:
     return [Input(b.url, b.size, input_name(root, b)) for b in blobs]
 
 
-def output_url(backend: Backend, output: str, job_id: str) -> str:
-    """Where committed parts are published: the output itself when the backend can write
-    there, else a scratch prefix the client downloads from."""
-    if backend.name == "embedded":
-        if not is_local(output):
+@dataclass(frozen=True)
+class OutputPlace:
+    url: str  # where workers publish
+    replaces: str  # etag of the manifest the job's publication replaces ("": none)
+    replaced: tuple[str, ...]  # part files the job's publication removes once it stands
+    fetch: dict[str, Any] | None = None  # a local directory the client fetches into (aws)
+
+
+async def _inspect(
+    blobs: Blobs, url: str, output: str, overwrite: bool
+) -> tuple[str, tuple[str, ...]]:
+    """(manifest etag, replaced parts) of an output place; refuses one in use without
+    ``overwrite``."""
+    found = await blobs.list(url)
+    if found and not overwrite:
+        raise UsageError(
+            f"output {output} is not empty; remove it or pass --overwrite (the old output "
+            "is replaced only once the new one is complete)"
+        )
+    try:
+        _, etag = await read_manifest(blobs, url)
+    except OutputConflict as exc:
+        raise UsageError(f"output {output}: {exc}; remove that file") from None
+    return etag or "", tuple(await existing_parts(blobs, url)) if overwrite else ()
+
+
+def _local_dir(output: str) -> Path:
+    path = _local(output)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"output {output} is a file; give a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the output directory {output}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"output directory {output} is not writable")
+    return path
+
+
+async def prepare_output(
+    backend: Backend, output: str, job_id: str, overwrite: bool
+) -> OutputPlace:
+    """Check the output place now, before any work: it is usable, empty or replaced on
+    purpose, and not owned by a running job."""
+    if is_local(output):
+        path = await asyncio.to_thread(_local_dir, output)
+        url = file_url(path) + "/"
+        etag, replaced = await _inspect(EmbeddedBlobs(), url, output, overwrite)
+        if backend.local_files:
+            return OutputPlace(url, etag, replaced)
+        if len(replaced) > MAX_REPLACED_LOCAL:
             raise UsageError(
-                "the embedded backend writes local directories; use --backend aws "
-                "for an s3:// output"
+                f"output {output} holds {len(replaced):,} part files; remove them first"
             )
-        return file_url(output.removeprefix("file://")) + "/"
-    if is_local(output):
-        # Outside the job's scratch area, which cleanup removes before the client fetches.
-        return f"{backend.scratch.rstrip('/')}/results/{job_id}/"
-    return output if output.endswith("/") else output + "/"
-
-
-def check_output(output: str, overwrite: bool) -> None:
-    if is_local(output):
-        path = Path(output.removeprefix("file://"))
-        if path.is_file():
-            raise UsageError(f"output {output} is a file; give a directory")
-        if path.is_dir() and any(path.iterdir()):
-            if not overwrite:
-                raise UsageError(
-                    f"output directory {output} is not empty; remove it or pass --overwrite"
-                )
-            for old in path.glob("part-*"):
-                old.unlink()
+        # Workers cannot write here: they publish to the job's results, which we fetch.
+        results = f"{backend.scratch.rstrip('/')}/results/{job_id}/"
+        fetch = {"dir": str(path), "replaces": etag, "replaced": list(replaced)}
+        return OutputPlace(results, "", (), fetch)
+    if backend.local_files:
+        raise UsageError(
+            "the embedded backend writes local directories; use --backend aws for an s3:// output"
+        )
+    url = output if output.endswith("/") else output + "/"
+    held = await backend.table.get(OUTPUTS_PK, url)
+    if held is not None and held.get("active"):
+        other = str(held.get("job"))
+        raise UsageError(
+            f"the output {url} belongs to job {other}, which is still running: wait for it "
+            f"(`cmr wait {other}`), cancel it (`cmr cancel {other}`), or choose another output"
+        )
+    etag, replaced = await _inspect(backend.blobs, url, output, overwrite)
+    return OutputPlace(url, etag, replaced)
 
 
 async def submit(
@@ -129,59 +269,62 @@ async def submit(
     ref: JobRef,
     source: str,
     output: str,
+    options: JobOptions,
     *,
-    partitions: int,
-    params: dict[str, str],
-    visibility_s: int,
     queue_prefix: str,
     parallelism: int,
-    max_task_failures: int = 3,
     split_bytes: int | None = None,
     memory_bytes: int | None = None,
 ) -> JobSpec:
-    if partitions < 1:
-        raise UsageError("--reducers must be at least 1")
     job_id = new_job_id()
+    place = await prepare_output(backend, output, job_id, options.overwrite)
     inputs = await list_input(backend, source, job_id)
     total = sum(i.size for i in inputs)
     tasks = plan(inputs, split_bytes or choose_split_bytes(total, parallelism, memory_bytes))
+    scratch = job_scratch(backend.scratch, job_id)
+    data = Plan(tuple(tasks), place.replaced).to_bytes()
+    await backend.blobs.put(plan_url(scratch), data)
     spec = JobSpec(
         job_id,
         ref,
-        params,
+        dict(options.params),
         len(tasks),
-        partitions,
-        output_url(backend, output, job_id),
+        options.partitions,
+        place.url,
         backend.scratch,
         queue_prefix,
-        visibility_s,
-        max_task_failures,
+        options.visibility_s,
+        options.max_task_failures,
+        options.max_task_attempts,
+        options.task_timeout_s,
+        Plan.digest(data),
+        place.replaces,
     )
     in_q, reduce_q, part_qs = spec.queues()
     queues = backend.queues
     await asyncio.gather(
-        *(queues.create(q, visibility_s=visibility_s) for q in (in_q, reduce_q, *part_qs))
+        *(queues.create(q, visibility_s=spec.visibility_s) for q in (in_q, reduce_q, *part_qs))
     )
-    await queues.send(in_q, [wire.encode(wire.MapTask(job_id, i, t)) for i, t in enumerate(tasks)])
+    await queues.send(in_q, [wire.encode(wire.MapTask(job_id, i)) for i in range(len(tasks))])
     await queues.send(
-        reduce_q, [wire.encode(wire.ReduceTask(job_id, p)) for p in range(partitions)]
+        reduce_q, [wire.encode(wire.ReduceTask(job_id, p)) for p in range(spec.partitions)]
     )
-    now = time.time()
-    await backend.table.put(
-        job_pk(job_id),
-        "job",
-        {
-            **spec.to_item(),
-            "state": JobState.RUNNING.value,
-            "created": now,
-            "input": source,
-            "input_bytes": total,
-            "inputs": len(inputs),
-            "user_output": output,
-        },
-    )
-    await backend.table.put(JOBS_PK, job_id, {"state": JobState.RUNNING.value, "created": now})
-    await backend.table.put(RUNNING_PK, job_id, {"state": JobState.RUNNING.value, "created": now})
+    extra: dict[str, Any] = {
+        "input": source,
+        "input_bytes": total,
+        "inputs": len(inputs),
+        "user_output": output,
+    }
+    if place.fetch is not None:
+        extra["fetch"] = place.fetch
+    try:
+        await record_submit(backend, spec, extra)
+    except BaseException:
+        # The job does not exist: what we made for it must not linger.
+        with contextlib.suppress(BackendError):
+            await asyncio.gather(*(queues.delete(q) for q in (in_q, reduce_q, *part_qs)))
+            await backend.blobs.delete_prefix(scratch)
+        raise
     return spec
 
 
@@ -227,8 +370,9 @@ async def wait(
     on_progress: Callable[[Progress], None] | None = None,
     poll_s: float = 0.5,
 ) -> dict[str, Any]:
-    """Wait until the job ends; finalize it ourselves if every partition is committed.
-    Returns the final job record; raises JobFailed. Transient backend errors only delay.
+    """Watch the job until it ends: the final job record; raises JobFailed. Only reads:
+    the workers finish and clean up the job whether or not anyone waits. Transient backend
+    errors only delay.
 
     Each poll reads the job record; the reduce records (a query) too once the maps are
     counted done, or after REDUCE_QUERY_EVERY polls in case a map counter was lost with its
@@ -243,36 +387,64 @@ async def wait(
             full = p.maps_done >= spec.maps or polls % REDUCE_QUERY_EVERY == 0
             if on_progress is not None:
                 on_progress(p)
-            if p.state == JobState.RUNNING.value and p.reduces_done == spec.partitions:
-                await finalize(backend, spec)
-                continue
-            if p.state != JobState.RUNNING.value:
+            if p.state in FINAL_STATES:
                 job = await backend.table.get(job_pk(spec.job_id), "job") or {}
-                if not job.get("cleaned"):
-                    # The worker that ended the job was stopped mid-cleanup; finish it.
-                    await cleanup(backend, spec)
                 if p.state != JobState.SUCCEEDED.value:
                     raise JobFailed(spec.job_id, str(job.get("error") or p.state))
                 return job
-        except (BackendError, BlobMissing) as exc:
-            if not transient(exc) and not isinstance(exc, BlobMissing):
+        except BackendError as exc:
+            if not transient(exc):
                 raise
         await asyncio.sleep(poll_s)
 
 
-async def fetch_output(backend: Backend, spec: JobSpec, output: str) -> None:
-    """Bring published parts back to a local output directory (aws backend, local DIR)."""
-    if backend.name == "embedded" or not is_local(output):
+async def fetch_output(backend: Backend, spec: JobSpec, record: dict[str, Any]) -> None:
+    """Bring a succeeded job's output into the local directory it was submitted with, when
+    its workers could not write there (aws backend): the same fenced publication, with the
+    local directory as the output place. Idempotent; the results are deleted from S3 after."""
+    fetch = record.get("fetch")
+    if not isinstance(fetch, dict):
         return
-    dest = Path(output.removeprefix("file://"))
-    dest.mkdir(parents=True, exist_ok=True)
-    await asyncio.gather(
-        *(
-            backend.blobs.download_file(spec.output + part_name(p), str(dest / part_name(p)))
-            for p in range(spec.partitions)
+    local = EmbeddedBlobs()
+    dest = file_url(fetch["dir"]) + "/"
+    try:
+        manifest, _ = await read_manifest(backend.blobs, spec.output)
+    except OutputConflict as exc:
+        raise UsageError(f"the job's results at {spec.output} are damaged: {exc}") from None
+    if manifest is None:
+        mine, _ = await read_manifest(local, dest)
+        if mine is not None and mine.job == spec.job_id:
+            return  # fetched already
+        raise UsageError(
+            f"job {spec.job_id}'s results are no longer at {spec.output} (fetched and "
+            f"removed by another client?)"
         )
+
+    async def download(src: str, dst: str) -> None:
+        await backend.blobs.download_file(src, str(file_path(dst)))
+
+    sources = [
+        Source(int(part.name[5:10]), spec.output + part.name, part.records, part.bytes, part.attempt)
+        for part in manifest.parts
+    ]
+    await publish(
+        local,
+        download,
+        job_id=spec.job_id,
+        output=dest,
+        sources=sources,
+        replaces=str(fetch.get("replaces") or "") or None,
+        finished=manifest.finished,
     )
+    await remove_parts(local, dest, [str(n) for n in fetch.get("replaced", [])])
     await backend.blobs.delete_prefix(spec.output)
+
+
+def output_parts(output: str) -> list[str]:
+    """The part files of a local output directory, as its manifest lists them."""
+    data = (_local(output) / "_SUCCESS").read_bytes()
+    manifest = Manifest.from_bytes(data)
+    return [str(_local(output) / p.name) for p in manifest.parts]
 
 
 async def load_spec(backend: Backend, job_id: str) -> tuple[JobSpec, dict[str, Any]]:
@@ -285,7 +457,3 @@ async def load_spec(backend: Backend, job_id: str) -> tuple[JobSpec, dict[str, A
 async def list_jobs(backend: Backend) -> list[dict[str, Any]]:
     rows = await backend.table.query(JOBS_PK)
     return sorted(rows, key=lambda r: float(r.get("created", 0)), reverse=True)
-
-
-def ensure_dir(path: str) -> None:
-    os.makedirs(path, exist_ok=True)

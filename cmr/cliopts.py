@@ -12,10 +12,10 @@ err = Console(stderr=True, soft_wrap=True)  # an error message must stay greppab
 out = Console()
 
 
-def fail(message: str) -> NoReturn:
-    """Print one ``error:`` line (no traceback) and exit 1."""
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print one ``error:`` line (no traceback) and exit with ``code``."""
     err.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(1)
+    raise typer.Exit(code)
 
 
 Bucket = Annotated[str, typer.Option(help="S3 bucket for staging, scratch and output")]

@@ -26,6 +26,7 @@ import msgpack
 
 from cmr import taskprogress, wire
 from cmr.job import Job, JobRef, load_job_class
+from cmr.timelimit import TimeLimitExceeded, time_limit
 
 COMBINE_KEYS = 200_000  # distinct keys held before a map task combines and flushes
 # Bytes of whole lines handed to map_chunk at a time: a user's map_chunk may hold many
@@ -59,6 +60,7 @@ class MapSpec:
     compress: bool = True  # zstd bodies; off: plain msgpack, packed to the byte
     combine: bool = True  # run the job's combine, if it has one
     piece_bytes: int = MAP_PIECE_MIN  # map_chunk sees at most about this much at once
+    limit_s: float = 0.0  # the task's time limit (cmr.timelimit); 0: none
 
 
 @dataclass
@@ -95,6 +97,11 @@ def job_instance(ref: JobRef, params: dict[str, str]) -> Job:
 
 def _user_error() -> str:
     return traceback.format_exc(limit=-8)
+
+
+def _timed_out(exc: TimeLimitExceeded) -> str:
+    # The user's frames show where the code was stuck when the limit struck.
+    return f"TimeLimitExceeded: {exc}\n" + "".join(traceback.format_tb(exc.__traceback__, -8))
 
 
 class _Shuffle:
@@ -203,47 +210,63 @@ def run_map(
     result = MapResult(records_in=0, bytes_in=sum(len(d) for _, d in chunks))
     fd, path = tempfile.mkstemp(prefix="map-", suffix=".spool", dir=spec.spool_dir)
     try:
-        job = job_instance(ref, params)
-        with os.fdopen(fd, "wb") as out:
-            shuffle = _Shuffle(spec, out)
-            part = job.partition
-            n = spec.partitions
-            combine = job.combine is not None and spec.combine
-            groups: dict[Any, list[Any]] = {}
-            for name, chunk in chunks:
-                # The last line's newline ends it; it opens no new (empty) line.
-                data = chunk[:-1] if chunk.endswith(b"\n") else chunk
-                result.records_in += data.count(b"\n") + 1 if chunk else 0
-                pairs: Iterable[tuple[Any, Any]] = (
-                    itertools.chain.from_iterable(
-                        job.map_chunk(name, piece) for piece in _pieces(data, spec.piece_bytes)
-                    )
-                    if chunk
-                    else ()
-                )
-                for key, value in pairs:
-                    if combine:
-                        vals = groups.get(key)
-                        if vals is None:
-                            groups[key] = [value]
-                            if len(groups) >= COMBINE_KEYS:
-                                for k, v in _combined(job, groups):
-                                    shuffle.add(part(k, n), k, v)
-                                groups = {}
-                        else:
-                            vals.append(value)
-                            if len(vals) >= REDUCE_COMBINE_AT:
-                                groups[key] = [v for _, v in job.combine(key, iter(vals))]
-                    else:
-                        shuffle.add(part(key, n), key, value)
-            for k, v in _combined(job, groups):
-                shuffle.add(part(k, n), k, v)
-            shuffle.close()
-        result.spool, result.batches, result.records = path, shuffle.batches, shuffle.records
+        with time_limit(spec.limit_s, f"map task {spec.task}"):
+            _map_into(ref, params, chunks, spec, fd, result)
+        result.spool = path
+    except TimeLimitExceeded as exc:
+        result.error = _timed_out(exc)
     except Exception:
         result.error = _user_error()
+    if result.error:
         os.unlink(path)
     return result
+
+
+def _map_into(
+    ref: JobRef,
+    params: dict[str, str],
+    chunks: list[tuple[str, bytes]],
+    spec: MapSpec,
+    fd: int,
+    result: MapResult,
+) -> None:
+    job = job_instance(ref, params)
+    with os.fdopen(fd, "wb") as out:
+        shuffle = _Shuffle(spec, out)
+        part = job.partition
+        n = spec.partitions
+        combine = job.combine is not None and spec.combine
+        groups: dict[Any, list[Any]] = {}
+        for name, chunk in chunks:
+            # The last line's newline ends it; it opens no new (empty) line.
+            data = chunk[:-1] if chunk.endswith(b"\n") else chunk
+            result.records_in += data.count(b"\n") + 1 if chunk else 0
+            pairs: Iterable[tuple[Any, Any]] = (
+                itertools.chain.from_iterable(
+                    job.map_chunk(name, piece) for piece in _pieces(data, spec.piece_bytes)
+                )
+                if chunk
+                else ()
+            )
+            for key, value in pairs:
+                if combine:
+                    vals = groups.get(key)
+                    if vals is None:
+                        groups[key] = [value]
+                        if len(groups) >= COMBINE_KEYS:
+                            for k, v in _combined(job, groups):
+                                shuffle.add(part(k, n), k, v)
+                            groups = {}
+                    else:
+                        vals.append(value)
+                        if len(vals) >= REDUCE_COMBINE_AT:
+                            groups[key] = [v for _, v in job.combine(key, iter(vals))]
+                else:
+                    shuffle.add(part(key, n), key, value)
+        for k, v in _combined(job, groups):
+            shuffle.add(part(k, n), k, v)
+        shuffle.close()
+    result.batches, result.records = shuffle.batches, shuffle.records
 
 
 def sort_key(key: Any) -> tuple[int, Any]:
@@ -319,6 +342,8 @@ def run_reduce(
     memory_bytes: int,
     spill_dir: str,
     use_combiner: bool = True,
+    limit_s: float = 0.0,
+    what: str = "reduce",
 ) -> ReduceResult:
     """Group the winners' pairs by key (spilling sorted runs past the memory budget), run
     reduce over keys in sorted order, and write the partition's output lines. With
@@ -326,57 +351,12 @@ def run_reduce(
     result = ReduceResult()
     runs: list[str] = []
     try:
-        job = job_instance(ref, params)
-        combine = job.combine if use_combiner else None
-        groups: dict[Any, list[Any]] = {}
-        held = 0
-        for spool in spools:
-            with open(spool, "rb") as f:
-                unpacker = msgpack.Unpacker(
-                    f,
-                    raw=False,
-                    use_list=False,
-                    strict_map_key=False,
-                    max_buffer_size=wire.MAX_DECODED,
-                )
-                for key, value in unpacker:
-                    vals = groups.get(key)
-                    if vals is None:
-                        groups[key] = [value]
-                        held += KEY_COST + sys.getsizeof(key) + sys.getsizeof(value)
-                    else:
-                        vals.append(value)
-                        held += VALUE_COST + sys.getsizeof(value)
-                        if combine is not None and len(vals) >= REDUCE_COMBINE_AT:
-                            groups[key] = [v for _, v in combine(key, iter(vals))]
-                    if held >= memory_bytes:
-                        runs.append(_write_run(groups, spill_dir))
-                        groups, held = {}, 0
-        if runs:
-            if groups:
-                runs.append(_write_run(groups, spill_dir))
-            groups = {}
-            result.spills = len(runs)
-            # Each open run holds a read buffer: merge at most MERGE_FANIN at once, so the
-            # buffers stay within the budget however many runs the partition needed.
-            read_size = max(16 * 1024, min(1 << 20, memory_bytes // (2 * MERGE_FANIN)))
-            while len(runs) > MERGE_FANIN:
-                merged_run = _merge_runs(runs[:MERGE_FANIN], spill_dir, read_size)
-                runs = [*runs[MERGE_FANIN:], merged_run]
-            merged = _merged(runs, read_size)
-            keyed: Iterator[tuple[Any, Iterator[Any]]] = (
-                (k, itertools.chain.from_iterable(vs for _, vs in grp))
-                for k, grp in itertools.groupby(merged, key=lambda kv: kv[0])
+        with time_limit(limit_s, what):
+            _reduce_into(
+                ref, params, spools, out_path, memory_bytes, spill_dir, use_combiner, result, runs
             )
-        else:
-            keyed = ((k, iter(groups[k])) for k in _sorted_keys(groups))
-        with open(out_path, "w", encoding="utf-8", newline="\n") as out:
-            for key, values in keyed:
-                result.keys += 1
-                for k, v in job.reduce(key, values):
-                    out.write(job.format(k, v))
-                    out.write("\n")
-                    result.records_out += 1
+    except TimeLimitExceeded as exc:
+        result.error = _timed_out(exc)
     except Exception:
         result.error = _user_error()
     finally:
@@ -384,3 +364,67 @@ def run_reduce(
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(r)
     return result
+
+
+def _reduce_into(
+    ref: JobRef,
+    params: dict[str, str],
+    spools: list[str],
+    out_path: str,
+    memory_bytes: int,
+    spill_dir: str,
+    use_combiner: bool,
+    result: ReduceResult,
+    runs: list[str],
+) -> None:
+    job = job_instance(ref, params)
+    combine = job.combine if use_combiner else None
+    groups: dict[Any, list[Any]] = {}
+    held = 0
+    for spool in spools:
+        with open(spool, "rb") as f:
+            unpacker = msgpack.Unpacker(
+                f,
+                raw=False,
+                use_list=False,
+                strict_map_key=False,
+                max_buffer_size=wire.MAX_DECODED,
+            )
+            for key, value in unpacker:
+                vals = groups.get(key)
+                if vals is None:
+                    groups[key] = [value]
+                    held += KEY_COST + sys.getsizeof(key) + sys.getsizeof(value)
+                else:
+                    vals.append(value)
+                    held += VALUE_COST + sys.getsizeof(value)
+                    if combine is not None and len(vals) >= REDUCE_COMBINE_AT:
+                        groups[key] = [v for _, v in combine(key, iter(vals))]
+                if held >= memory_bytes:
+                    runs.append(_write_run(groups, spill_dir))
+                    groups, held = {}, 0
+    if runs:
+        if groups:
+            runs.append(_write_run(groups, spill_dir))
+        groups = {}
+        result.spills = len(runs)
+        # Each open run holds a read buffer: merge at most MERGE_FANIN at once, so the
+        # buffers stay within the budget however many runs the partition needed.
+        read_size = max(16 * 1024, min(1 << 20, memory_bytes // (2 * MERGE_FANIN)))
+        while len(runs) > MERGE_FANIN:
+            merged_run = _merge_runs(runs[:MERGE_FANIN], spill_dir, read_size)
+            runs[:] = [*runs[MERGE_FANIN:], merged_run]  # in place: the caller removes them
+        merged = _merged(runs, read_size)
+        keyed: Iterator[tuple[Any, Iterator[Any]]] = (
+            (k, itertools.chain.from_iterable(vs for _, vs in grp))
+            for k, grp in itertools.groupby(merged, key=lambda kv: kv[0])
+        )
+    else:
+        keyed = ((k, iter(groups[k])) for k in _sorted_keys(groups))
+    with open(out_path, "w", encoding="utf-8", newline="\n") as out:
+        for key, values in keyed:
+            result.keys += 1
+            for k, v in job.reduce(key, values):
+                out.write(job.format(k, v))
+                out.write("\n")
+                result.records_out += 1

@@ -9,8 +9,12 @@
     │   ├── Throttled             the service asked us to slow down
     │   ├── QueueGone             the queue was deleted (the job was finished or cleaned up)
     │   ├── ConditionFailed       a conditional write lost; the caller decides what that means
-    │   └── BlobMissing           no blob at that URL
-    └── WireError                 a message or record failed validation (never a crash)
+    │   ├── BlobMissing           no blob at that URL
+    │   └── Rejected              the service refused the request as invalid (an item over
+    │                             400 KB, a bad name): retrying the same request cannot help
+    ├── WireError                 a message or record failed validation (never a crash)
+    └── TaskError                 a task cannot succeed however often it is retried (its input
+                                  vanished or is unreadable): the job fails at once
 
 Service exceptions are translated into these at the backend edge (``raise ... from exc``),
 so the engine never sees botocore's types.
@@ -66,3 +70,11 @@ class WireError(CmrError):
 
 class BlobMissing(BackendError):
     """No blob at that URL."""
+
+
+class Rejected(BackendError):
+    """The service refused the request itself (validation, size limits): not transient."""
+
+
+class TaskError(CmrError):
+    """A permanent task failure: retrying it elsewhere would fail the same way."""

@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cmr.cliopts import Profile, Region, err, fail
-from cmr.records import RUNNING_PK
+from cmr.records import ACTIVE_PK, JobState
 
 fleet_app = typer.Typer(
     no_args_is_help=True,
@@ -317,14 +317,15 @@ def fleet_instances(aws: Aws, group: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def running_jobs(aws: Aws, table: str) -> list[str]:
-    """Job ids in cmr's running-jobs index (pk ``jobs#running``)."""
+    """Ids of running jobs, from cmr's active-jobs index (pk ``jobs#active``)."""
     db = aws.client("dynamodb")
     ids: list[str] = []
     kwargs: dict[str, Any] = {
         "TableName": table,
         "KeyConditionExpression": "pk = :pk",
-        "ExpressionAttributeValues": {":pk": {"S": RUNNING_PK}},
-        "ProjectionExpression": "sk",
+        "ExpressionAttributeValues": {":pk": {"S": ACTIVE_PK}},
+        "ProjectionExpression": "sk, #s",
+        "ExpressionAttributeNames": {"#s": "state"},
     }
     while True:
         try:
@@ -333,7 +334,12 @@ def running_jobs(aws: Aws, table: str) -> list[str]:
             if _code(exc) == "ResourceNotFoundException":
                 return []  # no table yet: cmr creates it with the first job
             raise
-        ids.extend(str(item["sk"]["S"]) for item in page.get("Items", []))
+        ids.extend(
+            str(item["sk"]["S"])
+            for item in page.get("Items", [])
+            # The active index keeps ended jobs until they are cleaned up: not running.
+            if item.get("state", {}).get("S") == JobState.RUNNING.value
+        )
         if "LastEvaluatedKey" not in page:
             return ids
         kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]

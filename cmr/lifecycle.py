@@ -1,129 +1,207 @@
-"""A job's ending: publishing committed parts, failing, and idempotent cleanup.
+"""A job's state changes and its cleanup.
 
-Any process may run these, any number of times, concurrently: the client, the worker that
-committed the last partition, or ``cmr cleanup``. Publishing copies immutable committed
-attempt outputs, so two publishers write the same bytes; state changes are conditional.
+    submit ──► running ──► (publishing) ──► succeeded ─┐
+                  │                                    ├──► cleaned (job record kept)
+                  └──────► failed / cancelled ─────────┘
+
+Every change of state is one transaction over the job record, its row in the job list, its
+row in the active index and its claim on the output place, so no reader ever sees a finished
+job listed as running, whoever died half-way. Once a job publishes, it can no longer be
+cancelled: its output is about to become the output. Any process may run any of these, any
+number of times, concurrently; each is idempotent, and the token of a transaction makes a
+retry after a lost answer apply once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import tempfile
+import secrets
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 
-from cmr.backends.base import Backend, Eq
-from cmr.errors import BlobMissing, ConditionFailed, QueueGone
-from cmr.records import JOBS_PK, RUNNING_PK, JobSpec, JobState, job_pk
+from cmr.backends.base import (
+    AllOf,
+    AnyOf,
+    Backend,
+    Delete,
+    Eq,
+    Item,
+    Missing,
+    Put,
+    TxWrite,
+    Update,
+    item_absent,
+)
+from cmr.errors import BlobMissing, ConditionFailed, QueueGone, UsageError, WireError
+from cmr.plan import load_plan
+from cmr.publish import part_name, remove_parts
+from cmr.records import (
+    ACTIVE_PK,
+    FINAL_STATES,
+    JOBS_PK,
+    OUTPUTS_PK,
+    JobSpec,
+    JobState,
+    job_pk,
+)
 
 log = structlog.get_logger("cmr.lifecycle")
 
+Step = Callable[[str, dict[str, Any]], Awaitable[None]]  # a named point; see runtime.STEPS
 
-def part_name(p: int) -> str:
-    return f"part-{p:05d}"
+
+async def no_step(name: str, context: dict[str, Any]) -> None:
+    return None
 
 
 def job_scratch(scratch: str, job_id: str) -> str:
     return f"{scratch.rstrip('/')}/jobs/{job_id}/"
 
 
-async def set_state(
-    backend: Backend,
-    job_id: str,
-    state: JobState,
-    error: str = "",
-    extra: dict[str, object] | None = None,
-) -> bool:
-    """Move a running job to a final state, with ``extra`` fields in the same conditional
-    write; False if it already had one (then nothing of ours was written)."""
+def _token() -> str:
+    return secrets.token_hex(16)
+
+
+async def record_submit(backend: Backend, spec: JobSpec, extra: Item) -> None:
+    """Make a job exist: its record, its rows in the job list and active index, and its claim
+    on the output place, all at once. UsageError when another running job owns the output."""
     now = time.time()
-    fields: dict[str, object] = {**(extra or {}), "state": state.value, "finished": now}
-    if error:
-        fields["error"] = error[-8000:]
+    row = {"state": JobState.RUNNING.value, "created": now}
+    writes: list[TxWrite] = [
+        Put(job_pk(spec.job_id), "job", {**spec.to_item(), **extra, **row}, item_absent()),
+        Put(JOBS_PK, spec.job_id, row),
+        Put(ACTIVE_PK, spec.job_id, row),
+        Put(
+            OUTPUTS_PK,
+            spec.output,
+            {"job": spec.job_id, "active": True, "since": now},
+            AnyOf((Missing("pk"), Eq("active", False))),
+        ),
+    ]
+    try:
+        await backend.table.transact(writes, token=_token())
+    except ConditionFailed:
+        held = await backend.table.get(OUTPUTS_PK, spec.output) or {}
+        other = str(held.get("job", "?"))
+        raise UsageError(
+            f"the output {spec.output} belongs to job {other}, which is still running: wait "
+            f"for it (`cmr wait {other}`), cancel it (`cmr cancel {other}`), or choose "
+            f"another output"
+        ) from None
+
+
+async def begin_publishing(backend: Backend, spec: JobSpec) -> float | None:
+    """Mark the job as publishing (it can no longer be cancelled); returns the time the first
+    publisher marked it, which every publisher writes into the manifest. None: it ended."""
+    pk = job_pk(spec.job_id)
+    now = time.time()
     try:
         await backend.table.update(
-            job_pk(job_id), "job", set_=fields, condition=Eq("state", JobState.RUNNING.value)
+            pk,
+            "job",
+            set_={"publishing": now},
+            condition=AllOf((Eq("state", JobState.RUNNING.value), Missing("publishing"))),
         )
     except ConditionFailed:
-        return False
-    await backend.table.update(JOBS_PK, job_id, set_={"state": state.value, "finished": now})
-    await backend.table.delete(RUNNING_PK, job_id)
-    return True
+        job = await backend.table.get(pk, "job", consistent=True)
+        if job is None or job.get("state") != JobState.RUNNING.value:
+            return None
+        return float(job["publishing"])
+    return now
 
 
-async def committed_outputs(backend: Backend, spec: JobSpec) -> dict[int, str] | None:
-    """Partition -> committed output URL, or None while any partition is uncommitted."""
-    items = await backend.table.query(job_pk(spec.job_id), prefix="reduce#")
-    done = {
-        int(i["sk"].split("#")[1]): str(i["output"]) for i in items if i.get("state") == "committed"
-    }
-    return done if len(done) == spec.partitions else None
-
-
-async def _copy(backend: Backend, src: str, dst: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix="cmr-publish-")
-    os.close(fd)
-    try:
-        await backend.blobs.download_file(src, tmp)
-        await backend.blobs.upload_file(tmp, dst)
-    finally:
-        os.unlink(tmp)
-
-
-async def finalize(backend: Backend, spec: JobSpec) -> bool:
-    """Publish every committed part and mark the job succeeded; True once it is."""
-    outputs = await committed_outputs(backend, spec)
-    if outputs is None:
-        return False
-    job = await backend.table.get(job_pk(spec.job_id), "job")
-    if job is None or job.get("state") != JobState.RUNNING.value:
-        return job is not None and job.get("state") == JobState.SUCCEEDED.value
-    try:
-        await asyncio.gather(
-            *(_copy(backend, url, spec.output + part_name(p)) for p, url in outputs.items())
-        )
-    except BlobMissing:
-        # Another finalizer finished and cleaned up under us; its verdict stands.
-        job = await backend.table.get(job_pk(spec.job_id), "job")
-        return job is not None and job.get("state") == JobState.SUCCEEDED.value
+async def end(
+    backend: Backend,
+    spec: JobSpec,
+    state: JobState,
+    *,
+    reason: str = "",
+    totals: dict[str, Any] | None = None,
+    publishing: bool = False,
+) -> bool:
+    """Move a running job to a final state; False if it had one already (nothing of ours was
+    written). A job that is publishing ends only as succeeded, or (``publishing=True``) as
+    failed by its own publisher, whose manifest was refused."""
+    now = time.time()
     pk = job_pk(spec.job_id)
-    records_out = sum(
-        int(i.get("records", 0)) for i in await backend.table.query(pk, prefix="reduce#")
+    fields: dict[str, Any] = {**(totals or {}), "state": state.value, "finished": now}
+    if reason:
+        fields["error"] = reason[-8000:]
+    running = Eq("state", JobState.RUNNING.value)
+    condition = (
+        running
+        if state == JobState.SUCCEEDED or publishing
+        else AllOf((running, Missing("publishing")))
     )
-    winners = await backend.table.query(pk, prefix="map#")
-    totals: dict[str, object] = {
-        "records_out": records_out,
-        # Exact totals from the winners' commit records (the counters may miss a worker
-        # that died between its commit and its stats update).
-        "records_in": sum(int(i.get("records_in", 0)) for i in winners),
-        "bytes_in": sum(int(i.get("bytes_in", 0)) for i in winners),
-        "maps_done": len(winners),
-    }
-    # One conditional write: a concurrent finalizer that already succeeded (and may have
-    # cleaned the records these totals come from) keeps its figures; ours are dropped.
-    totals["published"] = [outputs[p].rsplit("/", 1)[-1] for p in sorted(outputs)]
-    if await set_state(backend, spec.job_id, JobState.SUCCEEDED, extra=totals):
-        log.info("job succeeded", job=spec.job_id)
-    await cleanup(backend, spec)
+    claim: dict[str, Any] = {"active": False}
+    if state == JobState.SUCCEEDED:
+        claim["published"] = spec.job_id
+    writes: list[TxWrite] = [
+        Update(pk, "job", set_=fields, condition=condition),
+        Update(JOBS_PK, spec.job_id, set_={"state": state.value, "finished": now}),
+        # The row stays: cleaning up is the duty left, and any worker may take it.
+        Update(ACTIVE_PK, spec.job_id, set_={"state": state.value}),
+        Update(
+            OUTPUTS_PK,
+            spec.output,
+            set_=claim,
+            condition=AnyOf((Missing("pk"), Eq("job", spec.job_id))),
+        ),
+    ]
+    try:
+        await backend.table.transact(writes, token=_token())
+    except ConditionFailed:
+        job = await backend.table.get(pk, "job", consistent=True)
+        if job is None or job.get("state") != JobState.RUNNING.value:
+            return False  # ended already, by someone else
+        if "publishing" in job and not (state == JobState.SUCCEEDED or publishing):
+            raise UsageError(
+                f"job {spec.job_id} is publishing its output and can no longer be "
+                f"cancelled or failed; it will end in a moment (`cmr wait {spec.job_id}`)"
+            ) from None
+        # The output claim is not ours (a record changed by hand?): end the job all the same.
+        await backend.table.transact(writes[:3], token=_token())
     return True
 
 
-async def fail(backend: Backend, spec: JobSpec, reason: str) -> None:
-    if await set_state(backend, spec.job_id, JobState.FAILED, reason):
-        log.warning("job failed", job=spec.job_id, reason=reason.splitlines()[0])
-    await cleanup(backend, spec)
+async def mark_cleaned(backend: Backend, spec: JobSpec) -> None:
+    """The last step of cleanup: the job leaves the active index."""
+    final = AnyOf(tuple(Eq("state", s.value) for s in sorted(FINAL_STATES)))
+    with contextlib.suppress(ConditionFailed):  # not ended: nothing to mark
+        await backend.table.transact(
+            [
+                Update(job_pk(spec.job_id), "job", set_={"cleaned": True}, condition=final),
+                Delete(ACTIVE_PK, spec.job_id),
+            ],
+            token=_token(),
+        )
 
 
 CLEANUP_CONCURRENCY = 32  # deletes in flight: one at a time, thousands of records take minutes
 
 
-async def cleanup(backend: Backend, spec: JobSpec) -> None:
-    """Delete the job's queues, scratch blobs and task records; keep the job record."""
-    in_q, reduce_q, part_qs = spec.queues()
+async def cleanup(backend: Backend, spec: JobSpec, state: JobState, step: Step = no_step) -> None:
+    """Remove what an ended job leaves behind: the parts its output replaced (succeeded) or its
+    own unpublished parts (failed, cancelled), its queues, scratch blobs and task records;
+    keep the job record. Idempotent, and safe to stop anywhere: run it again."""
     pk = job_pk(spec.job_id)
+    scratch = job_scratch(spec.scratch, spec.job_id)
+    if state == JobState.SUCCEEDED:
+        try:
+            plan = await load_plan(backend.blobs, scratch, spec.plan_digest)
+        except (BlobMissing, WireError):
+            pass  # the scratch is gone: a cleanup before ours got past this point
+        else:
+            await remove_parts(backend.blobs, spec.output, plan.replaced)
+    else:
+        own = [part_name(spec.job_id, p) for p in range(spec.partitions)]
+        await remove_parts(backend.blobs, spec.output, own)
+    await step("cleanup.output", {"job": spec.job_id})
+    in_q, reduce_q, part_qs = spec.queues()
     gate = asyncio.Semaphore(CLEANUP_CONCURRENCY)
 
     async def delete_queue(name: str) -> None:
@@ -136,8 +214,12 @@ async def cleanup(backend: Backend, spec: JobSpec) -> None:
             await backend.table.delete(pk, sk)
 
     await asyncio.gather(*(delete_queue(n) for n in (in_q, reduce_q, *part_qs)))
-    await backend.blobs.delete_prefix(job_scratch(spec.scratch, spec.job_id))
+    await step("cleanup.queues", {"job": spec.job_id})
+    await backend.blobs.delete_prefix(scratch)
+    await step("cleanup.scratch", {"job": spec.job_id})
     for prefix in ("map#", "fail#", "reduce#"):
         items = await backend.table.query(pk, prefix=prefix)
         await asyncio.gather(*(delete_item(str(item["sk"])) for item in items))
-    await backend.table.update(pk, "job", set_={"cleaned": True})
+    await step("cleanup.records", {"job": spec.job_id})
+    await mark_cleaned(backend, spec)
+    await step("cleanup.done", {"job": spec.job_id})

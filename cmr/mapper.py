@@ -6,6 +6,8 @@ has its own id and tags its batches with it; after all its batches are sent, the
 tries to write the task's commit record *if absent*. The first such write wins, forever;
 reducers take only the winner's batches, so a losing or crashed attempt's output is never
 counted.
+
+The task message is only a pointer: the split's ranges come from the job's plan.
 """
 
 from __future__ import annotations
@@ -20,16 +22,19 @@ from typing import Any
 
 import msgpack
 
-from cmr import compute, wire
+from cmr import compute, failures, wire
 from cmr.backends.base import Eq, Received, item_absent
-from cmr.errors import ConditionFailed, QueueGone
+from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, TaskError, WireError
 from cmr.lease import message_lease
-from cmr.lifecycle import fail, job_scratch
-from cmr.records import JobSpec, MapCommit, fail_sk, job_pk, map_sk
+from cmr.lifecycle import job_scratch
+from cmr.records import JobSpec, MapCommit, job_pk, map_sk
 from cmr.runtime import Runtime
 from cmr.split import read_split
+from cmr.timelimit import task_limit
 
-SEND_CONCURRENCY = 16
+SEND_CONCURRENCY = 16  # SendMessageBatch calls in flight, and so at most this many batches
+# of bodies held in memory at once: the spool is streamed, never loaded whole
+PENDING_BYTES = 16 * 1024 * 1024  # bodies waiting for a full batch of 10, all partitions
 
 
 async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.MapTask) -> None:
@@ -42,15 +47,20 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
         await queues.delete_messages(in_q, [msg.receipt])
         await rt.add_stats(spec.job_id, stats)
         return
+    ref = failures.TaskRef.map(task.task)
+    if msg.receive_count > 1 and not await failures.map_redelivered(rt, spec, ref):
+        return  # started too often: the job was failed
     attempt = secrets.token_hex(6)
     log = rt.log.bind(job=spec.job_id, task=task.task, attempt=attempt)
     async with message_lease(queues, in_q, msg.receipt, spec.visibility_s, rt.awake):
-        chunks = await asyncio.gather(*(read_split(rt.backend.blobs, r) for r in task.ranges))
+        ranges = await _ranges(rt, spec, task.task)
+        chunks = await asyncio.gather(*(_read(rt, r) for r in ranges))
+        nbytes = sum(len(c) for c in chunks)
         result = await rt.cpu(
             compute.run_map,
             spec.ref,
             spec.params,
-            [(r.name, data) for r, data in zip(task.ranges, chunks, strict=True)],
+            [(r.name, data) for r, data in zip(ranges, chunks, strict=True)],
             compute.MapSpec(
                 spec.job_id,
                 task.task,
@@ -61,13 +71,13 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 compress=rt.settings.compress,
                 combine=rt.settings.use_combiner,
                 piece_bytes=compute.map_piece_bytes(rt.settings.memory_mb * 1024 * 1024),
+                limit_s=task_limit(spec.task_timeout_s, nbytes),
             ),
+            limit_s=task_limit(spec.task_timeout_s, nbytes),
         )
         del chunks
         if result.error:
-            await task_failed(
-                rt, spec, f"m{task.task}", f"map task {task.task}", result.error, in_q, msg
-            )
+            await failures.task_failed(rt, spec, ref, result.error, in_q, msg)
             return
         try:
             await _send_spool(rt, spec, task.task, attempt, result.spool, part_qs)
@@ -107,19 +117,44 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
     await rt.add_stats(spec.job_id, stats)
 
 
+async def _ranges(rt: Runtime, spec: JobSpec, task: int) -> tuple[wire.Range, ...]:
+    try:
+        plan = await rt.plan(spec, job_scratch(spec.scratch, spec.job_id))
+    except (BlobMissing, WireError) as exc:
+        raise TaskError(f"the job's plan cannot be read: {exc}") from exc
+    if task >= len(plan.tasks):
+        raise TaskError(f"the job's plan has {len(plan.tasks)} map tasks, not task {task}")
+    return plan.tasks[task]
+
+
+async def _read(rt: Runtime, r: wire.Range) -> bytes:
+    """A split's bytes. Input that vanished or cannot be read since the job was submitted
+    is a permanent failure: no other worker or later try would find it either."""
+    try:
+        return await read_split(rt.backend.blobs, r)
+    except BlobMissing:
+        raise TaskError(
+            f"input {r.name} ({r.url}) no longer exists: it was deleted or moved after "
+            "the job was submitted"
+        ) from None
+    except OSError as exc:
+        raise TaskError(f"input {r.name} ({r.url}) cannot be read: {exc}") from None
+
+
 async def _send_spool(
     rt: Runtime, spec: JobSpec, task: int, attempt: str, spool: str, part_qs: list[str]
 ) -> None:
     queues, blobs = rt.backend.queues, rt.backend.blobs
     gate = asyncio.Semaphore(SEND_CONCURRENCY)
-    pending: dict[int, list[bytes]] = {}
-
+    spills: list[str] = []
     sent = 0
 
     async def send(p: int, bodies: list[bytes]) -> None:
         nonlocal sent
-        async with gate:
+        try:
             await queues.send(part_qs[p], bodies)
+        finally:
+            gate.release()
         sent += 1
         if sent == 1:
             await rt.step("map.partly_sent", task=task, attempt=attempt)
@@ -127,6 +162,7 @@ async def _send_spool(
     async def spilled_body(p: int, seq: int, n: int, stream: bytes) -> bytes:
         # A value too big for one message travels through the blob store instead.
         url = f"{job_scratch(spec.scratch, spec.job_id)}spill/{task}-{attempt}-{p}-{seq}"
+        spills.append(url)
         await blobs.put(url, stream)
         return wire.encode(
             wire.Batch(spec.job_id, task, attempt, p, seq, n, b"", url),
@@ -134,49 +170,45 @@ async def _send_spool(
         )
 
     try:
-        await _send_all(spool, pending, send, spilled_body)
+        await _send_all(spool, gate, send, spilled_body)
     except BaseExceptionGroup as group:
         # Callers handle single backend errors (retry, abandon the attempt); not groups.
-        raise group.exceptions[0] from None
+        first = group.exceptions[0]
+        if isinstance(first, QueueGone) and spills:
+            # The job ended under us: our spilled values would outlive its cleanup.
+            with contextlib.suppress(BackendError):
+                await blobs.delete(spills)
+        raise first from None
 
 
 async def _send_all(
     spool: str,
-    pending: dict[int, list[bytes]],
+    gate: asyncio.Semaphore,
     send: Callable[[int, list[bytes]], Coroutine[Any, Any, None]],
     spilled_body: Callable[[int, int, int, bytes], Coroutine[Any, Any, bytes]],
 ) -> None:
+    """Stream the spool into sends; a send is started only when the gate admits it (``send``
+    releases it), so the bodies in memory are bounded whatever the spool's size."""
+    pending: dict[int, list[bytes]] = {}
+    held = 0  # bytes waiting in partial batches
     async with asyncio.TaskGroup() as tg:
+
+        async def start(p: int) -> None:
+            nonlocal held
+            bodies = pending.pop(p)
+            held -= sum(len(b) for b in bodies)
+            await gate.acquire()
+            tg.create_task(send(p, bodies))
+
         with open(spool, "rb") as f:
             for p, seq, n, data, spilled in msgpack.Unpacker(f, raw=False, use_list=False):
                 body = await spilled_body(p, seq, n, data) if spilled else data
-                bucket = pending.setdefault(p, [])
-                bucket.append(body)
-                if len(bucket) >= 10:
-                    tg.create_task(send(p, bucket))
-                    pending[p] = []
-        for p, bucket in pending.items():
-            if bucket:
-                tg.create_task(send(p, bucket))
-
-
-async def task_failed(
-    rt: Runtime, spec: JobSpec, task_id: str, what: str, error: str, queue: str, msg: Received
-) -> None:
-    """User code raised: count it; retry the task, or fail the job once it keeps failing."""
-    item = await rt.backend.table.update(
-        job_pk(spec.job_id), fail_sk(task_id), set_={"error": error[-4000:]}, add={"count": 1}
-    )
-    failures = int(item["count"])
-    rt.log.warning(
-        "user code failed",
-        job=spec.job_id,
-        task=what,
-        failures=failures,
-        error=error.strip().splitlines()[-1],
-    )
-    if failures >= spec.max_task_failures:
-        await fail(rt.backend, spec, f"{what} failed {failures} times; last error:\n{error}")
-        return
-    await rt.add_stats(spec.job_id, Counter(tasks_retried=1))
-    await rt.backend.queues.change_visibility(queue, [msg.receipt], 0)
+                pending.setdefault(p, []).append(body)
+                held += len(body)
+                if len(pending[p]) >= 10:
+                    await start(p)
+                elif held > PENDING_BYTES:
+                    # Many partitions, each with a partial batch: send the fullest now.
+                    await start(max(pending, key=lambda q: len(pending[q])))
+        for p in list(pending):
+            await start(p)

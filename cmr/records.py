@@ -1,14 +1,18 @@
-"""The job's shared state in the table: one partition per job, plus an index of jobs.
+"""The job's shared state in the table: one partition per job, plus indexes of jobs.
 
     pk=jobs          sk=<job id>          state, created       (what `cmr status` lists)
-    pk=jobs#running  sk=<job id>          while it runs        (what workers poll)
+    pk=jobs#active   sk=<job id>          state, while the job has duties left: running, or
+                                          ended and not yet cleaned up (what workers poll)
+    pk=outputs       sk=<output URL>      the job that owns the output place while it runs
     pk=job#<id>      sk=job               the job record: spec, state, counters, error
     pk=job#<id>      sk=map#<task>        the task's winning attempt and its per-partition counts
-    pk=job#<id>      sk=fail#<m|r><n>     how often user code failed on a map task or partition
-    pk=job#<id>      sk=reduce#<p>        the partition's claim (owner, epoch, lease) and commit
+    pk=job#<id>      sk=fail#<m|r><n>     how often a map task or partition failed or restarted
+    pk=job#<id>      sk=reduce#<p>        the partition's claim (owner, token, epoch, beat) and
+                                          commit
 
 Every decision record is written once with a condition, so whoever reads it later — any
-worker, any time — reaches the same conclusion (the "stable decisions" invariant).
+worker, any time — reaches the same conclusion (the "stable decisions" invariant). A job's
+state changes together with its index rows, in one transaction (``cmr.lifecycle``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from cmr.errors import WireError
 from cmr.job import JobRef
 
 JOBS_PK = "jobs"  # every job ever submitted (what `cmr status` lists)
-RUNNING_PK = "jobs#running"  # only running jobs: what workers poll, so it stays small
+ACTIVE_PK = "jobs#active"  # jobs with duties left: what workers poll, so it stays small
+OUTPUTS_PK = "outputs"  # output places and the job that owns each while it runs
 
 
 class JobState(StrEnum):
@@ -33,6 +38,9 @@ class JobState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+
+FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 
 # Counters the job record accumulates; ``cmr status`` shows them.
@@ -45,10 +53,12 @@ STATS = (
     "batches_filtered",  # batches of losing or dead attempts
     "reduce_conflicts",  # method 3: claims refused because another worker held the partition
     "tasks_retried",
+    "tasks_restarted",  # task attempts started again after a worker died or lost its lease
     "leases_lost",
     "messages_rejected",
     "reduce_spills",  # sorted runs reducers wrote to local disk to stay in their budget
     "conflict_checks",  # times a reducer's counts stalled and it asked the store who reads
+    "tasks_resent",  # task messages a worker sent again from the plan (lost from a queue)
 )
 
 
@@ -88,11 +98,15 @@ class JobSpec:
     params: dict[str, str]
     maps: int
     partitions: int
-    output: str  # URL prefix the committed parts are published under
-    scratch: str  # URL prefix for this job's attempt outputs and spills
+    output: str  # URL prefix the parts are published under (a directory or S3 prefix)
+    scratch: str  # URL prefix for this job's plan, attempt outputs and spills
     queue_prefix: str
-    visibility_s: int
-    max_task_failures: int
+    visibility_s: int  # task and claim leases
+    max_task_failures: int  # a task that raises this often fails the job
+    max_task_attempts: int = 10  # a task started this often without finishing fails the job
+    task_timeout_s: int = 0  # a task's time limit; 0: grows with its input (cmr.timelimit)
+    plan_digest: str = ""  # sha256 of the plan blob: task messages only point into it
+    replaces: str = ""  # the output's manifest etag when submitted ("": there was none)
 
     def queues(self) -> tuple[str, str, list[str]]:
         return queue_names(self.queue_prefix, self.job_id, self.partitions)
@@ -109,6 +123,10 @@ class JobSpec:
             "queue_prefix": self.queue_prefix,
             "visibility_s": self.visibility_s,
             "max_task_failures": self.max_task_failures,
+            "max_task_attempts": self.max_task_attempts,
+            "task_timeout_s": self.task_timeout_s,
+            "plan_digest": self.plan_digest,
+            "replaces": self.replaces,
         }
 
     @staticmethod
@@ -126,6 +144,10 @@ class JobSpec:
                 str(item["queue_prefix"]),
                 int(item["visibility_s"]),
                 int(item["max_task_failures"]),
+                int(item.get("max_task_attempts", 10)),
+                int(item.get("task_timeout_s", 0)),
+                str(item.get("plan_digest", "")),
+                str(item.get("replaces", "")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise WireError(f"job record {job_id} is malformed: {exc}") from None

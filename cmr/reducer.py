@@ -9,8 +9,12 @@ Draining applies the two other duplicate rules of the seeds:
   kept; the reducer knows it has everything when the winners' per-partition batch counts
   are met.
 
-Batches are never deleted from the partition queue: if this worker dies, the next owner
-must find them again. The whole queue is deleted when the job ends.
+The batches a reducer keeps are never deleted from the partition queue: if this worker dies,
+the next owner must find them again. It keeps them invisible while it waits for the rest
+(renewing their leases, one receipt per message), so it never receives its partition over
+again; if it dies they reappear within two leases. Batches it will never need (of losing
+attempts, copies of a tag it holds, strangers') it deletes. The whole queue is deleted when
+the job ends.
 """
 
 from __future__ import annotations
@@ -22,18 +26,20 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 
-from cmr import compute, wire
+from cmr import compute, failures, janitor, wire
 from cmr.backends.base import Received
 from cmr.claim import Claim, Refusal, claim
 from cmr.errors import BackendError, BlobMissing, QueueGone, WireError
 from cmr.lease import message_lease
-from cmr.lifecycle import finalize, job_scratch
-from cmr.mapper import task_failed
+from cmr.lifecycle import job_scratch
 from cmr.records import JobSpec, MapCommit, job_pk, task_of
-from cmr.runtime import Runtime
+from cmr.runtime import Runtime, WorkerCrashed
+from cmr.timelimit import task_limit
 
 CONFLICT_CHECK_S = 2.0  # silence, with batches missing, before we ask who else reads
+MAX_VISIBILITY_S = 12 * 3600  # SQS's longest visibility timeout
 
 
 class Drain:
@@ -45,8 +51,10 @@ class Drain:
         self.workdir = workdir
         self.winners: dict[int, MapCommit] = {}
         self.seqs: dict[tuple[int, str], set[int]] = {}
-        self.message_ids: set[str] = set()
-        self.held: list[str] = []  # receipts of messages we hold invisible
+        self.held: dict[str, str] = {}  # message id -> latest receipt, of batches we keep
+        self.of_attempt: dict[tuple[int, str], list[str]] = {}  # message ids we keep, by attempt
+        self.unneeded: list[str] = []  # receipts of messages no reader will ever need
+        self.spooled = 0  # bytes of pairs kept
         self.stats: Counter[str] = Counter()
 
     def spool(self, task: int, attempt: str) -> str:
@@ -77,17 +85,20 @@ class Drain:
         self.winners[task] = commit
         for t, attempt in list(self.seqs):
             if t == task and attempt != commit.attempt:
-                # A losing or crashed attempt: its batches never count.
+                # A losing or crashed attempt: its batches never count, for anyone.
                 self.stats["batches_filtered"] += len(self.seqs.pop((t, attempt)))
+                for mid in self.of_attempt.pop((t, attempt), []):
+                    self.unneeded.append(self.held.pop(mid))
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.spool(t, attempt))
 
     async def accept(self, rt: Runtime, m: Received) -> None:
-        self.held.append(m.receipt)
-        if m.message_id in self.message_ids:
+        if m.message_id in self.held:
+            # The same message again (its lease lapsed, or a parallel receive): note its
+            # newest receipt, which is the one that renews and releases it.
+            self.held[m.message_id] = m.receipt
             self.stats["batches_dropped"] += 1
             return
-        self.message_ids.add(m.message_id)
         try:
             batch = await asyncio.to_thread(wire.decode, m.body)
             if (
@@ -97,35 +108,48 @@ class Drain:
                 or batch.task >= self.spec.maps
             ):
                 raise WireError("not a batch of this job's partition")
-        except WireError as exc:
+        except Exception as exc:  # whatever a stranger's bytes make the decoder raise
             self.stats["messages_rejected"] += 1
+            self.unneeded.append(m.receipt)
             rt.log.warning(
                 "rejected a message in a partition queue",
                 job=self.spec.job_id,
                 partition=self.partition,
-                reason=str(exc),
+                reason=str(exc)[:200],
             )
             return
         winner = self.winners.get(batch.task)
         if winner is not None and winner.attempt != batch.attempt:
             self.stats["batches_filtered"] += 1
+            self.unneeded.append(m.receipt)
             return
         seen = self.seqs.setdefault((batch.task, batch.attempt), set())
         if batch.seq in seen:
-            self.stats["batches_dropped"] += 1
+            self.stats["batches_dropped"] += 1  # another message with a tag we hold
+            self.unneeded.append(m.receipt)
             return
         pairs = batch.pairs
         if batch.spilled:
             if not batch.spilled.startswith(job_scratch(self.spec.scratch, self.spec.job_id)):
                 self.stats["messages_rejected"] += 1
+                self.unneeded.append(m.receipt)
                 return
             try:
                 pairs = await rt.backend.blobs.get(batch.spilled)
             except BlobMissing:
                 return  # its attempt lost and was cleaned up; a winner's spill is never deleted
         seen.add(batch.seq)
+        self.held[m.message_id] = m.receipt
+        self.of_attempt.setdefault((batch.task, batch.attempt), []).append(m.message_id)
+        self.spooled += len(pairs)
         with open(self.spool(batch.task, batch.attempt), "ab") as f:
             f.write(pairs)
+
+    async def delete_unneeded(self, rt: Runtime, queue: str) -> None:
+        if self.unneeded:
+            receipts, self.unneeded = self.unneeded, []
+            with contextlib.suppress(BackendError):
+                await rt.backend.queues.delete_messages(queue, receipts)
 
     def winner_spools(self) -> list[str]:
         paths = [self.spool(t, w.attempt) for t, w in sorted(self.winners.items())]
@@ -136,24 +160,42 @@ async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.
     _, reduce_q, part_qs = spec.queues()
     queues = rt.backend.queues
     p = task.partition
-    got = await claim(rt.backend.table, spec.job_id, p, rt.worker_id, spec.visibility_s)
-    if isinstance(got, Refusal):
-        if got.committed:
+    async with message_lease(queues, reduce_q, msg.receipt, spec.visibility_s, rt.awake):
+        got = await claim(
+            rt.backend.table, spec.job_id, p, rt.worker_id, spec.visibility_s, rt.awake
+        )
+        if isinstance(got, Refusal) and got.committed:
+            # A partition committed by someone who may have died before finishing the job:
+            # finishing it is everyone's duty. Only then is the message no longer needed.
+            await janitor.finalize(rt, spec)
             await queues.delete_messages(reduce_q, [msg.receipt])
-        else:
-            # Someone holds a live claim: hide our copy until its lease would lapse, so the
-            # task comes back only if the holder dies.
-            await rt.add_stats(spec.job_id, Counter(reduce_conflicts=1))
-            await queues.change_visibility(
-                reduce_q, [msg.receipt], min(spec.visibility_s, int(got.retry_in) + 1)
-            )
+            return
+    if isinstance(got, Refusal):
+        # Someone holds a live claim: hide our copy for a lease, so the task comes back
+        # only if the holder dies.
+        await rt.add_stats(spec.job_id, Counter(reduce_conflicts=1))
+        await queues.change_visibility(
+            reduce_q, [msg.receipt], min(spec.visibility_s, int(got.retry_in) + 1)
+        )
         return
+    if not await failures.reduce_claimed(rt, spec, failures.TaskRef.reduce(p), got.epoch):
+        await got.release()
+        return  # started too often: the job was failed
     workdir = tempfile.mkdtemp(prefix=f"reduce-{p}-", dir=rt.spool_dir)
     drain = Drain(spec, p, workdir)
     try:
         await _run_claimed(rt, spec, got, drain, msg, part_qs[p], reduce_q)
     except QueueGone:
         await got.forget()  # the job ended while we held the partition
+        raise
+    except WorkerCrashed:
+        raise  # a dead worker releases nothing: its leases lapse
+    except Exception:
+        # A failure (counted by the caller): the next owner need not wait for our lease or
+        # for our batches to reappear.
+        with contextlib.suppress(BackendError):
+            await got.release()
+            await _let_go(rt, drain, part_qs[p], lost=False)
         raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -172,12 +214,36 @@ async def _run_claimed(
     async with (
         message_lease(rt.backend.queues, reduce_q, msg.receipt, spec.visibility_s, rt.awake),
         got.renewing(rt.awake),
+        _holding(rt, drain, queue, spec.visibility_s),
     ):
         await _drain(rt, spec, got, drain, queue)
         if got.lost.is_set():
-            await _let_go(rt, drain, queue)
+            await _let_go(rt, drain, queue, lost=True)
             return
         await _reduce_and_commit(rt, spec, got, drain, msg)
+
+
+@contextlib.asynccontextmanager
+async def _holding(rt: Runtime, drain: Drain, queue: str, lease_s: int) -> AsyncIterator[None]:
+    """Keep the batches we hold invisible while we work, each by its newest receipt."""
+    keep_s = min(MAX_VISIBILITY_S, 2 * lease_s)
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(lease_s)
+            await rt.awake.wait()  # a paused process renews nothing: its batches reappear
+            await drain.delete_unneeded(rt, queue)
+            receipts = list(drain.held.values())
+            with contextlib.suppress(BackendError):
+                await rt.backend.queues.change_visibility(queue, receipts, keep_s)
+
+    task = asyncio.create_task(renew())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: str) -> None:
@@ -210,6 +276,8 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
         )
         for m in got:
             await drain.accept(rt, m)
+        if len(drain.unneeded) >= 10:
+            await drain.delete_unneeded(rt, queue)
         if not got and drain.expecting_commits():
             # Nothing in flight for us, yet tasks whose batches we hold have not been seen to
             # commit: their commits, which no message announces, are what we wait for. Ask
@@ -217,7 +285,9 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
             next_poll = 0.0
         if got and not stepped:
             stepped = True
-            await rt.step("reduce.draining", partition=drain.partition, owner=owner.owner)
+            await rt.step(
+                "reduce.draining", partition=drain.partition, owner=owner.owner, token=owner.token
+            )
         if got or len(drain.winners) < spec.maps:
             stalled_since = None
         elif stalled_since is None:
@@ -235,26 +305,31 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
                     partition=drain.partition,
                     missing=drain.missing(),
                 )
+    await drain.delete_unneeded(rt, queue)
 
 
-async def _let_go(rt: Runtime, drain: Drain, queue: str) -> None:
-    """We lost the partition (paused past our lease): hand back every batch we hold at once,
-    so the new owner is not stalled for a whole visibility timeout."""
-    rt.log.warning(
-        "lost the claim on a partition; releasing its messages",
-        job=drain.spec.job_id,
-        partition=drain.partition,
-    )
-    drain.stats["leases_lost"] += 1
+async def _let_go(rt: Runtime, drain: Drain, queue: str, *, lost: bool) -> None:
+    """Hand back every batch we hold at once, so the next owner is not stalled for a
+    whole visibility timeout (we lost the claim, paused past our lease, or failed)."""
+    if lost:
+        rt.log.warning(
+            "lost the claim on a partition; releasing its messages",
+            job=drain.spec.job_id,
+            partition=drain.partition,
+        )
+        drain.stats["leases_lost"] += 1
+    receipts, drain.held = list(drain.held.values()), {}
     with contextlib.suppress(BackendError):
-        await rt.backend.queues.change_visibility(queue, drain.held, 0)
+        await rt.backend.queues.change_visibility(queue, receipts, 0)
 
 
 async def _reduce_and_commit(
     rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, msg: Received
 ) -> None:
-    _, reduce_q, _ = spec.queues()
+    _, reduce_q, part_qs = spec.queues()
     out_path = os.path.join(drain.workdir, "output")
+    what = f"reduce of partition {drain.partition}"
+    limit = task_limit(spec.task_timeout_s, drain.spooled)
     result = await rt.cpu(
         compute.run_reduce,
         spec.ref,
@@ -264,38 +339,39 @@ async def _reduce_and_commit(
         max(64 * 1024, rt.settings.memory_mb * 1024 * 1024),
         drain.workdir,
         rt.settings.use_combiner,
+        limit,
+        what,
+        limit_s=limit,
     )
     drain.stats["reduce_spills"] += result.spills
     if result.error:
         await owner.release()
-        await task_failed(
-            rt,
-            spec,
-            f"r{drain.partition}",
-            f"reduce of partition {drain.partition}",
-            result.error,
-            reduce_q,
-            msg,
+        await _let_go(rt, drain, part_qs[drain.partition], lost=False)
+        await failures.task_failed(
+            rt, spec, failures.TaskRef.reduce(drain.partition), result.error, reduce_q, msg
         )
         return
     url = (
         f"{job_scratch(spec.scratch, spec.job_id)}out/"
-        f"p{drain.partition:05d}-e{owner.epoch}-{owner.owner}"
+        f"p{drain.partition:05d}-e{owner.epoch}-{owner.token}"
     )
+    nbytes = os.path.getsize(out_path)
     await rt.backend.blobs.upload_file(out_path, url)
     await rt.step("reduce.output_written", partition=drain.partition, output=url)
-    if not await owner.commit(url, result.records_out):
+    if not await owner.commit(url, result.records_out, nbytes):
         drain.stats["leases_lost"] += 1
         rt.log.warning(
             "partition was taken over before our commit; output discarded",
             job=spec.job_id,
             partition=drain.partition,
         )
-        await rt.backend.blobs.delete_prefix(url)
+        await rt.backend.blobs.delete([url])
         return
     await rt.step("reduce.committed", partition=drain.partition, output=url)
-    await rt.backend.queues.delete_messages(reduce_q, [msg.receipt])
     await rt.add_stats(spec.job_id, drain.stats)
     drain.stats.clear()
     await rt.flush_stats()  # the job that ends now shows this worker's counters at once
-    await finalize(rt.backend, spec)
+    # Finishing the job is everyone's duty; the last committer is simply the first to see
+    # it due. Our message goes only after: if we die first, its next receiver finalizes.
+    await janitor.finalize(rt, spec)
+    await rt.backend.queues.delete_messages(reduce_q, [msg.receipt])

@@ -8,15 +8,18 @@ import secrets
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import structlog
 
 from cmr.backends.base import Backend
-from cmr.errors import BackendError
-from cmr.records import STATS, job_pk
+from cmr.errors import BackendError, CmrError
+from cmr.plan import Plan, load_plan
+from cmr.records import STATS, JobSpec, job_pk
 from cmr.settings import WorkerSettings
+from cmr.timelimit import hard_limit
 
 T = TypeVar("T")
 
@@ -33,6 +36,16 @@ STEPS = (
     "reduce.draining",  # part of the partition has been received
     "reduce.output_written",  # the partition's output is uploaded, not committed
     "reduce.committed",  # the partition is committed, its task message not deleted
+    "finalize.begin",  # every partition is committed; nothing published yet
+    "publish.marked",  # the job is marked publishing; no part copied
+    "publish.copied",  # every part is copied into the output place; no manifest
+    "publish.manifest_written",  # the manifest stands; the job still says running
+    "finalize.succeeded",  # the job says succeeded; replaced parts and scratch remain
+    "cleanup.output",  # replaced (or own unpublished) parts removed; queues remain
+    "cleanup.queues",  # queues deleted; scratch blobs remain
+    "cleanup.scratch",  # scratch deleted; task records remain
+    "cleanup.records",  # task records deleted; the job still in the active index
+    "cleanup.done",  # the job left the active index
 )
 
 Hook = Callable[["Runtime", str, dict[str, Any]], Awaitable[None]]
@@ -40,6 +53,16 @@ Hook = Callable[["Runtime", str, dict[str, Any]], Awaitable[None]]
 
 class WorkerCrashed(Exception):
     """Raised by a test hook to stop a worker dead at a step: nothing after it runs."""
+
+
+class PoolRestarted(CmrError):
+    """The worker restarted its CPU pool (a task overran its time limit) while this task ran
+    in it: the task did nothing wrong and is simply tried again."""
+
+
+class TaskTimedOut(CmrError):
+    """A task's code kept running past its time limit and ignored the signal sent to stop it:
+    the worker stopped the process it ran in."""
 
 
 @dataclass
@@ -53,8 +76,12 @@ class Runtime:
     log: Any = field(default_factory=lambda: structlog.get_logger("cmr.worker"))
     hook: Hook | None = None
     awake: asyncio.Event = field(default_factory=asyncio.Event)
+    # Called when a task of ours ended a job (failed it, or finalized it): its cleanup is the
+    # duty that follows, which the worker takes on.
+    on_job_ended: Callable[[JobSpec], None] | None = None
     _pending_stats: dict[str, Counter[str]] = field(default_factory=dict)
     _stats_flusher: asyncio.Task[None] | None = None
+    _plans: dict[str, Plan] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.awake.set()
@@ -65,6 +92,25 @@ class Runtime:
             await self.hook(self, name, context)
         await self.awake.wait()
 
+    async def hook_step(self, name: str, context: dict[str, Any]) -> None:
+        """``step`` in the shape lifecycle and janitor code takes (cmr.lifecycle.Step)."""
+        await self.step(name, **context)
+
+    def job_ended(self, spec: JobSpec) -> None:
+        if self.on_job_ended is not None:
+            self.on_job_ended(spec)
+
+    async def plan(self, spec: JobSpec, job_scratch: str) -> Plan:
+        """The job's plan, read once per worker (it never changes)."""
+        plan = self._plans.get(spec.job_id)
+        if plan is None:
+            plan = await load_plan(self.backend.blobs, job_scratch, spec.plan_digest)
+            self._plans[spec.job_id] = plan
+        return plan
+
+    def forget_job(self, job_id: str) -> None:
+        self._plans.pop(job_id, None)
+
     async def pause(self, seconds: float) -> None:
         """Freeze this worker as SIGSTOP would: no receives, no lease renewals."""
         self.awake.clear()
@@ -73,9 +119,36 @@ class Runtime:
         finally:
             self.awake.set()
 
-    async def cpu(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run fn in the process pool, so the event loop keeps moving bytes."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+    async def cpu(self, fn: Callable[..., T], *args: Any, limit_s: float = 0.0) -> T:
+        """Run fn in the process pool, so the event loop keeps moving bytes. With a time
+        limit (which fn enforces itself, by SIGALRM), stop waiting past the hard limit:
+        restart the pool, which kills the stuck process, and raise TaskTimedOut."""
+        generation = getattr(self.pool, "generation", 0)
+        future = asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        try:
+            if limit_s <= 0:
+                return await future
+            try:
+                return await asyncio.wait_for(asyncio.shield(future), hard_limit(limit_s))
+            except TimeoutError:
+                restart = getattr(self.pool, "restart", None)
+                if restart is None:
+                    raise TaskTimedOut(
+                        f"a task overran its time limit of {limit_s:.0f} s and did not stop; "
+                        "this pool cannot be restarted"
+                    ) from None
+                self.log.warning("a task ignored its time limit; restarting the CPU pool")
+                await asyncio.to_thread(restart)
+                raise TaskTimedOut(
+                    f"the task ran past its time limit of {limit_s:.0f} s and did not stop "
+                    "when told to (stuck in code that does not return to Python?); its process "
+                    "was killed. Give the job more time with --task-timeout SECONDS if it "
+                    "needs it"
+                ) from None
+        except BrokenProcessPool:
+            if getattr(self.pool, "generation", 0) != generation:
+                raise PoolRestarted("the CPU pool was restarted under this task") from None
+            raise
 
     async def add_stats(self, job_id: str, stats: Counter[str]) -> None:
         """Fold a task's counters into the job record, coalesced with this worker's other

@@ -43,6 +43,9 @@ class WorkerSettings:
     # sent nothing to a partition. None: 5 x poll_s (5 s on SQS).
     idle_poll_s: float | None = None
     spill_dir: str | None = None
+    # How often a worker checks a running job that none of its slots got a message of in
+    # that long: are its task messages still there, is it due to be finalized (cmr.janitor).
+    janitor_s: float = 60.0
     # The shuffle. Defaults are cmr's; ``message_bytes=7 * 1024, compress=False,
     # use_combiner=False`` mimics the 2009 implementation (SQS's 8 KB limit then, no zstd,
     # no combiner), for comparing costs. Readers accept every combination, whoever sent it.

@@ -32,8 +32,12 @@ from cmr.backends.base import Backend
 from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
 from cmr.backends.faults import FaultPlan, inject
 from cmr.backends.retry import with_retries
+from cmr.client import JobOptions
 from cmr.compute import job_instance, sort_key
 from cmr.job import Job
+from cmr.lifecycle import job_scratch
+from cmr.publish import MANIFEST, Manifest
+from cmr.records import ACTIVE_PK, OUTPUTS_PK, JobSpec, job_pk
 from cmr.runtime import STEPS, Hook, Runtime, WorkerCrashed
 from cmr.settings import WorkerSettings
 from cmr.worker import Worker
@@ -69,10 +73,15 @@ def sequential(
 
 
 def read_output(out: str | Path, reducers: int) -> list[str]:
+    """A local output as a reader should read it: the parts its ``_SUCCESS`` manifest lists,
+    one string per partition; "<missing>" where it lists none (everywhere, without one)."""
+    manifest_path = Path(out) / MANIFEST
+    if not manifest_path.exists():
+        return ["<missing>"] * reducers
+    manifest = Manifest.from_bytes(manifest_path.read_bytes())
+    names = {int(p.name[5:10]): p.name for p in manifest.parts}
     return [
-        (Path(out) / f"part-{p:05d}").read_text(encoding="utf-8")
-        if (Path(out) / f"part-{p:05d}").exists()
-        else "<missing>"
+        (Path(out) / names[p]).read_text(encoding="utf-8") if p in names else "<missing>"
         for p in range(reducers)
     ]
 
@@ -98,6 +107,7 @@ class ChaosResult:
     crashes: Counter[str] = field(default_factory=Counter)  # by step
     pauses: Counter[str] = field(default_factory=Counter)  # by step
     workers_started: int = 0
+    leftovers: list[str] = field(default_factory=list)  # what the job left behind (none!)
 
     @property
     def duplicates_handled(self) -> dict[str, int]:
@@ -118,15 +128,17 @@ class StepChaos:
     crash: float = 0.0
     pause: float = 0.0
     pause_s: float = 3.0  # longer than the lease, so the paused worker loses it
-    max_crashes: int = 4  # after this many, replacements no longer crash: the job must end
+    max_crashes: int = 4  # after this many, no worker crashes any more: the job must end
 
 
 def chaos_hook(
-    rng: random.Random, chaos: StepChaos, result: ChaosResult, allow_crash: bool
+    rng: random.Random, chaos: StepChaos, result: ChaosResult, crash_budget: int
 ) -> Hook:
+    """Crash (while fewer than ``crash_budget`` workers have) or pause at random steps."""
+
     async def hook(rt: Runtime, step: str, context: dict[str, Any]) -> None:
         roll = rng.random()
-        if allow_crash and roll < chaos.crash:
+        if roll < chaos.crash and sum(result.crashes.values()) < crash_budget:
             result.crashes[step] += 1
             raise WorkerCrashed(step)
         if roll < chaos.crash + chaos.pause:
@@ -134,6 +146,24 @@ def chaos_hook(
             await rt.pause(chaos.pause_s * (0.8 + 0.4 * rng.random()))
 
     return hook
+
+
+async def leftovers(be: Backend, spec: JobSpec) -> list[str]:
+    """What an ended, cleaned-up job left behind, that it should not have: queues, task
+    records, a row in the active index, a live claim on its output, scratch blobs."""
+    found = [f"queue {q}" for q in await be.queues.list(f"{spec.queue_prefix}{spec.job_id}-")]
+    found += [
+        f"record {i['pk']}/{i['sk']}"
+        for i in await be.table.query(job_pk(spec.job_id))
+        if i["sk"] != "job"
+    ]
+    if await be.table.get(ACTIVE_PK, spec.job_id) is not None:
+        found.append(f"record {ACTIVE_PK}/{spec.job_id}")
+    claim = await be.table.get(OUTPUTS_PK, spec.output)
+    if claim is not None and claim.get("active"):
+        found.append(f"record {OUTPUTS_PK}/{spec.output} (still active)")
+    found += [f"blob {b.url}" for b in await be.blobs.list(job_scratch(spec.scratch, spec.job_id))]
+    return found
 
 
 async def chaos_run(
@@ -152,12 +182,20 @@ async def chaos_run(
     params: dict[str, str] | None = None,
     hooks: list[Hook | None] | None = None,
     timeout_s: float = 180.0,
+    clientless: bool = False,
+    settings: WorkerSettings | None = None,
+    overwrite: bool = False,
 ) -> ChaosResult:
-    """Run a job on a fresh embedded backend under faults, keeping ``workers`` alive.
+    """Run a job on a fresh embedded backend under faults, and wait until every worker has
+    stopped by itself (they stop once the job has ended and been cleaned up).
 
     ``plan`` defaults to ``FaultPlan.random(seed)``; ``steps`` to occasional crashes and
     pauses. ``hooks`` (one per initial worker) replace the seeded step chaos, for targeted
-    tests. Raises TimeoutError if the job does not end within ``timeout_s``.
+    tests. By default a client watches (it only reads) and a supervisor replaces crashed
+    workers, as a fleet's autoscaler would. ``clientless``: nobody watches or replaces
+    anyone: the job is submitted and left to the ``workers`` started, at most all but one
+    of which crash. The record is then read from the table, and ``leftovers`` lists what the
+    job left behind. Raises TimeoutError if the workers are not done within ``timeout_s``.
     """
     plan = plan if plan is not None else FaultPlan.random(seed)
     steps = (
@@ -165,6 +203,7 @@ async def chaos_run(
         if steps is not None
         else StepChaos(crash=0.02, pause=0.02, pause_s=visibility_s * 1.5 + 0.5)
     )
+    budget = min(steps.max_crashes, workers - 1) if clientless else steps.max_crashes
     rng = random.Random(seed * 7919 + 1)
     with tempfile.TemporaryDirectory(prefix="cmr-chaos-") as scratch:
         base = Backend(
@@ -173,20 +212,24 @@ async def chaos_run(
         async with inject(base, plan) as faulty:
             be = with_retries(faulty, attempts=12)
             ref = job_ref(job)
+            options = JobOptions(
+                partitions=reducers,
+                visibility_s=visibility_s,
+                params=dict(params or {}),
+                overwrite=overwrite,
+            )
             spec = await client.submit(
                 be,
                 ref,
                 str(input),
                 str(output),
-                partitions=reducers,
-                params=dict(params or {}),
-                visibility_s=visibility_s,
+                options,
                 queue_prefix="cmr-",
                 parallelism=workers,
                 split_bytes=split_bytes,
             )
             result = ChaosResult(spec.job_id, {}, faulty.injected)
-            ws = WorkerSettings(
+            ws = settings or WorkerSettings(
                 map_slots=2, reduce_slots=2, processes=1, visibility_s=visibility_s, memory_mb=1
             )
 
@@ -194,49 +237,61 @@ async def chaos_run(
                 if hooks is not None and i < len(hooks):
                     hook = hooks[i]
                 else:
-                    hook = chaos_hook(
-                        random.Random(rng.random()),
-                        steps,
-                        result,
-                        allow_crash=sum(result.crashes.values()) < steps.max_crashes,
-                    )
+                    hook = chaos_hook(random.Random(rng.random()), steps, result, budget)
                 w = Worker(be, ws, pool, only_job=spec.job_id, hook=hook)
                 result.workers_started += 1
                 return w, asyncio.create_task(w.run())
 
             fleet = [start(i) for i in range(workers)]
-            waiter = asyncio.create_task(client.wait(be, spec, poll_s=0.2))
+            ended: set[asyncio.Task[None]] = set()
+            waiter = None if clientless else asyncio.create_task(client.wait(be, spec, poll_s=0.2))
             try:
                 async with asyncio.timeout(timeout_s):
-                    while not waiter.done():
+                    while any(not t.done() for _, t in fleet):
                         await asyncio.wait(
-                            [waiter, *(t for _, t in fleet)], return_when=asyncio.FIRST_COMPLETED
+                            [t for _, t in fleet if not t.done()],
+                            return_when=asyncio.FIRST_COMPLETED,
                         )
                         for i, (_, t) in enumerate(fleet):
-                            if t.done() and not waiter.done():
-                                _crashed_or_raise(t)
-                                fleet[i] = start(len(fleet) + result.workers_started)
-                result.record = waiter.result()
+                            if t.done() and t not in ended:
+                                ended.add(t)
+                                crashed = _crashed_or_raise(t)
+                                # A fleet replaces a dead worker while the job has work left.
+                                if crashed and not clientless and await _active(be, spec):
+                                    fleet[i] = start(len(fleet) + result.workers_started)
+                if waiter is not None:
+                    await waiter  # a failed job raises JobFailed, as a client sees it
             finally:
-                waiter.cancel()
+                if waiter is not None:
+                    waiter.cancel()
                 for worker, _ in fleet:
                     worker.done.set()
-                await asyncio.gather(*(t for _, t in fleet), waiter, return_exceptions=True)
+                await asyncio.gather(
+                    *(t for _, t in fleet), *([waiter] if waiter else []), return_exceptions=True
+                )
+            result.record = await be.table.get(job_pk(spec.job_id), "job") or {}
+            result.leftovers = await leftovers(be, spec)
     return result
 
 
-def _crashed_or_raise(task: asyncio.Task[None]) -> None:
-    """A worker ended: fine if a hook crashed it (or its job ended), else a real bug."""
+async def _active(be: Backend, spec: JobSpec) -> bool:
+    return await be.table.get(ACTIVE_PK, spec.job_id) is not None
+
+
+def _crashed_or_raise(task: asyncio.Task[None]) -> bool:
+    """A worker ended: True if a hook crashed it, False if it stopped by itself (its job
+    ended and was cleaned up); anything else is a real bug, raised."""
     exc = task.exception()
     if exc is None:
-        return
+        return False
     if isinstance(exc, BaseExceptionGroup):
-        _, rest = exc.split((WorkerCrashed, asyncio.CancelledError))
+        crashed, rest = exc.split((WorkerCrashed, asyncio.CancelledError))
         if rest is None:
-            return
+            return crashed is not None
         raise rest
     if not isinstance(exc, WorkerCrashed):
         raise exc
+    return True
 
 
 __all__ = [
@@ -248,6 +303,7 @@ __all__ = [
     "chaos_hook",
     "chaos_run",
     "diff_outputs",
+    "leftovers",
     "read_output",
     "sequential",
 ]

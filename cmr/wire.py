@@ -26,6 +26,7 @@ ZSTD_FRAME = b"\x28\xb5\x2f\xfd"  # every zstd frame starts with these bytes
 # msgpack's map headers: fixmap (0x80-0x8f), map16 (0xde), map32 (0xdf).
 _MAP_HEADERS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
 MAX_DECODED = 64 * 1024 * 1024  # a decoded body larger than this is refused, not allocated
+_HEX = "0123456789abcdef"  # attempt ids are lowercase hex: they name local spool files
 _LEVEL = 3  # zstd's default: fast, and ~4x on shuffled text pairs
 
 # zstd contexts are not thread-safe and bodies are decoded in threads: one set per thread.
@@ -55,9 +56,10 @@ class Range:
 
 @dataclass(frozen=True)
 class MapTask:
+    """A pointer into the job's plan (cmr.plan), which says what the task reads."""
+
     job: str
     task: int
-    ranges: tuple[Range, ...]
 
 
 @dataclass(frozen=True)
@@ -118,13 +120,8 @@ def decompress(data: bytes) -> bytes:
 def encode(msg: Message, *, compress: bool = True) -> bytes:
     """The queue body of a message: zstd-compressed msgpack, or plain msgpack."""
     match msg:
-        case MapTask(job, task, ranges):
-            doc: dict[str, Any] = {
-                "k": "map",
-                "job": job,
-                "task": task,
-                "ranges": [[r.url, r.start, r.end, r.name] for r in ranges],
-            }
+        case MapTask(job, task):
+            doc: dict[str, Any] = {"k": "map", "job": job, "task": task}
         case ReduceTask(job, partition):
             doc = {"k": "reduce", "job": job, "p": partition}
         case Batch():
@@ -181,25 +178,12 @@ def decode(body: bytes) -> Message:
         raise WireError("body is not a msgpack map")
     kind = doc.get("k")
     if kind == "map":
-        raw = _field(doc, "ranges", tuple)
-        ranges = []
-        for r in raw:
-            if (
-                not isinstance(r, tuple)
-                or len(r) != 4
-                or not isinstance(r[0], str)
-                or not isinstance(r[3], str)
-                or not all(isinstance(x, int) and not isinstance(x, bool) for x in r[1:3])
-                or not 0 <= r[1] <= r[2]
-            ):
-                raise WireError("a map range is not [url, start, end, name]")
-            ranges.append(Range(r[0], r[1], r[2], r[3]))
-        return MapTask(_job_id(doc), _nat(doc, "task"), tuple(ranges))
+        return MapTask(_job_id(doc), _nat(doc, "task"))
     if kind == "reduce":
         return ReduceTask(_job_id(doc), _nat(doc, "p"))
     if kind == "batch":
         attempt: str = _field(doc, "att", str)
-        if not 1 <= len(attempt) <= 64:
+        if not 1 <= len(attempt) <= 64 or attempt.strip(_HEX):
             raise WireError("field 'att' is not an attempt id")
         return Batch(
             _job_id(doc),

@@ -1,8 +1,12 @@
 """The worker: every process runs this same loop; there is no master.
 
-A worker finds running jobs in the table, and runs up to ``map_slots`` map tasks and
+A worker finds jobs in the table's active index, and runs up to ``map_slots`` map tasks and
 ``reduce_slots`` reduce tasks at once, taking whatever its jobs' queues hand it. Reduce
 slots are separate from map slots so a reducer waiting for maps can never starve them.
+Besides tasks it performs the duties any worker may (``cmr.janitor``): cleaning up an ended
+job whose cleaner is gone, and repairing a job that lost task messages. A worker serving one
+job (``only_job``) stops once that job has ended *and* been cleaned up, so it never leaves
+its own job's cleanup half-done.
 """
 
 from __future__ import annotations
@@ -14,23 +18,24 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from cmr import taskprogress, wire
-from cmr.backends.base import Backend, Received
+from cmr import failures, janitor, taskprogress, wire
+from cmr.backends.base import Backend, Item, Received
 from cmr.errors import BackendError, CmrError, QueueGone, Throttled, WireError
 from cmr.mapper import run_map_task
-from cmr.records import JOBS_PK, RUNNING_PK, JobSpec, JobState, job_pk
+from cmr.records import ACTIVE_PK, JobSpec, JobState, job_pk
 from cmr.reducer import run_reduce_task
-from cmr.runtime import Hook, Runtime, WorkerCrashed
+from cmr.runtime import Hook, PoolRestarted, Runtime, WorkerCrashed
 from cmr.settings import WorkerSettings
 
 JOB_REFRESH_S = 5.0  # a worker serving one job checks it this often (sooner when its queues go)
 PROGRESS_FOLD_S = 1.0  # how often live counters from user code reach the job record
 FLEET_REFRESH_S = 5.0  # a fleet worker looks for new jobs this often (one query each)
+DUTY_GRACE_S = 60.0  # on stopping, how long duties under way may take to finish
 T = TypeVar("T")
 
 
@@ -49,6 +54,7 @@ class Worker:
         self.rt = Runtime(
             backend, settings, pool, tempfile.mkdtemp(prefix="cmr-", dir=spool), hook=hook
         )
+        self.rt.on_job_ended = self._job_ended
         self.jobs: list[JobSpec] = []
         self._specs: dict[str, JobSpec] = {}
         self._turn = 0
@@ -57,37 +63,126 @@ class Worker:
         self.broken = False
         self.done = asyncio.Event()
         self._poke = asyncio.Event()  # refresh the jobs now, not at the next period
+        self._group: asyncio.TaskGroup | None = None
+        self._duties: dict[str, asyncio.Task[None]] = {}  # by job id: one duty a job at once
+        self._next_duty: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {}
+        self._watched: dict[str, tuple[janitor.Seen, float]] = {}  # cleaners we watch
+        self._last_task: dict[str, float] = {}  # when a slot last got a message of the job
+        self._repaired: dict[str, tuple[float, bool]] = {}  # last repair check, queues empty?
+
+    async def _spec(self, job_id: str) -> JobSpec | None:
+        spec = self._specs.get(job_id)
+        if spec is None:
+            item = await self.rt.backend.table.get(job_pk(job_id), "job")
+            if item is None:
+                return None
+            try:
+                spec = JobSpec.from_item(job_id, item)
+            except WireError as exc:
+                self.rt.log.warning("skipping a malformed job record", job=job_id, error=str(exc))
+                return None
+            self._specs[job_id] = spec
+            self._last_task.setdefault(job_id, time.monotonic())
+            self.last_work = time.monotonic()  # a new job is work to come, not idleness
+        return spec
 
     async def refresh_jobs(self) -> None:
         table = self.rt.backend.table
         if self.only_job is not None:
-            rows = [r for r in [await table.get(JOBS_PK, self.only_job)] if r is not None]
+            row = await table.get(ACTIVE_PK, self.only_job)
+            rows = [row] if row is not None else []
         else:
-            rows = await table.query(RUNNING_PK, consistent=False)
+            rows = await table.query(ACTIVE_PK, consistent=False)
         running = []
         for row in rows:
             job_id = str(row["sk"])
-            if row.get("state") != JobState.RUNNING.value:
-                self._specs.pop(job_id, None)
-                continue
-            spec = self._specs.get(job_id)
+            spec = await self._spec(job_id)
             if spec is None:
-                item = await table.get(job_pk(job_id), "job")
-                if item is None:
-                    continue
-                try:
-                    spec = JobSpec.from_item(job_id, item)
-                except WireError as exc:
-                    self.rt.log.warning(
-                        "skipping a malformed job record", job=job_id, error=str(exc)
-                    )
-                    continue
-                self._specs[job_id] = spec
-                self.last_work = time.monotonic()  # a new job is work to come, not idleness
-            running.append(spec)
+                continue
+            if row.get("state") == JobState.RUNNING.value:
+                running.append(spec)
+                self._consider_repair(spec)
+            else:
+                self._consider_cleanup(spec, row)
+        listed = {str(r["sk"]) for r in rows}
+        for job_id in list(self._specs):
+            if job_id not in listed:  # cleaned up: nothing left to do for it
+                self._forget(job_id)
         self.jobs = running
-        if self.only_job is not None and not running:
+        if self.only_job is not None and not rows:
             self.done.set()
+
+    def _forget(self, job_id: str) -> None:
+        self._specs.pop(job_id, None)
+        self._watched.pop(job_id, None)
+        self._last_task.pop(job_id, None)
+        self._repaired.pop(job_id, None)
+        self.rt.forget_job(job_id)
+
+    def _duty(self, spec: JobSpec, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run a duty in the worker's task group (a crash in it is the worker's crash), one
+        per job at a time."""
+        if self._group is None:
+            return
+        if spec.job_id in self._duties:
+            self._next_duty.setdefault(spec.job_id, work)  # after the one under way
+            return
+
+        async def run() -> None:
+            try:
+                await work()
+            except (WorkerCrashed, BrokenProcessPool):
+                raise
+            except Exception:
+                # Duties are idempotent and watched by every worker: a failed one is taken up
+                # again (by us at the next refresh, or by another worker).
+                self.rt.log.exception(
+                    "a job duty failed; it will be taken up again", job=spec.job_id
+                )
+            finally:
+                self._duties.pop(spec.job_id, None)
+                follow = self._next_duty.pop(spec.job_id, None)
+                if follow is not None and not self.done.is_set():
+                    self._duty(spec, follow)
+                self._poke.set()
+
+        self._duties[spec.job_id] = self._group.create_task(run())
+
+    def _job_ended(self, spec: JobSpec) -> None:
+        """One of our tasks ended the job: its cleanup is ours to do, now."""
+        self.jobs = [j for j in self.jobs if j.job_id != spec.job_id]
+        self._duty(spec, lambda: janitor.clean(self.rt, spec, None))
+
+    def _consider_cleanup(self, spec: JobSpec, row: Item) -> None:
+        """An ended job still listed: watch its cleaner, and take over if it stays silent for
+        one and a half leases on our own clock."""
+        if spec.job_id in self._duties:
+            return
+        seen = janitor.cleaner_of(row)
+        now = time.monotonic()
+        watched = self._watched.get(spec.job_id)
+        if watched is None or watched[0] != seen:
+            self._watched[spec.job_id] = (seen, now)
+            return
+        if now - watched[1] >= janitor.WATCH_LEASES * spec.visibility_s:
+            self._watched.pop(spec.job_id, None)
+            self._duty(spec, lambda: janitor.clean(self.rt, spec, seen))
+
+    def _consider_repair(self, spec: JobSpec) -> None:
+        """A running job none of our slots got a message of for a while: check that its task
+        messages still exist (and whether it is due to be finalized)."""
+        every = self.rt.settings.janitor_s
+        now = time.monotonic()
+        checked, empty = self._repaired.get(spec.job_id, (0.0, False))
+        if now - self._last_task.get(spec.job_id, now) < every or now - checked < every:
+            return
+
+        async def check() -> None:
+            was_empty = await janitor.repair(self.rt, spec, empty)
+            self._repaired[spec.job_id] = (time.monotonic(), was_empty)
+
+        self._repaired[spec.job_id] = (now, empty)
+        self._duty(spec, check)
 
     def _next_job(self) -> JobSpec | None:
         if not self.jobs:
@@ -124,20 +219,22 @@ class Worker:
                     continue
                 wait_s = poll_s
                 self.busy += 1
-                self.last_work = time.monotonic()
+                self.last_work = self._last_task[spec.job_id] = time.monotonic()
                 try:
                     await handle(spec, got[0])
                 finally:
                     self.busy -= 1
                     self.last_work = time.monotonic()
             except QueueGone:
-                # The job ended and was cleaned up: stop polling its queues now (each try
-                # costs a request) and let the watcher confirm it at once.
+                # The job ended and its queues were cleaned up: stop polling them now (each
+                # try costs a request) and let the watcher confirm it at once.
                 self.jobs = [j for j in self.jobs if j.job_id != spec.job_id]
                 self._poke.set()
                 await asyncio.sleep(0.1)
             except Throttled:
                 await asyncio.sleep(1.0)
+            except PoolRestarted:
+                pass  # the task returns when its lease lapses, and did nothing wrong
             except BackendError as exc:
                 self.rt.log.warning("backend error; carrying on", job=spec.job_id, error=str(exc))
                 await asyncio.sleep(1.0)
@@ -150,26 +247,33 @@ class Worker:
                 self.done.set()
                 return
             except Exception:
-                # A bug or a record we cannot read must not take the worker down: the task's
-                # lease lapses and another attempt runs. The traceback says what to fix.
+                # Counting the failure itself failed (a task's own failures are counted in
+                # failures.guarded): the task's lease lapses and it comes back, bounded by
+                # its restarts. The traceback says what to fix.
                 self.rt.log.exception(
                     "task failed unexpectedly; it will be retried", job=spec.job_id
                 )
                 await asyncio.sleep(1.0)
 
     async def _map(self, spec: JobSpec, m: Received) -> None:
+        in_q = spec.queues()[0]
         task = self._decode(spec, m, wire.MapTask)
-        if task is not None and task.task < spec.maps:
-            await run_map_task(self.rt, spec, m, task)
-        else:
-            await self._reject(spec, spec.queues()[0], m)
+        if task is None or task.task >= spec.maps:
+            await self._reject(spec, in_q, m)
+            return
+        work = run_map_task(self.rt, spec, m, task)
+        await failures.guarded(self.rt, spec, failures.TaskRef.map(task.task), in_q, m, work)
 
     async def _reduce(self, spec: JobSpec, m: Received) -> None:
+        reduce_q = spec.queues()[1]
         task = self._decode(spec, m, wire.ReduceTask)
-        if task is not None and task.partition < spec.partitions:
-            await run_reduce_task(self.rt, spec, m, task)
-        else:
-            await self._reject(spec, spec.queues()[1], m)
+        if task is None or task.partition >= spec.partitions:
+            await self._reject(spec, reduce_q, m)
+            return
+        ref = failures.TaskRef.reduce(task.partition)
+        await failures.guarded(
+            self.rt, spec, ref, reduce_q, m, run_reduce_task(self.rt, spec, m, task)
+        )
 
     async def _reject(self, spec: JobSpec, queue: str, m: Received) -> None:
         """A stranger's or a corrupt message: log it (in _decode), count it, drop it."""
@@ -179,9 +283,9 @@ class Worker:
     def _decode(self, spec: JobSpec, m: Received, kind: type[T]) -> T | None:
         try:
             msg = wire.decode(m.body)
-        except WireError as exc:
+        except Exception as exc:  # whatever a stranger's bytes make the decoder raise
             self.rt.log.warning(
-                "rejected a malformed task message", job=spec.job_id, error=str(exc)
+                "rejected a malformed task message", job=spec.job_id, error=str(exc)[:200]
             )
             return None
         if not isinstance(msg, kind) or getattr(msg, "job", None) != spec.job_id:
@@ -197,6 +301,7 @@ class Worker:
             if (
                 idle_exit is not None
                 and self.busy == 0
+                and not self._duties
                 and time.monotonic() - self.last_work > idle_exit
             ):
                 self.rt.log.info("idle; exiting", idle_s=idle_exit)
@@ -245,10 +350,12 @@ class Worker:
             raise
 
     async def run(self) -> None:
-        """Serve jobs until ``done`` is set (by the caller, idleness, or the only job ending)."""
+        """Serve jobs until ``done`` is set (by the caller, idleness, or the only job ending
+        and being cleaned up); duties under way get DUTY_GRACE_S to finish."""
         s = self.rt.settings
-        await self.refresh_jobs()
         async with asyncio.TaskGroup() as tg:
+            self._group = tg
+            await self.refresh_jobs()
             tg.create_task(self._watch())
             folder = tg.create_task(self._fold_progress())
             slots = [
@@ -264,6 +371,12 @@ class Worker:
             finally:
                 for t in [*slots, folder]:
                     t.cancel()
+            duties = list(self._duties.values())
+            if duties:
+                _, late = await asyncio.wait(duties, timeout=DUTY_GRACE_S)
+                for t in late:
+                    t.cancel()
+        self._group = None
         # Only now: the slots (and the spool files they read) are all finished.
         await self.rt.close_stats()
         shutil.rmtree(self.rt.spool_dir, ignore_errors=True)

@@ -39,13 +39,18 @@ from cmr.backends.base import (
     AnyOf,
     Backend,
     BlobInfo,
+    Check,
     Condition,
+    Delete,
     Eq,
     Item,
     Lt,
     Missing,
     Present,
+    Put,
     Received,
+    TxWrite,
+    Update,
 )
 from cmr.backends.embedded import MAX_MESSAGE_BYTES, SQS_BODY_LIMIT
 from cmr.errors import (
@@ -53,13 +58,18 @@ from cmr.errors import (
     BlobMissing,
     ConditionFailed,
     QueueGone,
+    Rejected,
     Throttled,
     Unreachable,
     UsageError,
 )
 from cmr.settings import AwsSettings
 
-RETENTION_S = 4 * 24 * 3600
+# SQS's longest: a job that waits days for a fleet must not lose its tasks (and if it does,
+# a worker re-sends them from the plan: see cmr.janitor).
+RETENTION_S = 14 * 24 * 3600
+COPY_PART_BYTES = 512 * 1024 * 1024  # multipart copy part size, past CopyObject's 5 GiB
+COPY_MAX_BYTES = 5 * 1024**3
 SEND_CONCURRENCY = 8  # SendMessageBatch calls in flight per send()
 SEND_RETRIES = 3  # rounds of resending entries SQS reported as failed
 PART_BYTES = 8 * 1024 * 1024  # multipart upload part size (S3's minimum is 5 MiB)
@@ -93,6 +103,17 @@ _DENIED = {
     "AuthFailure",
 }
 _BLOB_MISSING = {"NoSuchKey", "404", "NotFound"}
+# The request itself is wrong: the same request will fail the same way.
+_REJECTED = {
+    "ValidationException",
+    "SerializationException",
+    "ItemCollectionSizeLimitExceededException",
+    "EntityTooLarge",
+    "InvalidArgument",
+    "KeyTooLongError",
+    "InvalidObjectState",
+}
+_PRECONDITION = {"PreconditionFailed", "412"}
 _STALE_RECEIPT = {
     "ReceiptHandleIsInvalid",
     "MessageNotInflight",
@@ -147,6 +168,19 @@ def _translated(service: str, exc: Exception, subject: str = "") -> BackendError
         return QueueGone(f"queue {subject or '?'} does not exist")
     if code == "ConditionalCheckFailedException":
         return ConditionFailed(f"condition failed on {subject or '?'}")
+    if code == "TransactionCanceledException":
+        reasons = [str(r.get("Code", "")) for r in exc.response.get("CancellationReasons", [])]
+        if "ConditionalCheckFailed" in reasons:
+            return ConditionFailed(f"transaction cancelled: a condition failed ({subject})")
+        if "ValidationError" in reasons or "ItemCollectionSizeLimitExceeded" in reasons:
+            return Rejected(f"{service}.{op} rejected{about}: {', '.join(reasons)}")
+        return Throttled(f"{service}.{op} conflicted{about}: {', '.join(reasons)}")
+    if code == "TransactionInProgressException":
+        return Throttled(f"{service}.{op}: the same transaction is in progress{about}")
+    if service == "s3" and code in _PRECONDITION:
+        return ConditionFailed(f"precondition failed on {subject or '?'}")
+    if code in _REJECTED:
+        return Rejected(f"{service}.{op} rejected{about}: {code}: {message}")
     if service == "s3" and code in _BLOB_MISSING:
         return BlobMissing(f"no blob at {subject or '?'}")
     if code == "NoSuchBucket":
@@ -406,13 +440,69 @@ class AwsBlobs:
             # aiohttp warns that a large bytes body blocks the loop; a BytesIO is streamed.
             await self._s3.put_object(Bucket=bucket, Key=key, Body=io.BytesIO(data))
 
+    async def put_if(self, url: str, data: bytes, *, etag: str | None) -> str:
+        bucket, key = _split(url)
+        cond = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+        with _translate("s3", url):
+            got = await self._s3.put_object(Bucket=bucket, Key=key, Body=io.BytesIO(data), **cond)
+        return str(got["ETag"])
+
     async def get(self, url: str) -> bytes:
+        return (await self.get_with_etag(url))[0]
+
+    async def get_with_etag(self, url: str) -> tuple[bytes, str]:
         bucket, key = _split(url)
         with _translate("s3", url):
             got = await self._s3.get_object(Bucket=bucket, Key=key)
             async with got["Body"] as stream:
                 data: bytes = await stream.read()
-        return data
+        return data, str(got["ETag"])
+
+    async def copy(self, src: str, dst: str) -> None:
+        sb, sk = _split(src)
+        db, dk = _split(dst)
+        size = await self.size(src)
+        if size <= COPY_MAX_BYTES:
+            with _translate("s3", src):
+                await self._s3.copy_object(Bucket=db, Key=dk, CopySource={"Bucket": sb, "Key": sk})
+            return
+        # Past 5 GiB CopyObject refuses: copy in parts, still inside S3.
+        with _translate("s3", dst):
+            upload_id = (await self._s3.create_multipart_upload(Bucket=db, Key=dk))["UploadId"]
+        etags: dict[int, str] = {}
+        gate = asyncio.Semaphore(PARTS_IN_FLIGHT)
+
+        async def part(number: int) -> None:
+            start = (number - 1) * COPY_PART_BYTES
+            end = min(size, start + COPY_PART_BYTES) - 1
+            async with gate:
+                with _translate("s3", src):
+                    got = await self._s3.upload_part_copy(
+                        Bucket=db,
+                        Key=dk,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        CopySource={"Bucket": sb, "Key": sk},
+                        CopySourceRange=f"bytes={start}-{end}",
+                    )
+            etags[number] = got["CopyPartResult"]["ETag"]
+
+        try:
+            parts = (size + COPY_PART_BYTES - 1) // COPY_PART_BYTES
+            await _all(part(n) for n in range(1, parts + 1))
+            with _translate("s3", dst):
+                await self._s3.complete_multipart_upload(
+                    Bucket=db,
+                    Key=dk,
+                    UploadId=upload_id,
+                    MultipartUpload={
+                        "Parts": [{"ETag": etags[n], "PartNumber": n} for n in sorted(etags)]
+                    },
+                )
+        except BaseException:
+            with suppress(ClientError, BotoCoreError):
+                await self._s3.abort_multipart_upload(Bucket=db, Key=dk, UploadId=upload_id)
+            raise
 
     async def get_range(self, url: str, start: int, end: int) -> bytes:
         bucket, key = _split(url)
@@ -456,23 +546,33 @@ class AwsBlobs:
             kwargs["ContinuationToken"] = page["NextContinuationToken"]
 
     async def delete_prefix(self, prefix: str) -> int:
-        bucket, _ = _split(prefix)
-        keys = [_split(b.url)[1] for b in await self.list(prefix)]
+        found = await self.list(prefix)
+        await self.delete([b.url for b in found])
+        return len(found)
 
-        async def delete(chunk: list[str]) -> None:
-            with _translate("s3", prefix):
+    async def delete(self, urls: Sequence[str]) -> None:
+        by_bucket: dict[str, list[str]] = {}
+        for url in urls:
+            bucket, key = _split(url)
+            by_bucket.setdefault(bucket, []).append(key)
+
+        async def delete(bucket: str, chunk: list[str]) -> None:
+            with _translate("s3", f"s3://{bucket}/{chunk[0]}"):
                 got = await self._s3.delete_objects(
                     Bucket=bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True}
                 )
             if got.get("Errors"):
                 e = got["Errors"][0]
                 raise BackendError(
-                    f"s3.DeleteObjects failed ({prefix}): {len(got['Errors'])} not deleted, "
-                    f"first {e.get('Key')}: {e.get('Code')}: {e.get('Message')}"
+                    f"s3.DeleteObjects failed (s3://{bucket}): {len(got['Errors'])} not "
+                    f"deleted, first {e.get('Key')}: {e.get('Code')}: {e.get('Message')}"
                 )
 
-        await _all(delete(keys[i : i + 1000]) for i in range(0, len(keys), 1000))
-        return len(keys)
+        await _all(
+            delete(bucket, keys[i : i + 1000])
+            for bucket, keys in by_bucket.items()
+            for i in range(0, len(keys), 1000)
+        )
 
     async def upload_file(self, path: str, url: str) -> None:
         # Our own multipart upload: aioboto3's managed one sends parts as raw bytes, which
@@ -739,6 +839,47 @@ class AwsTable:
             kwargs.update(expr.kwargs())
         with _translate("dynamodb", f"{pk}/{sk}"):
             await self._db.delete_item(**kwargs)
+
+    def _tx_item(self, w: TxWrite) -> dict[str, Any]:
+        expr = _Expr()
+        body: dict[str, Any] = {"TableName": self._table}
+        match w:
+            case Put(pk, sk, item):
+                kind = "Put"
+                body["Item"] = _serialize_item({**item, "pk": pk, "sk": sk})
+            case Update(pk, sk, set_, add):
+                kind = "Update"
+                body["Key"] = self._key(pk, sk)
+                sets = [
+                    f"{expr.name(k)} = {expr.value(v)}"
+                    for k, v in (set_ or {}).items()
+                    if k not in ("pk", "sk")
+                ]
+                adds = [f"{expr.name(k)} {expr.value(n)}" for k, n in (add or {}).items()]
+                clauses = (["SET " + ", ".join(sets)] if sets else []) + (
+                    ["ADD " + ", ".join(adds)] if adds else []
+                )
+                # An update must update something: touching the key's own value is a no-op.
+                body["UpdateExpression"] = " ".join(clauses) or (
+                    f"SET {expr.name('sk')} = {expr.name('sk')}"
+                )
+            case Delete(pk, sk):
+                kind = "Delete"
+                body["Key"] = self._key(pk, sk)
+            case Check(pk, sk):
+                kind = "ConditionCheck"
+                body["Key"] = self._key(pk, sk)
+        if w.condition is not None:
+            body["ConditionExpression"] = expr.condition(w.condition)
+        body.update(expr.kwargs())
+        return {kind: body}
+
+    async def transact(self, writes: Sequence[TxWrite], *, token: str) -> None:
+        where = ", ".join(f"{w.pk}/{w.sk}" for w in writes[:3])
+        with _translate("dynamodb", where):
+            await self._db.transact_write_items(
+                TransactItems=[self._tx_item(w) for w in writes], ClientRequestToken=token
+            )
 
 
 async def _ensure_bucket(s3: Any, bucket: str, region: str, create: bool) -> None:

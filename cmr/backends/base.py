@@ -6,9 +6,11 @@ against them:
 * Queues deliver at least once. A received message stays invisible for its visibility
   timeout, then reappears unless deleted; parallel receives may return the same message
   twice. Receipts are per delivery: deleting with an old receipt may not delete.
-* Blobs are strongly consistent after a put (as S3 is since 2020).
+* Blobs are strongly consistent after a put (as S3 is since 2020). ``put_if`` is S3's
+  conditional write (``If-Match`` / ``If-None-Match: *``); ``copy`` is a server-side copy.
 * Table reads are strongly consistent when ``consistent=True``; conditional writes are
-  atomic per item. Eventual reads may return an older version.
+  atomic per item, and ``transact`` applies writes to several items all or none.
+  Eventual reads may return an older version.
 
 Implementations translate their service's failures into :mod:`cmr.errors` at the edge.
 """
@@ -83,6 +85,44 @@ def item_absent() -> Condition:
     return Missing("pk")
 
 
+# Writes of one transaction (``Table.transact``): all are applied, or none.
+@dataclass(frozen=True)
+class Put:
+    pk: str
+    sk: str
+    item: Item
+    condition: Condition | None = None
+
+
+@dataclass(frozen=True)
+class Update:
+    pk: str
+    sk: str
+    set_: Item | None = None
+    add: dict[str, int] | None = None
+    condition: Condition | None = None
+
+
+@dataclass(frozen=True)
+class Delete:
+    pk: str
+    sk: str
+    condition: Condition | None = None
+
+
+@dataclass(frozen=True)
+class Check:
+    """No write: the transaction applies only if ``condition`` holds on this item."""
+
+    pk: str
+    sk: str
+    condition: Condition
+
+
+TxWrite: TypeAlias = Put | Update | Delete | Check
+MAX_TX_WRITES = 100  # DynamoDB's TransactWriteItems limit
+
+
 class Queues(Protocol):
     """An SQS-like queue service. Queues are named; names are unique per account/region."""
 
@@ -129,8 +169,21 @@ class Blobs(Protocol):
 
     async def put(self, url: str, data: bytes) -> None: ...
 
+    async def put_if(self, url: str, data: bytes, *, etag: str | None) -> str:
+        """Write only if the blob's current etag is ``etag`` (None: only if there is no blob);
+        returns the new etag. Raises ConditionFailed. Atomic: of two writers that saw the
+        same etag, exactly one succeeds (S3's If-Match / If-None-Match)."""
+
     async def get(self, url: str) -> bytes:
         """The whole blob. Raises BlobMissing."""
+
+    async def get_with_etag(self, url: str) -> tuple[bytes, str]:
+        """The whole blob and its etag (an opaque version tag for ``put_if``). Raises
+        BlobMissing."""
+
+    async def copy(self, src: str, dst: str) -> None:
+        """Copy a blob inside the store, without the bytes passing through us (S3
+        CopyObject). Raises BlobMissing when src is absent."""
 
     async def get_range(self, url: str, start: int, end: int) -> bytes:
         """Bytes [start, end), clipped to the blob's size. Raises BlobMissing."""
@@ -143,6 +196,9 @@ class Blobs(Protocol):
 
     async def delete_prefix(self, prefix: str) -> int:
         """Delete every blob under prefix; returns how many. Idempotent."""
+
+    async def delete(self, urls: Sequence[str]) -> None:
+        """Delete these blobs (absent ones are fine), many per request where the store can."""
 
     async def upload_file(self, path: str, url: str) -> None: ...
 
@@ -179,6 +235,12 @@ class Table(Protocol):
     async def delete(self, pk: str, sk: str, *, condition: Condition | None = None) -> None:
         """Delete the item (absent is fine unless a condition says otherwise)."""
 
+    async def transact(self, writes: Sequence[TxWrite], *, token: str) -> None:
+        """Apply every write or none: ConditionFailed (nothing applied) if any condition is
+        false. At most MAX_TX_WRITES writes, each item once. A call repeated with the same
+        ``token`` (a retry after a lost answer) is applied only once, as DynamoDB's
+        ClientRequestToken guarantees for ten minutes."""
+
 
 @dataclass
 class Backend:
@@ -189,6 +251,12 @@ class Backend:
     blobs: Blobs
     table: Table
     scratch: str  # URL prefix for staged input, attempt outputs and spilled values
+
+    @property
+    def local_files(self) -> bool:
+        """Whether workers read and write the client's local files directly (embedded: one
+        process). Otherwise local input is staged to the blob store and local output fetched."""
+        return self.name == "embedded"
 
     def calls(self) -> Counter[str]:
         """Every request made so far through this backend, by operation."""

@@ -15,6 +15,8 @@ import asyncio
 import builtins
 import contextlib
 import copy
+import fcntl
+import hashlib
 import heapq
 import itertools
 import os
@@ -28,18 +30,24 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from cmr.backends.base import (
+    MAX_TX_WRITES,
     AllOf,
     AnyOf,
     BlobInfo,
+    Check,
     Condition,
+    Delete,
     Eq,
     Item,
     Lt,
     Missing,
     Present,
+    Put,
     Received,
+    TxWrite,
+    Update,
 )
-from cmr.errors import BlobMissing, ConditionFailed, QueueGone, UsageError
+from cmr.errors import BlobMissing, ConditionFailed, QueueGone, Rejected, UsageError
 
 Clock = Callable[[], float]
 
@@ -206,7 +214,8 @@ class EmbeddedQueues:
 def file_path(url: str) -> Path:
     """The local path of a ``file://`` URL (plain paths are accepted too)."""
     if url.startswith("file://"):
-        return Path(unquote(urlparse(url).path))
+        # surrogateescape: a file name that is not UTF-8 round-trips to the same bytes.
+        return Path(unquote(urlparse(url).path, errors="surrogateescape"))
     if "://" in url:
         raise UsageError(f"{url!r}: the embedded backend stores blobs in local files (file://)")
     return Path(url)
@@ -254,12 +263,65 @@ class EmbeddedBlobs:
 
         await asyncio.to_thread(_into_dir, path, write)
 
+    async def put_if(self, url: str, data: bytes, *, etag: str | None) -> str:
+        self.calls["s3.PutObject"] += 1
+        path = file_path(url)
+
+        def write() -> str:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # The compare and the swap under one lock on the directory, so that writers in
+            # other processes (two `cmr run` into one output) are serialised as S3 would.
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    current = _etag(path.read_bytes())
+                except FileNotFoundError:
+                    current = None
+                if current != etag:
+                    raise ConditionFailed(f"{url}: etag is {current}, not {etag}")
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(data)}.tmp")
+                tmp.write_bytes(data)
+                tmp.replace(path)
+            finally:
+                os.close(fd)  # closing the descriptor releases the lock
+            return _etag(data)
+
+        return await asyncio.to_thread(write)
+
     async def get(self, url: str) -> bytes:
         self.calls["s3.GetObject"] += 1
         try:
             return await asyncio.to_thread(file_path(url).read_bytes)
         except (FileNotFoundError, IsADirectoryError):
             raise BlobMissing(f"no blob at {url}") from None
+
+    async def get_with_etag(self, url: str) -> tuple[bytes, str]:
+        data = await self.get(url)
+        return data, _etag(data)
+
+    async def copy(self, src: str, dst: str) -> None:
+        self.calls["s3.CopyObject"] += 1
+        source, target = file_path(src), file_path(dst)
+
+        def link() -> None:
+            # Blobs are immutable once written (puts replace whole files), so a hard link is
+            # a copy that costs no bytes; across file systems, a real copy.
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.{id(target)}.tmp")
+            try:
+                os.link(source, tmp)
+            except OSError as exc:
+                if isinstance(exc, FileNotFoundError) and not source.exists():
+                    raise
+                shutil.copyfile(source, tmp)
+            tmp.replace(target)
+
+        try:
+            await asyncio.to_thread(_into_dir, target, link)
+        except (FileNotFoundError, IsADirectoryError):
+            if not source.is_file():
+                raise BlobMissing(f"no blob at {src}") from None
+            raise
 
     async def get_range(self, url: str, start: int, end: int) -> bytes:
         self.calls["s3.GetObject"] += 1
@@ -318,13 +380,29 @@ class EmbeddedBlobs:
 
         return await asyncio.to_thread(remove)
 
+    async def delete(self, urls: Sequence[str]) -> None:
+        self.calls["s3.DeleteObjects"] += (len(urls) + 999) // 1000
+
+        def remove() -> None:
+            for url in urls:
+                file_path(url).unlink(missing_ok=True)
+
+        await asyncio.to_thread(remove)
+
     async def upload_file(self, path: str, url: str) -> None:
         self.calls["s3.PutObject"] += 1
         dst = file_path(url)
 
         if not os.path.isfile(path):
             raise FileNotFoundError(path)
-        await asyncio.to_thread(_into_dir, dst, lambda: shutil.copyfile(path, dst))
+
+        def write() -> None:
+            # Never in place: the old file may be hard-linked to a published copy.
+            tmp = dst.with_name(f".{dst.name}.{os.getpid()}.{id(dst)}.tmp")
+            shutil.copyfile(path, tmp)
+            tmp.replace(dst)
+
+        await asyncio.to_thread(_into_dir, dst, write)
 
     async def download_file(self, url: str, path: str) -> None:
         self.calls["s3.GetObject"] += 1
@@ -339,6 +417,29 @@ class EmbeddedBlobs:
         except (FileNotFoundError, IsADirectoryError):
             # Also when a concurrent delete wins the race mid-copy, as S3 would answer 404.
             raise BlobMissing(f"no blob at {url}") from None
+
+
+def _etag(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()  # what S3 uses for a PUT
+
+
+MAX_ITEM_BYTES = 400 * 1024  # DynamoDB's item size limit
+
+
+def item_bytes(value: Any) -> int:
+    """About the size DynamoDB charges an item or value: names and values, UTF-8 lengths,
+    numbers at most 21 bytes, a few bytes per list or map element."""
+    if isinstance(value, dict):
+        return 3 + sum(len(str(k).encode()) + 1 + item_bytes(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return 3 + sum(1 + item_bytes(v) for v in value)
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, bool) or value is None:
+        return 1
+    return min(21, 1 + len(repr(value)) // 2)
 
 
 def _kind(value: Any) -> str:
@@ -376,10 +477,24 @@ def holds(cond: Condition | None, item: Item | None) -> bool:
     raise TypeError(f"not a condition: {cond!r}")
 
 
+TOKENS_KEPT = 10_000  # transaction tokens remembered (DynamoDB: ten minutes' worth)
+
+
 class EmbeddedTable:
     def __init__(self) -> None:
         self._parts: dict[str, dict[str, Item]] = {}
+        self._tokens: dict[str, None] = {}  # insertion-ordered: the oldest are forgotten
         self.calls: Counter[str] = Counter()
+
+    def _store(self, pk: str, sk: str, item: Item) -> None:
+        size = item_bytes(item)
+        if size > MAX_ITEM_BYTES:
+            # As DynamoDB answers: a ValidationException, which no retry can cure.
+            raise Rejected(
+                f"dynamodb: item {pk}/{sk} of about {size:,} bytes exceeds the "
+                f"{MAX_ITEM_BYTES:,}-byte item size limit"
+            )
+        self._parts.setdefault(pk, {})[sk] = item
 
     async def put(
         self, pk: str, sk: str, item: Item, *, condition: Condition | None = None
@@ -388,7 +503,7 @@ class EmbeddedTable:
         part = self._parts.setdefault(pk, {})
         if not holds(condition, part.get(sk)):
             raise ConditionFailed(f"condition failed on {pk}/{sk}")
-        part[sk] = copy.deepcopy({**item, "pk": pk, "sk": sk})
+        self._store(pk, sk, copy.deepcopy({**item, "pk": pk, "sk": sk}))
 
     async def get(self, pk: str, sk: str, *, consistent: bool = True) -> Item | None:
         self.calls["dynamodb.GetItem"] += 1
@@ -410,15 +525,11 @@ class EmbeddedTable:
         condition: Condition | None = None,
     ) -> Item:
         self.calls["dynamodb.UpdateItem"] += 1
-        part = self._parts.setdefault(pk, {})
-        cur = part.get(sk)
+        cur = self._parts.get(pk, {}).get(sk)
         if not holds(condition, cur):
             raise ConditionFailed(f"condition failed on {pk}/{sk}")
-        new: dict[str, Any] = copy.deepcopy(cur) if cur else {"pk": pk, "sk": sk}
-        new.update(copy.deepcopy(set_ or {}))
-        for k, n in (add or {}).items():
-            new[k] = new.get(k, 0) + n
-        part[sk] = new
+        new = _updated(pk, sk, cur, set_, add)
+        self._store(pk, sk, new)
         return copy.deepcopy(new)
 
     async def delete(self, pk: str, sk: str, *, condition: Condition | None = None) -> None:
@@ -427,3 +538,49 @@ class EmbeddedTable:
         if not holds(condition, part.get(sk)):
             raise ConditionFailed(f"condition failed on {pk}/{sk}")
         part.pop(sk, None)
+
+    async def transact(self, writes: Sequence[TxWrite], *, token: str) -> None:
+        self.calls["dynamodb.TransactWriteItems"] += 1
+        if token in self._tokens:
+            return  # a retry of a transaction already applied: DynamoDB answers success
+        keys = [(w.pk, w.sk) for w in writes]
+        if len(writes) > MAX_TX_WRITES or len(set(keys)) != len(keys):
+            raise Rejected(
+                f"dynamodb: a transaction takes at most {MAX_TX_WRITES} writes, each item "
+                f"once; got {len(writes)} writes on {len(set(keys))} items"
+            )
+        for w in writes:
+            if not holds(w.condition, self._parts.get(w.pk, {}).get(w.sk)):
+                raise ConditionFailed(f"transaction cancelled: condition failed on {w.pk}/{w.sk}")
+        staged: list[tuple[str, str, Item | None]] = []
+        for w in writes:
+            match w:
+                case Put(pk, sk, item):
+                    new: Item | None = copy.deepcopy({**item, "pk": pk, "sk": sk})
+                case Update(pk, sk, set_, add):
+                    new = _updated(pk, sk, self._parts.get(pk, {}).get(sk), set_, add)
+                case Delete(pk, sk):
+                    new = None
+                case Check():
+                    continue
+            if new is not None and item_bytes(new) > MAX_ITEM_BYTES:
+                raise Rejected(f"dynamodb: item {w.pk}/{w.sk} exceeds the item size limit")
+            staged.append((w.pk, w.sk, new))
+        for pk, sk, staged_item in staged:
+            if staged_item is None:
+                self._parts.get(pk, {}).pop(sk, None)
+            else:
+                self._parts.setdefault(pk, {})[sk] = staged_item
+        self._tokens[token] = None
+        if len(self._tokens) > TOKENS_KEPT:
+            del self._tokens[next(iter(self._tokens))]
+
+
+def _updated(
+    pk: str, sk: str, cur: Item | None, set_: Item | None, add: dict[str, int] | None
+) -> Item:
+    new: dict[str, Any] = copy.deepcopy(cur) if cur else {"pk": pk, "sk": sk}
+    new.update(copy.deepcopy(set_ or {}))
+    for k, n in (add or {}).items():
+        new[k] = new.get(k, 0) + n
+    return new

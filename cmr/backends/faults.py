@@ -43,11 +43,13 @@ from cmr.backends.base import (
     Backend,
     BlobInfo,
     Blobs,
+    Check,
     Condition,
     Item,
     Queues,
     Received,
     Table,
+    TxWrite,
 )
 from cmr.errors import BackendError, Throttled, UsageError
 
@@ -317,8 +319,21 @@ class FaultyBlobs:
     async def put(self, url: str, data: bytes) -> None:
         await self._chaos.call("s3.PutObject", url, lambda: self.inner.put(url, data), write=True)
 
+    async def put_if(self, url: str, data: bytes, *, etag: str | None) -> str:
+        return await self._chaos.call(
+            "s3.PutObject", url, lambda: self.inner.put_if(url, data, etag=etag), write=True
+        )
+
     async def get(self, url: str) -> bytes:
         return await self._chaos.call("s3.GetObject", url, lambda: self.inner.get(url), write=False)
+
+    async def get_with_etag(self, url: str) -> tuple[bytes, str]:
+        return await self._chaos.call(
+            "s3.GetObject", url, lambda: self.inner.get_with_etag(url), write=False
+        )
+
+    async def copy(self, src: str, dst: str) -> None:
+        await self._chaos.call("s3.CopyObject", dst, lambda: self.inner.copy(src, dst), write=True)
 
     async def get_range(self, url: str, start: int, end: int) -> bytes:
         return await self._chaos.call(
@@ -338,6 +353,12 @@ class FaultyBlobs:
     async def delete_prefix(self, prefix: str) -> int:
         return await self._chaos.call(
             "s3.DeleteObjects", prefix, lambda: self.inner.delete_prefix(prefix), write=True
+        )
+
+    async def delete(self, urls: Sequence[str]) -> None:
+        where = urls[0] if urls else ""
+        await self._chaos.call(
+            "s3.DeleteObjects", where, lambda: self.inner.delete(urls), write=True
         )
 
     async def upload_file(self, path: str, url: str) -> None:
@@ -458,6 +479,17 @@ class FaultyTable:
             self._record(pk, sk, None)
 
         await self._chaos.call("dynamodb.DeleteItem", f"{pk}/{sk}", run, write=True)
+
+    async def transact(self, writes: Sequence[TxWrite], *, token: str) -> None:
+        async def run() -> None:
+            await self.inner.transact(writes, token=token)
+            for w in writes:
+                if not isinstance(w, Check):
+                    # The replica model learns the items as they are now.
+                    self._record(w.pk, w.sk, await self.inner.get(w.pk, w.sk))
+
+        where = ", ".join(f"{w.pk}/{w.sk}" for w in writes[:3])
+        await self._chaos.call("dynamodb.TransactWriteItems", where, run, write=True)
 
 
 @dataclass

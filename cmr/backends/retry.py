@@ -23,14 +23,14 @@ from tenacity import (
 )
 
 from cmr.backends.base import Backend
-from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, Unreachable
+from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, Rejected, Unreachable
 
 T = TypeVar("T")
 
 
 def transient(exc: BaseException) -> bool:
     return isinstance(exc, BackendError) and not isinstance(
-        exc, ConditionFailed | QueueGone | BlobMissing | Unreachable
+        exc, ConditionFailed | QueueGone | BlobMissing | Unreachable | Rejected
     )
 
 

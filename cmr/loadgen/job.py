@@ -123,6 +123,9 @@ async def run_load(
             reducers=1,
             split_bytes=width + 1,
             visibility_timeout=visibility,
+            # A load task runs for its duration by design: its time limit follows it, not
+            # the task's (tiny) input.
+            task_timeout=2 * visibility,
             worker_settings=settings,
             on_progress=on_progress,
         )

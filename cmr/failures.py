@@ -1,0 +1,144 @@
+"""Every way a task can fail, counted and bounded, so that every job ends.
+
+* A task that raises — the job's code, reading its input, the disk, the store, a bug of ours —
+  counts one failure in its ``fail#`` record; after ``max_task_failures`` the job fails with
+  the last error and its traceback. Its message is released for another try at once.
+* A permanent error (the input vanished or cannot be read, the store refuses the request as
+  invalid, a record that does not validate) fails the job at once: a retry would fail the same.
+* A task can also fail without raising: the worker dies on it, or is paused past its lease.
+  Such a task is started again (a map task message delivered again, a partition taken over);
+  every restart counts, and a task started ``max_task_attempts`` times fails the job.
+* Transient errors (throttling, an unreachable service) are the store's, not the task's: the
+  worker backs off and the task returns when its lease lapses, bounded by the restarts rule.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+from collections.abc import Awaitable
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+from cmr.backends.base import Item, Received
+from cmr.errors import (
+    QueueGone,
+    Rejected,
+    TaskError,
+    Throttled,
+    Unreachable,
+    UsageError,
+    WireError,
+)
+from cmr.lifecycle import end
+from cmr.publish import read_manifest
+from cmr.records import JobSpec, JobState, fail_sk, job_pk
+from cmr.runtime import PoolRestarted, Runtime, WorkerCrashed
+
+PERMANENT = (TaskError, Rejected, WireError)
+# Not the task's doing: the worker stops or backs off and the task comes back by itself.
+PASS_THROUGH = (QueueGone, WorkerCrashed, BrokenProcessPool, PoolRestarted, Throttled, Unreachable)
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    id: str  # "m<task>" or "r<partition>": the key of its fail# record
+    what: str  # for people: "map task 3", "reduce of partition 2"
+
+    @staticmethod
+    def map(task: int) -> TaskRef:
+        return TaskRef(f"m{task}", f"map task {task}")
+
+    @staticmethod
+    def reduce(partition: int) -> TaskRef:
+        return TaskRef(f"r{partition}", f"reduce of partition {partition}")
+
+
+def describe(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc, limit=-8))
+
+
+async def guarded(
+    rt: Runtime, spec: JobSpec, task: TaskRef, queue: str, msg: Received, work: Awaitable[None]
+) -> None:
+    """Run a task; whatever it raises is counted against it (see the module docstring)."""
+    try:
+        await work
+    except PASS_THROUGH:
+        raise
+    except Exception as exc:
+        permanent = isinstance(exc, PERMANENT)
+        await task_failed(rt, spec, task, describe(exc), queue, msg, permanent=permanent)
+
+
+async def task_failed(
+    rt: Runtime,
+    spec: JobSpec,
+    task: TaskRef,
+    error: str,
+    queue: str,
+    msg: Received,
+    *,
+    permanent: bool = False,
+) -> None:
+    """Count a failure; retry the task at once, or fail the job once it keeps failing."""
+    last = error.strip().splitlines()[-1] if error.strip() else "?"
+    if permanent:
+        rt.log.warning("task cannot succeed", job=spec.job_id, task=task.what, error=last)
+        await fail_job(rt, spec, f"{task.what} failed, and would fail again:\n{error}")
+        return
+    item = await rt.backend.table.update(
+        job_pk(spec.job_id), fail_sk(task.id), set_={"error": error[-4000:]}, add={"count": 1}
+    )
+    failures = int(item.get("count", 0))
+    rt.log.warning("task failed", job=spec.job_id, task=task.what, failures=failures, error=last)
+    if failures >= spec.max_task_failures:
+        await fail_job(rt, spec, f"{task.what} failed {failures} times; last error:\n{error}")
+        return
+    await rt.add_stats(spec.job_id, Counter(tasks_retried=1))
+    await rt.backend.queues.change_visibility(queue, [msg.receipt], 0)
+
+
+async def map_redelivered(rt: Runtime, spec: JobSpec, task: TaskRef) -> bool:
+    """A map task's message came back and the task is not done: it starts again. False once
+    it has started too often (the job was failed)."""
+    item = await rt.backend.table.update(job_pk(spec.job_id), fail_sk(task.id), add={"starts": 1})
+    return await _bounded(rt, spec, task, 1 + int(item.get("starts", 0)), item)
+
+
+async def reduce_claimed(rt: Runtime, spec: JobSpec, task: TaskRef, epoch: int) -> bool:
+    """A partition was claimed for the ``epoch``-th time. False once that is too often."""
+    if epoch <= 1:
+        return True
+    item = await rt.backend.table.get(job_pk(spec.job_id), fail_sk(task.id)) or {}
+    return await _bounded(rt, spec, task, epoch, item)
+
+
+async def _bounded(rt: Runtime, spec: JobSpec, task: TaskRef, starts: int, item: Item) -> bool:
+    await rt.add_stats(spec.job_id, Counter(tasks_restarted=1))
+    if starts <= spec.max_task_attempts:
+        return True
+    last = str(item.get("error", "")) or "(it never raised: look in the workers' logs)"
+    await fail_job(
+        rt,
+        spec,
+        f"{task.what} was started {starts} times without finishing: the workers that took "
+        f"it died or were stopped (out of memory? killed?) or lost its lease. "
+        f"Last error:\n{last}",
+    )
+    return False
+
+
+async def fail_job(rt: Runtime, spec: JobSpec, reason: str) -> None:
+    """End the job as failed (a job already publishing fails only if its manifest was not
+    written: then it is not going to be), and start its cleanup."""
+    try:
+        ended = await end(rt.backend, spec, JobState.FAILED, reason=reason)
+    except UsageError:  # publishing
+        current, _ = await read_manifest(rt.backend.blobs, spec.output)
+        if current is not None and current.job == spec.job_id:
+            return  # its output is published: finishing it is a finalizer's duty
+        ended = await end(rt.backend, spec, JobState.FAILED, reason=reason, publishing=True)
+    if ended:
+        rt.log.warning("job failed", job=spec.job_id, reason=reason.splitlines()[0])
+    rt.job_ended(spec)

@@ -1,0 +1,208 @@
+"""Duties, not roles: finishing a job, cleaning it up, and sending lost task messages again.
+
+Any worker performs these when it sees them due; none waits on a particular process, the
+submitting client included.
+
+* **Finalize**: a job whose partitions are all committed is published and marked succeeded
+  by whoever notices first: the last committer, the next receiver of a committed partition's
+  task message (so a committer that died half-way is replaced), or a worker's repair check.
+* **Clean up**: an ended job keeps its row in the active index until it is cleaned. The
+  worker that ended it cleans at once; others watch the row, and if its cleaner stops
+  beating for one and a half leases (each on its own clock), one takes over.
+* **Repair**: a running job whose queues are both empty, twice in a row, yet has tasks not
+  done lost their messages (a queue's retention ran out, a purge): they are sent again from
+  the plan, which is harmless if they were not lost after all (duplicates are the rule).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections import Counter
+from collections.abc import AsyncIterator
+
+from cmr import wire
+from cmr.backends.base import AllOf, Condition, Eq, Missing, Present
+from cmr.errors import BackendError, BlobMissing, ConditionFailed
+from cmr.lifecycle import begin_publishing, cleanup, end, job_scratch
+from cmr.publish import OutputConflict, Source, publish
+from cmr.records import ACTIVE_PK, JobSpec, JobState, job_pk, task_of
+from cmr.runtime import Runtime
+
+WATCH_LEASES = 1.5  # a cleaner silent this many leases (on the watcher's clock) is replaced
+
+
+async def committed_parts(rt: Runtime, spec: JobSpec) -> list[Source] | None:
+    """Every partition's committed output, or None while any is uncommitted."""
+    items = await rt.backend.table.query(job_pk(spec.job_id), prefix="reduce#")
+    done = [i for i in items if i.get("state") == "committed"]
+    if len(done) != spec.partitions:
+        return None
+    return [
+        Source(task_of(str(i["sk"])), str(i["output"]), int(i["records"]), int(i.get("bytes", 0)))
+        for i in done
+    ]
+
+
+async def finalize(rt: Runtime, spec: JobSpec) -> bool:
+    """Publish a job whose partitions are all committed, and mark it succeeded. True once it
+    has succeeded (whoever did it); False while it cannot, or if it ended otherwise."""
+    be = rt.backend
+    sources = await committed_parts(rt, spec)
+    if sources is None:
+        return False
+    await rt.step("finalize.begin", job=spec.job_id)
+    finished = await begin_publishing(be, spec)
+    if finished is None:
+        return await _succeeded(rt, spec)
+    await rt.step("publish.marked", job=spec.job_id)
+    try:
+        await publish(
+            be.blobs,
+            be.blobs.copy,
+            job_id=spec.job_id,
+            output=spec.output,
+            sources=sources,
+            replaces=spec.replaces or None,
+            finished=finished,
+            after_copy=lambda: rt.step("publish.copied", job=spec.job_id),
+        )
+    except OutputConflict as exc:
+        if await end(be, spec, JobState.FAILED, reason=str(exc), publishing=True):
+            rt.log.warning("job failed", job=spec.job_id, reason=str(exc))
+            rt.job_ended(spec)
+        return False
+    except BlobMissing:
+        # A committed output is gone: the job ended and was cleaned up under us.
+        return await _succeeded(rt, spec)
+    await rt.step("publish.manifest_written", job=spec.job_id)
+    winners = await be.table.query(job_pk(spec.job_id), prefix="map#")
+    totals = {
+        # Exact totals from the commit records (the live counters may miss a worker that
+        # died between its commit and its counter update).
+        "records_out": sum(s.records for s in sources),
+        "bytes_out": sum(s.bytes for s in sources),
+        "records_in": sum(int(i.get("records_in", 0)) for i in winners),
+        "bytes_in": sum(int(i.get("bytes_in", 0)) for i in winners),
+        "maps_done": len(winners),
+    }
+    if await end(be, spec, JobState.SUCCEEDED, totals=totals):
+        rt.log.info("job succeeded", job=spec.job_id)
+        await rt.step("finalize.succeeded", job=spec.job_id)
+        rt.job_ended(spec)
+    return True
+
+
+async def _succeeded(rt: Runtime, spec: JobSpec) -> bool:
+    job = await rt.backend.table.get(job_pk(spec.job_id), "job", consistent=True)
+    return job is not None and job.get("state") == JobState.SUCCEEDED.value
+
+
+Seen = tuple[object, object]  # (cleaner token, beat) of an active row, as a watcher saw it
+
+
+def cleaner_of(row: dict[str, object]) -> Seen:
+    return row.get("cleaner"), row.get("cbeat")
+
+
+async def take_cleanup(rt: Runtime, spec: JobSpec, token: str, seen: Seen | None) -> bool:
+    """Become the job's cleaner: at once when nobody is (``seen`` None), or in place of the
+    silent cleaner a watcher saw. The row must still exist: a cleaned job stays cleaned."""
+    free: Condition
+    if seen is None or seen[0] is None:
+        free = Missing("cleaner")
+    else:
+        free = AllOf((Eq("cleaner", seen[0]), Eq("cbeat", seen[1])))
+    try:
+        await rt.backend.table.update(
+            ACTIVE_PK,
+            spec.job_id,
+            set_={"cleaner": token, "cbeat": 0},
+            condition=AllOf((Present("pk"), free)),
+        )
+    except ConditionFailed:
+        row = await rt.backend.table.get(ACTIVE_PK, spec.job_id, consistent=True)
+        return row is not None and row.get("cleaner") == token  # a retry of our own write
+    return True
+
+
+@contextlib.asynccontextmanager
+async def _beating(rt: Runtime, spec: JobSpec, token: str) -> AsyncIterator[None]:
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(max(0.2, spec.visibility_s / 3))
+            await rt.awake.wait()
+            try:
+                await rt.backend.table.update(
+                    ACTIVE_PK,
+                    spec.job_id,
+                    add={"cbeat": 1},
+                    condition=AllOf((Present("pk"), Eq("cleaner", token))),
+                )
+            except ConditionFailed:
+                return  # cleaned, or taken over: cleanup is idempotent, we simply go on
+            except BackendError:
+                continue
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def clean(rt: Runtime, spec: JobSpec, seen: Seen | None) -> None:
+    """The cleanup duty of an ended job, if we can take it (see take_cleanup)."""
+    token = secrets.token_hex(8)
+    if not await take_cleanup(rt, spec, token, seen):
+        return
+    job = await rt.backend.table.get(job_pk(spec.job_id), "job", consistent=True)
+    if job is None or job.get("state") not in {s.value for s in JobState} - {"running"}:
+        return
+    async with _beating(rt, spec, token):
+        await cleanup(rt.backend, spec, JobState(str(job["state"])), rt.hook_step)
+    rt.forget_job(spec.job_id)
+    rt.log.info("job cleaned up", job=spec.job_id)
+
+
+async def repair(rt: Runtime, spec: JobSpec, empty_before: bool) -> bool:
+    """One repair check of a running job; returns whether both its task queues were empty
+    (the caller remembers it: messages are sent again only after two empty checks)."""
+    in_q, reduce_q, _ = spec.queues()
+    queues, table = rt.backend.queues, rt.backend.table
+    counts = await asyncio.gather(queues.counts(in_q), queues.counts(reduce_q))
+    if any(sum(c) for c in counts):
+        return False
+    sources = await committed_parts(rt, spec)
+    if sources is not None:
+        await finalize(rt, spec)
+        return True
+    if not empty_before:
+        return True
+    pk = job_pk(spec.job_id)
+    maps_done = {task_of(str(i["sk"])) for i in await table.query(pk, prefix="map#")}
+    reduced = {
+        task_of(str(i["sk"]))
+        for i in await table.query(pk, prefix="reduce#")
+        if i.get("state") == "committed"
+    }
+    lost_maps = [t for t in range(spec.maps) if t not in maps_done]
+    lost_reduces = [p for p in range(spec.partitions) if p not in reduced]
+    rt.log.warning(
+        "task messages lost from the job's queues; sending them again from the plan",
+        job=spec.job_id,
+        maps=len(lost_maps),
+        reduces=len(lost_reduces),
+    )
+    await queues.send(in_q, [wire.encode(wire.MapTask(spec.job_id, t)) for t in lost_maps])
+    await queues.send(
+        reduce_q, [wire.encode(wire.ReduceTask(spec.job_id, p)) for p in lost_reduces]
+    )
+    await rt.add_stats(spec.job_id, Counter(tasks_resent=len(lost_maps) + len(lost_reduces)))
+    return True
+
+
+__all__ = ["clean", "cleaner_of", "committed_parts", "finalize", "job_scratch", "repair"]
