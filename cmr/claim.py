@@ -25,9 +25,11 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from cmr.backends.base import AllOf, AnyOf, Condition, Eq, Missing, Table
+from cmr.backends.base import AllOf, Condition, Eq, Missing, Table, Update
 from cmr.errors import BackendError, ConditionFailed
-from cmr.records import job_pk, reduce_sk
+from cmr.lease import in_background
+from cmr.lifecycle import while_running
+from cmr.records import ACTIVE_PK, JobState, job_pk, reduce_sk
 
 WATCH_LEASES = 1.5  # how long a contender watches a silent claim before taking it over
 
@@ -77,13 +79,8 @@ class Claim:
                 with contextlib.suppress(BackendError):
                     await self.renew()
 
-        task = asyncio.create_task(loop())
-        try:
+        async with in_background(loop()):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     async def commit(self, output: str, records: int, nbytes: int) -> bool:
         """The fenced commit: succeeds only if nobody took the partition over meanwhile."""
@@ -126,22 +123,28 @@ class Claim:
 
 @dataclass(frozen=True)
 class Refusal:
-    committed: bool  # the partition is done: the task message is stale
+    committed: bool  # the partition is done (or the job ended): the task message is stale
     retry_in: float  # otherwise: seconds until the task is worth trying again
 
 
 async def _take(
-    table: Table, job_id: str, partition: int, owner: str, token: str, condition: Condition
-) -> int:
-    """The claiming write; returns the new epoch. Raises ConditionFailed."""
-    item = await table.update(
+    table: Table,
+    job_id: str,
+    partition: int,
+    owner: str,
+    token: str,
+    epoch: int,
+    condition: Condition,
+) -> None:
+    """The claiming write, only while the job runs (a worker that wakes after its job ended
+    must not leave a claim behind). Raises ConditionFailed."""
+    write = Update(
         job_pk(job_id),
         reduce_sk(partition),
-        set_={"owner": owner, "token": token, "state": "claimed", "beat": 0},
-        add={"epoch": 1},
+        set_={"owner": owner, "token": token, "state": "claimed", "beat": 0, "epoch": epoch},
         condition=condition,
     )
-    return int(item["epoch"])
+    await table.transact([write, while_running(job_id)], token=secrets.token_hex(16))
 
 
 async def claim(
@@ -156,37 +159,40 @@ async def claim(
     leases if another claim's beat has stopped, or not at all."""
     pk, sk = job_pk(job_id), reduce_sk(partition)
     token = secrets.token_hex(8)
-    free = AnyOf((Missing("pk"), Eq("state", "released")))
-    watched: tuple[object, object] | None = None
+    # What we expect the record to be, as the condition of our claiming write.
+    expect: Condition = Missing("pk")
+    epoch = 1
+    watched = False
     while True:
         try:
-            if watched is None:
-                epoch = await _take(table, job_id, partition, owner, token, free)
-            else:
-                silent = AllOf(
-                    (Eq("token", watched[0]), Eq("beat", watched[1]), Eq("state", "claimed"))
-                )
-                epoch = await _take(table, job_id, partition, owner, token, AnyOf((free, silent)))
+            await _take(table, job_id, partition, owner, token, epoch, expect)
             return Claim(table, job_id, partition, owner, token, epoch, lease_s)
         except ConditionFailed:
             pass
         # Read back who holds it. All contenders read the same record, so each reaches the
         # same verdict on its own.
         held = await table.get(pk, sk, consistent=True)
-        if held is None:  # released and cleaned up between our write and read: try later
-            return Refusal(False, 1.0)
-        if held.get("token") == token:  # our write was applied; only its answer was lost
+        if held is not None and held.get("token") == token:  # applied; its answer was lost
             return Claim(table, job_id, partition, owner, token, int(held["epoch"]), lease_s)
-        if held.get("state") == "committed":
+        if held is not None and held.get("state") == "committed":
             return Refusal(True, 0.0)
-        if held.get("state") == "released":
-            watched = None
+        active = await table.get(ACTIVE_PK, job_id, consistent=True)
+        if active is None or active.get("state") != JobState.RUNNING.value:
+            return Refusal(True, 0.0)  # the job ended: the task message is stale
+        if held is None:
+            expect, epoch = Missing("pk"), 1
             continue
-        if watched is not None:
+        same = AllOf((Eq("token", held.get("token")), Eq("epoch", held.get("epoch"))))
+        epoch = int(held.get("epoch", 0)) + 1
+        if held.get("state") == "released":
+            expect = AllOf((same, Eq("state", "released")))
+            continue
+        if watched:
             # It beat while we watched (alive), or another contender took it over first.
             return Refusal(False, float(lease_s))
         # Watch the holder's beat on our own clock; a paused watcher measures nothing.
-        watched = (held.get("token"), held.get("beat"))
+        expect = AllOf((same, Eq("state", "claimed"), Eq("beat", held.get("beat"))))
+        watched = True
         deadline = time.monotonic() + lease_s * WATCH_LEASES
         while (left := deadline - time.monotonic()) > 0:
             await asyncio.sleep(min(left, 0.5))

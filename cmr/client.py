@@ -424,7 +424,9 @@ async def fetch_output(backend: Backend, spec: JobSpec, record: dict[str, Any]) 
         await backend.blobs.download_file(src, str(file_path(dst)))
 
     sources = [
-        Source(int(part.name[5:10]), spec.output + part.name, part.records, part.bytes, part.attempt)
+        Source(
+            int(part.name[5:10]), spec.output + part.name, part.records, part.bytes, part.attempt
+        )
         for part in manifest.parts
     ]
     await publish(

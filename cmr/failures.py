@@ -20,8 +20,9 @@ from collections.abc import Awaitable
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from cmr.backends.base import Item, Received
+from cmr.backends.base import Item, Received, Update
 from cmr.errors import (
+    ConditionFailed,
     QueueGone,
     Rejected,
     TaskError,
@@ -30,7 +31,7 @@ from cmr.errors import (
     UsageError,
     WireError,
 )
-from cmr.lifecycle import end
+from cmr.lifecycle import end, write_while_running
 from cmr.publish import read_manifest
 from cmr.records import JobSpec, JobState, fail_sk, job_pk
 from cmr.runtime import PoolRestarted, Runtime, WorkerCrashed
@@ -87,9 +88,9 @@ async def task_failed(
         rt.log.warning("task cannot succeed", job=spec.job_id, task=task.what, error=last)
         await fail_job(rt, spec, f"{task.what} failed, and would fail again:\n{error}")
         return
-    item = await rt.backend.table.update(
-        job_pk(spec.job_id), fail_sk(task.id), set_={"error": error[-4000:]}, add={"count": 1}
-    )
+    item = await _count(rt, spec, task, set_={"error": error[-4000:]}, add={"count": 1})
+    if item is None:
+        return  # the job ended meanwhile
     failures = int(item.get("count", 0))
     rt.log.warning("task failed", job=spec.job_id, task=task.what, failures=failures, error=last)
     if failures >= spec.max_task_failures:
@@ -102,8 +103,28 @@ async def task_failed(
 async def map_redelivered(rt: Runtime, spec: JobSpec, task: TaskRef) -> bool:
     """A map task's message came back and the task is not done: it starts again. False once
     it has started too often (the job was failed)."""
-    item = await rt.backend.table.update(job_pk(spec.job_id), fail_sk(task.id), add={"starts": 1})
+    item = await _count(rt, spec, task, add={"starts": 1})
+    if item is None:
+        return False  # the job ended meanwhile
     return await _bounded(rt, spec, task, 1 + int(item.get("starts", 0)), item)
+
+
+async def _count(
+    rt: Runtime,
+    spec: JobSpec,
+    task: TaskRef,
+    *,
+    set_: Item | None = None,
+    add: dict[str, int],
+) -> Item | None:
+    """Count in the task's fail# record while the job runs; the record as it is now, or None
+    if the job has ended (a late worker must not leave a record its cleanup missed)."""
+    key = (job_pk(spec.job_id), fail_sk(task.id))
+    try:
+        await write_while_running(rt.backend, spec.job_id, Update(*key, set_=set_, add=add))
+    except ConditionFailed:
+        return None
+    return await rt.backend.table.get(*key, consistent=True)
 
 
 async def reduce_claimed(rt: Runtime, spec: JobSpec, task: TaskRef, epoch: int) -> bool:

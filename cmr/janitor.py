@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from cmr import wire
 from cmr.backends.base import AllOf, Condition, Eq, Missing, Present
 from cmr.errors import BackendError, BlobMissing, ConditionFailed
+from cmr.lease import in_background
 from cmr.lifecycle import begin_publishing, cleanup, end, job_scratch
 from cmr.publish import OutputConflict, Source, publish
 from cmr.records import ACTIVE_PK, JobSpec, JobState, job_pk, task_of
@@ -145,13 +146,8 @@ async def _beating(rt: Runtime, spec: JobSpec, token: str) -> AsyncIterator[None
             except BackendError:
                 continue
 
-    task = asyncio.create_task(beat())
-    try:
+    async with in_background(beat()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def clean(rt: Runtime, spec: JobSpec, seen: Seen | None) -> None:

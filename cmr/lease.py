@@ -1,13 +1,30 @@
-"""Keeping a received task's message invisible while we still work on it."""
+"""Keeping things alive while we work: a task's message lease, and the background loops that
+renew claims and leases for the length of a block."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 from cmr.backends.base import Queues
 from cmr.errors import BackendError
+
+
+@contextlib.asynccontextmanager
+async def in_background(loop: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """Run ``loop`` while the block runs, and stop it after. Stopping it never swallows a
+    cancellation of our own (the classic ``suppress(CancelledError): await task`` does, and a
+    worker told to stop would then run on)."""
+    task = asyncio.create_task(loop)
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.wait([task])  # raises CancelledError only if *we* are cancelled
+        if not task.cancelled():
+            task.exception()  # retrieved: a loop's error is not "never retrieved" noise
 
 
 @contextlib.asynccontextmanager
@@ -25,10 +42,5 @@ async def message_lease(
             with contextlib.suppress(BackendError):
                 await queues.change_visibility(queue, [receipt], seconds)
 
-    renewer = asyncio.create_task(renew())
-    try:
+    async with in_background(renew()):
         yield
-    finally:
-        renewer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await renewer

@@ -27,6 +27,7 @@ from cmr.backends.base import (
     AllOf,
     AnyOf,
     Backend,
+    Check,
     Delete,
     Eq,
     Item,
@@ -64,6 +65,18 @@ def job_scratch(scratch: str, job_id: str) -> str:
 
 def _token() -> str:
     return secrets.token_hex(16)
+
+
+def while_running(job_id: str) -> Check:
+    """A transaction's guard: the job is still running. A worker that wakes up after its job
+    ended (paused, or slow) can then never write a record its cleanup would not see."""
+    return Check(ACTIVE_PK, job_id, Eq("state", JobState.RUNNING.value))
+
+
+async def write_while_running(backend: Backend, job_id: str, write: Put | Update) -> None:
+    """One write, applied only while the job runs. ConditionFailed if its own condition is
+    false or the job has ended."""
+    await backend.table.transact([write, while_running(job_id)], token=_token())
 
 
 async def record_submit(backend: Backend, spec: JobSpec, extra: Item) -> None:

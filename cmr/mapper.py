@@ -23,10 +23,10 @@ from typing import Any
 import msgpack
 
 from cmr import compute, failures, wire
-from cmr.backends.base import Eq, Received, item_absent
+from cmr.backends.base import Put, Received, item_absent
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, TaskError, WireError
 from cmr.lease import message_lease
-from cmr.lifecycle import job_scratch
+from cmr.lifecycle import job_scratch, write_while_running
 from cmr.records import JobSpec, MapCommit, job_pk, map_sk
 from cmr.runtime import Runtime
 from cmr.split import read_split
@@ -91,10 +91,14 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             result.bytes_in,
         )
         try:
-            await table.put(pk, map_sk(task.task), commit.to_item(), condition=item_absent())
+            # Only while the job runs: an attempt that wakes after its job ended and was
+            # cleaned up must not leave a record behind.
+            put = Put(pk, map_sk(task.task), commit.to_item(), item_absent())
+            await write_while_running(rt.backend, spec.job_id, put)
             won = True
         except ConditionFailed:
-            # Read back: a retried put that was applied the first time is refused, yet won.
+            # Another attempt won, or the job ended. (A retry of our own write that was
+            # applied the first time is answered as applied, by its token.)
             held = await table.get(pk, map_sk(task.task), consistent=True)
             won = held is not None and held.get("attempt") == attempt
         if not won:
@@ -105,15 +109,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             stats["progress_maps"] += 1
             stats["progress_bytes"] += result.bytes_in
         await rt.step("map.committed", task=task.task, attempt=attempt, won=won)
-        try:
-            await queues.delete_messages(in_q, [msg.receipt])
-        except QueueGone:
-            # The job ended and was cleaned up while we worked (a pause, a slow network):
-            # our commit landed on a cleaned table. Take it back, so nothing stray remains.
-            if won:
-                with contextlib.suppress(ConditionFailed):
-                    await table.delete(pk, map_sk(task.task), condition=Eq("attempt", attempt))
-            raise
+        await queues.delete_messages(in_q, [msg.receipt])
     await rt.add_stats(spec.job_id, stats)
 
 

@@ -32,7 +32,7 @@ from cmr import compute, failures, janitor, wire
 from cmr.backends.base import Received
 from cmr.claim import Claim, Refusal, claim
 from cmr.errors import BackendError, BlobMissing, QueueGone, WireError
-from cmr.lease import message_lease
+from cmr.lease import in_background, message_lease
 from cmr.lifecycle import job_scratch
 from cmr.records import JobSpec, MapCommit, job_pk, task_of
 from cmr.runtime import Runtime, WorkerCrashed
@@ -237,13 +237,8 @@ async def _holding(rt: Runtime, drain: Drain, queue: str, lease_s: int) -> Async
             with contextlib.suppress(BackendError):
                 await rt.backend.queues.change_visibility(queue, receipts, keep_s)
 
-    task = asyncio.create_task(renew())
-    try:
+    async with in_background(renew()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: str) -> None:

@@ -18,9 +18,11 @@ Use them on your own jobs::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import tempfile
 from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,7 +248,7 @@ async def chaos_run(
             ended: set[asyncio.Task[None]] = set()
             waiter = None if clientless else asyncio.create_task(client.wait(be, spec, poll_s=0.2))
             try:
-                async with asyncio.timeout(timeout_s):
+                async with _explained_timeout(timeout_s, be, spec, fleet):
                     while any(not t.done() for _, t in fleet):
                         await asyncio.wait(
                             [t for _, t in fleet if not t.done()],
@@ -272,6 +274,52 @@ async def chaos_run(
             result.record = await be.table.get(job_pk(spec.job_id), "job") or {}
             result.leftovers = await leftovers(be, spec)
     return result
+
+
+@contextlib.asynccontextmanager
+async def _explained_timeout(
+    seconds: float, be: Backend, spec: JobSpec, fleet: list[tuple[Worker, asyncio.Task[None]]]
+) -> AsyncIterator[None]:
+    """asyncio.timeout, but a TimeoutError says where the job stood (what a hang needs)."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise TimeoutError(
+            f"not done in {seconds:.0f} s: {await _where(be, spec, fleet)}"
+        ) from None
+
+
+async def _where(be: Backend, spec: JobSpec, fleet: list[tuple[Worker, asyncio.Task[None]]]) -> str:
+    try:
+        record = await be.table.get(job_pk(spec.job_id), "job") or {}
+        active = await be.table.get(ACTIVE_PK, spec.job_id)
+        items = await be.table.query(job_pk(spec.job_id))
+    except Exception as exc:  # a diagnosis must not hide the timeout
+        return f"(state unreadable: {exc})"
+    claims = [
+        f"{i['sk']}:{i.get('state')}/e{i.get('epoch')}/b{i.get('beat')}"
+        for i in items
+        if str(i["sk"]).startswith("reduce#")
+    ]
+    maps = sum(1 for i in items if str(i["sk"]).startswith("map#"))
+    workers = [
+        f"{w.rt.worker_id}:{'done' if t.done() else 'alive'}"
+        f"{'' if w.rt.awake.is_set() else '/paused'} busy={w.busy} duties={sorted(w._duties)}"
+        for w, t in fleet
+    ]
+    stuck = []
+    for t in asyncio.all_tasks():
+        frames = [f for f in t.get_stack() if "/cmr/" in f.f_code.co_filename]
+        if frames:
+            f = frames[-1]
+            stuck.append(f"{t.get_coro().__qualname__}@{f.f_code.co_name}:{f.f_lineno}")  # type: ignore[union-attr]
+    return (
+        f"tasks={sorted(stuck)} "
+        f"job {spec.job_id} state={record.get('state')} publishing={'publishing' in record} "
+        f"error={str(record.get('error', ''))[:200]!r} active={active} maps={maps}/{spec.maps} "
+        f"claims={claims} workers={workers}"
+    )
 
 
 async def _active(be: Backend, spec: JobSpec) -> bool:

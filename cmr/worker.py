@@ -36,6 +36,7 @@ JOB_REFRESH_S = 5.0  # a worker serving one job checks it this often (sooner whe
 PROGRESS_FOLD_S = 1.0  # how often live counters from user code reach the job record
 FLEET_REFRESH_S = 5.0  # a fleet worker looks for new jobs this often (one query each)
 DUTY_GRACE_S = 60.0  # on stopping, how long duties under way may take to finish
+FINISH_GRACE_S = 10.0  # once its job is cleaned up, how long a --job worker's late tasks get
 T = TypeVar("T")
 
 
@@ -61,6 +62,9 @@ class Worker:
         self.last_work = time.monotonic()
         self.busy = 0
         self.broken = False
+        self._finished = False
+        self._idle = asyncio.Event()  # set while no slot runs a task
+        self._idle.set()
         self.done = asyncio.Event()
         self._poke = asyncio.Event()  # refresh the jobs now, not at the next period
         self._group: asyncio.TaskGroup | None = None
@@ -110,6 +114,7 @@ class Worker:
                 self._forget(job_id)
         self.jobs = running
         if self.only_job is not None and not rows:
+            self._finished = True  # our job is cleaned up: stop, letting late tasks see it
             self.done.set()
 
     def _forget(self, job_id: str) -> None:
@@ -219,11 +224,14 @@ class Worker:
                     continue
                 wait_s = poll_s
                 self.busy += 1
+                self._idle.clear()
                 self.last_work = self._last_task[spec.job_id] = time.monotonic()
                 try:
                     await handle(spec, got[0])
                 finally:
                     self.busy -= 1
+                    if not self.busy:
+                        self._idle.set()
                     self.last_work = time.monotonic()
             except QueueGone:
                 # The job ended and its queues were cleaned up: stop polling them now (each
@@ -306,7 +314,11 @@ class Worker:
             ):
                 self.rt.log.info("idle; exiting", idle_s=idle_exit)
                 self.done.set()
-            await self._nap(JOB_REFRESH_S if self.only_job else FLEET_REFRESH_S)
+            nap = JOB_REFRESH_S if self.only_job else FLEET_REFRESH_S
+            if self._watched:
+                # A cleaner we watch is judged on our clock: look often enough to see it.
+                nap = min(nap, min(self._specs[j].visibility_s for j in self._watched) / 2)
+            await self._nap(nap)
 
     async def _nap(self, seconds: float) -> None:
         """Sleep until the next refresh: ``seconds``, or less when we stop or are poked."""
@@ -368,6 +380,11 @@ class Worker:
             ]
             try:
                 await self.done.wait()
+                if self._finished and self.busy:
+                    # Tasks still running belong to a job that is gone: they learn it at their
+                    # next call (a queue gone, a write refused) and remove what they made.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._idle.wait(), FINISH_GRACE_S)
             finally:
                 for t in [*slots, folder]:
                     t.cancel()

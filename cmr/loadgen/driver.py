@@ -33,7 +33,6 @@ time otherwise. All random choices come from ``random.Random(task.seed)``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import math
 import random
@@ -171,8 +170,7 @@ async def run_task(
             await _closed_loop(task, target, m, clock)
         if live is not None:
             live.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await live
+            await asyncio.wait([live])  # not `suppress(CancelledError)`: ours would vanish
         m.finish_task(
             cpu_s=time.process_time() - cpu0,
             wall_s=time.perf_counter() - wall0,

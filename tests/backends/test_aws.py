@@ -18,6 +18,7 @@ from cmr.errors import (
     BlobMissing,
     ConditionFailed,
     QueueGone,
+    Rejected,
     Throttled,
     Unreachable,
     UsageError,
@@ -140,7 +141,9 @@ def client_error(code: str, op: str = "Op", status: int = 400) -> ClientError:
         ("s3", "AccessDenied", 403, Unreachable),
         ("dynamodb", "AccessDeniedException", 400, Unreachable),
         ("sqs", "InvalidClientTokenId", 403, Unreachable),
-        ("dynamodb", "ValidationException", 400, BackendError),
+        ("dynamodb", "ValidationException", 400, Rejected),
+        ("s3", "PreconditionFailed", 412, ConditionFailed),
+        ("s3", "EntityTooLarge", 400, Rejected),
         ("s3", "NoSuchBucket", 404, BackendError),
     ],
 )

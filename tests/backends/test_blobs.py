@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cmr.backends.base import Backend
-from cmr.errors import BlobMissing
+from cmr.errors import BlobMissing, ConditionFailed
 
 Folder = Callable[[], str]
 
@@ -199,3 +199,41 @@ def test_embedded_write_survives_its_directory_vanishing(tmp_path: Path) -> None
 
     _into_dir(target, write)
     assert target.read_bytes() == b"part" and len(calls) == 2
+
+
+async def test_put_if_is_a_compare_and_swap(backend: Backend, folder: Folder) -> None:
+    url = f"{folder()}/_SUCCESS"
+    first = await backend.blobs.put_if(url, b"one", etag=None)  # only if absent
+    with pytest.raises(ConditionFailed):
+        await backend.blobs.put_if(url, b"two", etag=None)
+    data, etag = await backend.blobs.get_with_etag(url)
+    assert (data, etag) == (b"one", first)
+    second = await backend.blobs.put_if(url, b"two", etag=first)
+    with pytest.raises(ConditionFailed):  # a writer that saw the old version loses
+        await backend.blobs.put_if(url, b"three", etag=first)
+    assert await backend.blobs.get_with_etag(url) == (b"two", second)
+    with pytest.raises(BlobMissing):
+        await backend.blobs.get_with_etag(f"{folder()}/none")
+
+
+async def test_put_if_races_have_one_winner(backend: Backend, folder: Folder) -> None:
+    url = f"{folder()}/_SUCCESS"
+    outcomes = await asyncio.gather(
+        *(backend.blobs.put_if(url, f"w{i}".encode(), etag=None) for i in range(8)),
+        return_exceptions=True,
+    )
+    winners = [o for o in outcomes if isinstance(o, str)]
+    assert len(winners) == 1
+    assert all(isinstance(o, ConditionFailed) for o in outcomes if not isinstance(o, str))
+
+
+async def test_copy_and_delete(backend: Backend, folder: Folder) -> None:
+    root = folder()
+    await backend.blobs.put(f"{root}/src", b"payload")
+    await backend.blobs.copy(f"{root}/src", f"{root}/out/dst")
+    await backend.blobs.put(f"{root}/src", b"changed")  # the copy is its own blob
+    assert await backend.blobs.get(f"{root}/out/dst") == b"payload"
+    with pytest.raises(BlobMissing):
+        await backend.blobs.copy(f"{root}/missing", f"{root}/out/other")
+    await backend.blobs.delete([f"{root}/src", f"{root}/out/dst", f"{root}/never"])
+    assert await backend.blobs.list(root) == []

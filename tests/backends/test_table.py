@@ -11,14 +11,18 @@ from cmr.backends.base import (
     AllOf,
     AnyOf,
     Backend,
+    Check,
     Condition,
+    Delete,
     Eq,
     Lt,
     Missing,
     Present,
+    Put,
+    Update,
     item_absent,
 )
-from cmr.errors import ConditionFailed
+from cmr.errors import ConditionFailed, Rejected
 
 
 async def test_put_get(backend: Backend, unique: Callable[[], str]) -> None:
@@ -298,3 +302,65 @@ async def test_calls_are_counted(backend: Backend, unique: Callable[[], str]) ->
         "dynamodb.UpdateItem": 1,
         "dynamodb.DeleteItem": 1,
     }
+
+
+async def test_transact_applies_all_writes(backend: Backend, unique: Callable[[], str]) -> None:
+    pk = unique()
+    await backend.table.put(pk, "gone", {"v": 1})
+    await backend.table.put(pk, "kept", {"n": 1})
+    await backend.table.put(pk, "other", {"v": 1})
+    await backend.table.transact(
+        [
+            Put(pk, "new", {"v": 2}, item_absent()),
+            Update(pk, "kept", set_={"s": "x"}, add={"n": 2}, condition=Eq("n", 1)),
+            Delete(pk, "gone"),
+            Check(pk, "other", Present("v")),
+        ],
+        token=unique(),
+    )
+    assert [i["sk"] for i in await backend.table.query(pk)] == ["kept", "new", "other"]
+    assert await backend.table.get(pk, "kept") == {"pk": pk, "sk": "kept", "n": 3, "s": "x"}
+
+
+async def test_transact_applies_nothing_when_a_condition_fails(
+    backend: Backend, unique: Callable[[], str]
+) -> None:
+    pk = unique()
+    await backend.table.put(pk, "a", {"v": 1})
+    for failing in (
+        Check(pk, "b", Present("pk")),
+        Update(pk, "b", set_={"v": 1}, condition=Eq("v", 9)),
+    ):
+        with pytest.raises(ConditionFailed):
+            await backend.table.transact(
+                [Update(pk, "a", set_={"v": 2}), Put(pk, "c", {"v": 3}), failing],
+                token=unique(),
+            )
+    assert [i["sk"] for i in await backend.table.query(pk)] == ["a"]
+    assert (await backend.table.get(pk, "a") or {})["v"] == 1
+
+
+async def test_transact_token_makes_a_retry_apply_once(
+    backend: Backend, unique: Callable[[], str]
+) -> None:
+    """A retry after a lost answer (same token) succeeds and applies nothing again, though
+    its condition no longer holds: DynamoDB's ClientRequestToken."""
+    pk, token = unique(), unique()
+    writes = [Update(pk, "n", add={"count": 1}, condition=Missing("pk")), Put(pk, "m", {"v": 1})]
+    await backend.table.transact(writes, token=token)
+    await backend.table.transact(writes, token=token)
+    assert (await backend.table.get(pk, "n") or {})["count"] == 1
+    with pytest.raises(ConditionFailed):
+        await backend.table.transact(writes, token=unique())
+
+
+async def test_item_over_the_size_limit_is_rejected(
+    backend: Backend, unique: Callable[[], str]
+) -> None:
+    pk = unique()
+    with pytest.raises(Rejected):
+        await backend.table.put(pk, "big", {"v": "x" * 410_000})
+    await backend.table.put(pk, "item", {"v": "x" * 300_000})
+    with pytest.raises(Rejected):
+        await backend.table.update(pk, "item", set_={"w": "y" * 150_000})
+    assert (await backend.table.get(pk, "item") or {}).get("w") is None

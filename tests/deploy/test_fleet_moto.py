@@ -105,10 +105,13 @@ def test_up_scale_status_logs_down(moto_env: dict[str, str]) -> None:
     assert head["ContentLength"] > 10_000 and params["WheelKey"].endswith(".whl")
     assert params["CreateTable"] == "true" and params["CreateBucket"] == "true"
 
-    # A job in cmr's running-jobs index shows in status.
-    boto3.client("dynamodb").put_item(
-        TableName=table, Item={"pk": {"S": "jobs#running"}, "sk": {"S": "20260101-000000-abc"}}
-    )
+    # A running job in cmr's active-jobs index shows in status; one that ended (and waits
+    # for its cleanup there) does not.
+    for job, state in (("20260101-000000-abc", "running"), ("20260101-000000-def", "failed")):
+        boto3.client("dynamodb").put_item(
+            TableName=table,
+            Item={"pk": {"S": "jobs#active"}, "sk": {"S": job}, "state": {"S": state}},
+        )
     assert fleet_status(stack)["running_jobs"] == ["20260101-000000-abc"]
 
     fleet("scale", "3", *names)

@@ -36,6 +36,7 @@ ALLOWED = {
         "dynamodb:PutItem",
         "dynamodb:UpdateItem",
         "dynamodb:DeleteItem",
+        "dynamodb:ConditionCheckItem",
         "dynamodb:Query",
     },
     BUCKET: {"s3:ListBucket"},
@@ -63,6 +64,8 @@ BACKEND_CALLS = {
     "create_multipart_upload": "s3:PutObject",
     "upload_part": "s3:PutObject",
     "complete_multipart_upload": "s3:PutObject",
+    "copy_object": "s3:PutObject",  # and s3:GetObject on the source, granted too
+    "upload_part_copy": "s3:PutObject",
     "abort_multipart_upload": "s3:AbortMultipartUpload",
     "create_bucket": "s3:CreateBucket",
     "list_buckets": "s3:ListAllMyBuckets",
@@ -70,6 +73,8 @@ BACKEND_CALLS = {
     "put_item": "dynamodb:PutItem",
     "update_item": "dynamodb:UpdateItem",
     "delete_item": "dynamodb:DeleteItem",
+    # A transaction needs each write's own action (all granted) and this one for its checks.
+    "transact_write_items": "dynamodb:ConditionCheckItem",
     "query": "dynamodb:Query",
     "describe_table": "dynamodb:DescribeTable",
     "create_table": "dynamodb:CreateTable",

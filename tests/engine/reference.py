@@ -6,6 +6,8 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from cmr.publish import MANIFEST, Manifest
+
 
 def files_under(root: Path) -> list[Path]:
     return [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
@@ -31,13 +33,23 @@ def inverted_index(root: Path) -> dict[str, list[str]]:
     return {w: sorted(s) for w, s in index.items()}
 
 
+def part_paths(out: Path, reducers: int) -> list[Path]:
+    """The parts of a published output, read as a reader must: from its _SUCCESS manifest.
+    Fails unless the manifest lists one part per partition, in order, and the directory
+    holds nothing else (no leftovers of earlier or failed jobs)."""
+    manifest = Manifest.from_bytes((out / MANIFEST).read_bytes())
+    names = [p.name for p in manifest.parts]
+    assert [n[:10] for n in names] == [f"part-{p:05d}" for p in range(reducers)], names
+    assert all(n.endswith("-" + manifest.job) for n in names), names
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, *names])
+    return [out / n for n in names]
+
+
 def read_parts(out: Path, reducers: int) -> list[tuple[str, str]]:
-    """(key, value) lines of part-00000 … part-(R-1); fails if a part is missing or extra."""
-    names = sorted(p.name for p in out.iterdir())
-    assert names == [f"part-{p:05d}" for p in range(reducers)], names
+    """(key, value) lines of the output's parts, in partition order."""
     rows = []
-    for name in names:
-        text = (out / name).read_bytes().decode("utf-8")
+    for path in part_paths(out, reducers):
+        text = path.read_bytes().decode("utf-8")
         assert text == "" or text.endswith("\n")
         for line in text.splitlines():
             key, _, value = line.rpartition("\t")

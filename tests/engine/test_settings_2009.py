@@ -84,7 +84,7 @@ async def test_2009_style_output_equals_default(tmp_path: Path) -> None:
     for name, kw in (("default", {}), ("2009", STYLE_2009)):
         be, queues = recording_backend(tmp_path / f"scratch-{name}")
         out = tmp_path / f"out-{name}"
-        await run_on(
+        result = await run_on(
             be,
             WORDCOUNT,
             str(data),
@@ -93,7 +93,7 @@ async def test_2009_style_output_equals_default(tmp_path: Path) -> None:
             split_bytes=64 * 1024,
             worker_settings=settings(**kw),
         )
-        outs[name] = [(out / f"part-{p:05d}").read_bytes() for p in range(3)]
+        outs[name] = [Path(part).read_bytes() for part in result.parts]
         sent[name] = queues.shuffle
     assert outs["2009"] == outs["default"]
     assert counts_from_parts(tmp_path / "out-2009", 3) == word_count(data)
