@@ -125,6 +125,7 @@ class Claim:
 class Refusal:
     committed: bool  # the partition is done (or the job ended): the task message is stale
     retry_in: float  # otherwise: seconds until the task is worth trying again
+    contended: bool = False  # we found another claim alive, and stood back (method 3)
 
 
 async def _take(
@@ -175,7 +176,7 @@ async def claim(
         if held is not None and held.get("token") == token:  # applied; its answer was lost
             return Claim(table, job_id, partition, owner, token, int(held["epoch"]), lease_s)
         if held is not None and held.get("state") == "committed":
-            return Refusal(True, 0.0)
+            return Refusal(True, 0.0, contended=watched)
         active = await table.get(ACTIVE_PK, job_id, consistent=True)
         if active is None or active.get("state") != JobState.RUNNING.value:
             return Refusal(True, 0.0)  # the job ended: the task message is stale
@@ -189,7 +190,7 @@ async def claim(
             continue
         if watched:
             # It beat while we watched (alive), or another contender took it over first.
-            return Refusal(False, float(lease_s))
+            return Refusal(False, float(lease_s), contended=True)
         # Watch the holder's beat on our own clock; a paused watcher measures nothing.
         expect = AllOf((same, Eq("state", "claimed"), Eq("beat", held.get("beat"))))
         watched = True

@@ -164,6 +164,8 @@ async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.
         got = await claim(
             rt.backend.table, spec.job_id, p, rt.worker_id, spec.visibility_s, rt.awake
         )
+        if isinstance(got, Refusal) and got.contended:
+            await rt.add_stats(spec.job_id, Counter(reduce_conflicts=1))
         if isinstance(got, Refusal) and got.committed:
             # A partition committed by someone who may have died before finishing the job:
             # finishing it is everyone's duty. Only then is the message no longer needed.
@@ -173,7 +175,6 @@ async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.
     if isinstance(got, Refusal):
         # Someone holds a live claim: hide our copy for a lease, so the task comes back
         # only if the holder dies.
-        await rt.add_stats(spec.job_id, Counter(reduce_conflicts=1))
         await queues.change_visibility(
             reduce_q, [msg.receipt], min(spec.visibility_s, int(got.retry_in) + 1)
         )

@@ -22,7 +22,7 @@ import contextlib
 import random
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +36,7 @@ from cmr.backends.faults import FaultPlan, inject
 from cmr.backends.retry import with_retries
 from cmr.client import JobOptions
 from cmr.compute import job_instance, sort_key
+from cmr.errors import JobFailed
 from cmr.job import Job
 from cmr.lifecycle import job_scratch
 from cmr.publish import MANIFEST, Manifest
@@ -186,7 +187,9 @@ async def chaos_run(
     timeout_s: float = 180.0,
     clientless: bool = False,
     settings: WorkerSettings | None = None,
-    overwrite: bool = False,
+    job_options: dict[str, Any] | None = None,
+    wrap: Callable[[Backend], Backend] | None = None,
+    after_submit: Callable[[Backend, JobSpec], Awaitable[None]] | None = None,
 ) -> ChaosResult:
     """Run a job on a fresh embedded backend under faults, and wait until every worker has
     stopped by itself (they stop once the job has ended and been cleaned up).
@@ -198,6 +201,11 @@ async def chaos_run(
     anyone: the job is submitted and left to the ``workers`` started, at most all but one
     of which crash. The record is then read from the table, and ``leftovers`` lists what the
     job left behind. Raises TimeoutError if the workers are not done within ``timeout_s``.
+
+    ``job_options`` are more :class:`~cmr.client.JobOptions` (``overwrite``,
+    ``max_task_attempts``, ...); ``wrap`` wraps the faulty backend (inside the retries), to
+    inject a fault of your own; ``after_submit`` runs between submitting and starting the
+    workers.
     """
     plan = plan if plan is not None else FaultPlan.random(seed)
     steps = (
@@ -212,13 +220,13 @@ async def chaos_run(
             "embedded", EmbeddedQueues(), EmbeddedBlobs(), EmbeddedTable(), file_url(scratch)
         )
         async with inject(base, plan) as faulty:
-            be = with_retries(faulty, attempts=12)
+            be = with_retries(wrap(faulty) if wrap is not None else faulty, attempts=12)
             ref = job_ref(job)
             options = JobOptions(
                 partitions=reducers,
                 visibility_s=visibility_s,
                 params=dict(params or {}),
-                overwrite=overwrite,
+                **(job_options or {}),
             )
             spec = await client.submit(
                 be,
@@ -231,6 +239,8 @@ async def chaos_run(
                 split_bytes=split_bytes,
             )
             result = ChaosResult(spec.job_id, {}, faulty.injected)
+            if after_submit is not None:
+                await after_submit(be, spec)
             ws = settings or WorkerSettings(
                 map_slots=2, reduce_slots=2, processes=1, visibility_s=visibility_s, memory_mb=1
             )
@@ -262,7 +272,9 @@ async def chaos_run(
                                 if crashed and not clientless and await _active(be, spec):
                                     fleet[i] = start(len(fleet) + result.workers_started)
                 if waiter is not None:
-                    await waiter  # a failed job raises JobFailed, as a client sees it
+                    # What a client saw; the record below says the same (or the test fails).
+                    with contextlib.suppress(JobFailed):
+                        await waiter
             finally:
                 if waiter is not None:
                     waiter.cancel()

@@ -206,7 +206,14 @@ class Worker:
         # receive returns as soon as a message arrives, so the wait costs no latency, and an
         # idle slot makes one request per idle_wait_s instead of one per poll_s.
         wait_s = poll_s
+        me = asyncio.current_task()
+        last = "nothing yet"
         while not self.done.is_set():
+            if me is not None and me.cancelling():
+                # Told to stop, yet still here: something below swallowed our cancellation.
+                # Stop all the same, or the worker never would.
+                self.rt.log.error("a slot's cancellation was swallowed", after=last)
+                raise asyncio.CancelledError
             await self.rt.awake.wait()
             spec = self._next_job()
             if spec is None:
@@ -226,6 +233,7 @@ class Worker:
                 self.busy += 1
                 self._idle.clear()
                 self.last_work = self._last_task[spec.job_id] = time.monotonic()
+                last = f"a message of job {spec.job_id} via {handle.__name__}"
                 try:
                     await handle(spec, got[0])
                 finally:

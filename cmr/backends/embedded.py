@@ -158,6 +158,9 @@ class EmbeddedQueues:
         visibility_s: int | None = None,
     ) -> builtins.list[Received]:
         self.calls["sqs.ReceiveMessage"] += 1
+        # A receive is a network call: it always lets other tasks run, or a loop of receives
+        # answered from memory would starve the event loop.
+        await asyncio.sleep(0)
         q = self._get(name)
         vis = q.visibility_s if visibility_s is None else visibility_s
         deadline = self._clock() + wait_s
