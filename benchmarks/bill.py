@@ -39,10 +39,10 @@ import wordcount as wc
 import cmr
 import cmr.logs
 from cmr.api import cpu_pool, open_backend, run_on
-from cmr.backends.base import Backend, Item, Received
+from cmr.backends.base import Backend, Item, Put, Received, TxWrite, Update
 from cmr.backends.embedded import SQS_BODY_LIMIT
 from cmr.errors import BlobMissing, ConditionFailed
-from cmr.records import JOBS_PK, RUNNING_PK
+from cmr.records import ACTIVE_PK, JOBS_PK
 from cmr.settings import AwsSettings, WorkerSettings
 from cmr.worker import Worker
 
@@ -252,7 +252,7 @@ class MeteredTable:
     async def query(self, pk: str, *, prefix: str = "", consistent: bool = True) -> list[Item]:
         got: list[Item] = await self._inner.query(pk, prefix=prefix, consistent=consistent)
         self._meter.note(f"query_{prefix.rstrip('#') or 'jobs'}")
-        poll = pk == RUNNING_PK or prefix in ("map#", "reduce#")
+        poll = pk == ACTIVE_PK or prefix in ("map#", "reduce#")
         self._read(sum(map(top_size, got)), consistent, poll)
         return got
 
@@ -272,6 +272,16 @@ class MeteredTable:
     async def delete(self, pk: str, sk: str, **kwargs: Any) -> None:
         self._write(0)
         await self._inner.delete(pk, sk, **kwargs)
+
+    async def transact(self, writes: Sequence[TxWrite], *, token: str) -> None:
+        self._meter.note("transact")
+        for w in writes:
+            # DynamoDB bills each item of a transaction (a condition check too) twice the
+            # units of a plain write of it.
+            body = w.item if isinstance(w, Put) else w.set_ or {} if isinstance(w, Update) else {}
+            size = top_size({**body, "pk": w.pk, "sk": w.sk})
+            self._meter.wru += 2 * max(1, math.ceil(size / 1024))
+        await self._inner.transact(writes, token=token)
 
 
 def metered(be: Backend) -> tuple[Backend, Meter]:

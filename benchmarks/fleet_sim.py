@@ -75,10 +75,22 @@ import cmr
 import cmr.logs
 from cmr import client
 from cmr.api import job_ref
-from cmr.backends.base import Backend, BlobInfo, Blobs, Condition, Item, Queues, Received, Table
+from cmr.backends.base import (
+    Backend,
+    BlobInfo,
+    Blobs,
+    Condition,
+    Item,
+    Put,
+    Queues,
+    Received,
+    Table,
+    TxWrite,
+    Update,
+)
 from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
 from cmr.errors import QueueGone
-from cmr.records import RUNNING_PK, MapCommit
+from cmr.records import ACTIVE_PK, MapCommit
 from cmr.settings import WorkerSettings
 from cmr.testing import diff_outputs, read_output, sequential
 from cmr.worker import Worker
@@ -156,7 +168,7 @@ def key_kind(pk: str, sk: str = "") -> str:
             return "job#<id> / job (the job record)"
         role = sk.split("#", 1)[0] if sk else "*"
         return f"job#<id> / {role}#*"
-    return f"{pk} / <id>" if pk in ("jobs", RUNNING_PK) and sk else f"{pk} / *"
+    return f"{pk} / <id>" if pk in ("jobs", ACTIVE_PK) and sk else f"{pk} / *"
 
 
 def item_bytes(item: Item | None) -> int:
@@ -345,6 +357,23 @@ class LatentBlobs(_Latent):
         self._count(prefix, "s3.DeleteObjects")
         return await self._timed("s3.DeleteObjects", lambda: self.inner.delete_prefix(prefix))
 
+    async def put_if(self, url: str, data: bytes, *, etag: str | None) -> str:
+        self._count(url, "s3.PutObject")
+        return await self._timed("s3.PutObject", lambda: self.inner.put_if(url, data, etag=etag))
+
+    async def get_with_etag(self, url: str) -> tuple[bytes, str]:
+        self._count(url, "s3.GetObject")
+        return await self._timed("s3.GetObject", lambda: self.inner.get_with_etag(url))
+
+    async def copy(self, src: str, dst: str) -> None:
+        self._count(dst, "s3.CopyObject")
+        await self._timed("s3.CopyObject", lambda: self.inner.copy(src, dst))
+
+    async def delete(self, urls: Sequence[str]) -> None:
+        n = (len(urls) + 999) // 1000
+        self._count(urls[0] if urls else "", "s3.DeleteObjects")
+        await self._timed("s3.DeleteObjects", lambda: self.inner.delete(urls), n)
+
     async def upload_file(self, path: str, url: str) -> None:
         self._count(url, "s3.PutObject")
         await self._timed("s3.PutObject", lambda: self.inner.upload_file(path, url))
@@ -437,6 +466,31 @@ class LatentTable(_Latent):
         await self._timed(
             "dynamodb.DeleteItem", lambda: self.inner.delete(pk, sk, condition=condition)
         )
+
+    async def transact(self, writes: Sequence[TxWrite], *, token: str) -> None:
+        for w in writes:
+            # DynamoDB charges a transaction twice the units of its writes.
+            if isinstance(w, Put):
+                size = item_bytes(w.item)
+            else:
+                size = item_bytes(w.set_ or {}) if isinstance(w, Update) else 0
+            self._write(key_kind(w.pk, w.sk), size)
+            self._write(key_kind(w.pk, w.sk), size)
+        await self._timed(
+            "dynamodb.TransactWriteItems", lambda: self.inner.transact(writes, token=token)
+        )
+        if any(isinstance(w, Put) and w.sk.startswith("map#") for w in writes):
+            self.meter.commit_times.append(time.time())  # a map commit (cmr.mapper)
+            self.meter.commit_cpu.append(time.process_time())
+        final = any(
+            isinstance(w, Update)
+            and w.pk.startswith("job#")
+            and w.sk == "job"
+            and (w.set_ or {}).get("state") in FINAL_STATES
+            for w in writes
+        )
+        if final and self.on_final is not None:
+            self.on_final()
 
 
 def with_latency(
@@ -606,9 +660,7 @@ async def run_fleet(
             job_ref(FleetJob),
             str(data),
             str(out),
-            partitions=reducers,
-            params={"work_ms": str(work_ms)},
-            visibility_s=60,
+            client.JobOptions(partitions=reducers, params={"work_ms": str(work_ms)}),
             queue_prefix="cmr-",
             parallelism=n_workers * map_slots,
             split_bytes=split_bytes,

@@ -40,7 +40,7 @@ from cmr.errors import JobFailed
 from cmr.job import Job
 from cmr.lifecycle import job_scratch
 from cmr.publish import MANIFEST, Manifest
-from cmr.records import ACTIVE_PK, OUTPUTS_PK, JobSpec, job_pk
+from cmr.records import ACTIVE_PK, JOBS_PK, OUTPUTS_PK, JobSpec, job_pk
 from cmr.runtime import STEPS, Hook, Runtime, WorkerCrashed
 from cmr.settings import WorkerSettings
 from cmr.worker import Worker
@@ -166,6 +166,36 @@ async def leftovers(be: Backend, spec: JobSpec) -> list[str]:
     if claim is not None and claim.get("active"):
         found.append(f"record {OUTPUTS_PK}/{spec.output} (still active)")
     found += [f"blob {b.url}" for b in await be.blobs.list(job_scratch(spec.scratch, spec.job_id))]
+    return found
+
+
+async def backend_leftovers(be: Backend, queue_prefix: str, settle_s: float = 60.0) -> list[str]:
+    """Everything cmr jobs left behind on a backend, once its jobs are all ended and cleaned
+    up (waiting up to ``settle_s`` for cleanups under way): queues under the prefix, task
+    records, active-index rows, live output claims, scratch blobs and unfetched results.
+    For a test's own bucket, table and queue prefix, that must be nothing."""
+    for _ in range(max(1, int(settle_s / 0.5))):  # polling a remote table: no event to wait on
+        if not await be.table.query(ACTIVE_PK):
+            break
+        await asyncio.sleep(0.5)
+    found = [f"queue {q}" for q in await be.queues.list(queue_prefix)]
+    found += [
+        f"record {ACTIVE_PK}/{r['sk']} ({r.get('state')})" for r in await be.table.query(ACTIVE_PK)
+    ]
+    found += [
+        f"record {OUTPUTS_PK}/{r['sk']} (still active, job {r.get('job')})"
+        for r in await be.table.query(OUTPUTS_PK)
+        if r.get("active")
+    ]
+    for row in await be.table.query(JOBS_PK):
+        found += [
+            f"record {i['pk']}/{i['sk']}"
+            for i in await be.table.query(job_pk(str(row["sk"])))
+            if i["sk"] != "job"
+        ]
+    root = be.scratch.rstrip("/")
+    found += [f"blob {b.url}" for b in await be.blobs.list(f"{root}/jobs/")]
+    found += [f"blob {b.url}" for b in await be.blobs.list(f"{root}/results/")]
     return found
 
 
@@ -360,6 +390,7 @@ __all__ = [
     "FaultPlan",
     "StepChaos",
     "WorkerCrashed",
+    "backend_leftovers",
     "chaos_hook",
     "chaos_run",
     "diff_outputs",

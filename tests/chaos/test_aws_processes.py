@@ -35,6 +35,7 @@ from cmr.records import job_pk
 from cmr.settings import AwsSettings
 from tests.engine.corpus import edge_cases
 from tests.engine.reference import counts_from_parts, word_count
+from cmr.testing import backend_leftovers
 from tests.stack import remove_test_resources
 
 pytestmark = pytest.mark.usefixtures("aws_stack")
@@ -56,9 +57,13 @@ async def aws(aws_stack: dict[str, str]) -> AsyncIterator[tuple[Backend, AwsSett
     settings = AwsSettings(
         bucket=f"cmr-chaos-{tag}", table=f"cmr-chaos-{tag}", queue_prefix=f"cmrx-{tag}-"
     )
-    async with open_backend("aws", settings) as be:
-        yield be, settings
-    remove_test_resources(settings.bucket, settings.table, settings.queue_prefix)
+    try:
+        async with open_backend("aws", settings) as be:
+            yield be, settings
+            # Whatever was killed, paused or duplicated, every job ended and cleaned up.
+            assert await backend_leftovers(be, settings.queue_prefix) == []
+    finally:
+        remove_test_resources(settings.bucket, settings.table, settings.queue_prefix)
 
 
 def make_corpus(root: Path, megabytes: float = 4.0, seed: int = 11) -> Path:

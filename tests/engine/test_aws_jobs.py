@@ -14,11 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from cmr import lifecycle
 from cmr.api import open_backend, run_on
+from cmr.client import load_spec
 from cmr.backends.base import Backend
 from cmr.errors import JobFailed, UsageError
-from cmr.records import job_pk
+from cmr.records import JobState, job_pk
 from cmr.settings import AwsSettings
+from cmr.testing import backend_leftovers
 from tests.stack import remove_test_resources
 
 from .corpus import edge_cases, small_files
@@ -33,9 +36,13 @@ async def aws(aws_stack: dict[str, str]) -> AsyncIterator[tuple[Backend, AwsSett
     settings = AwsSettings(
         bucket=f"cmr-e2e-{tag}", table=f"cmr-e2e-{tag}", queue_prefix=f"cmre-{tag}-"
     )
-    async with open_backend("aws", settings) as be:
-        yield be, settings
-    remove_test_resources(settings.bucket, settings.table, settings.queue_prefix)
+    try:
+        async with open_backend("aws", settings) as be:
+            yield be, settings
+            # Every job of the test ended and cleaned up after itself: nothing is left.
+            assert await backend_leftovers(be, settings.queue_prefix) == []
+    finally:
+        remove_test_resources(settings.bucket, settings.table, settings.queue_prefix)
 
 
 async def assert_cleaned(be: Backend, settings: AwsSettings, job_id: str) -> None:
@@ -86,8 +93,9 @@ async def test_s3_input_and_output(aws: tuple[Backend, AwsSettings], tmp_path: P
         aws=settings,
     )
     got: dict[str, list[str]] = {}
-    for part in range(2):
-        text = (await be.blobs.get(f"{out}part-{part:05d}")).decode()
+    assert [url.rsplit("/", 1)[1][:10] for url in result.parts] == ["part-00000", "part-00001"]
+    for url in result.parts:
+        text = (await be.blobs.get(url)).decode()
         for line in text.splitlines():
             word, _, docs = line.rpartition("\t")
             got[word] = json.loads(docs)
@@ -315,3 +323,7 @@ async def test_client_reports_when_all_its_worker_processes_are_gone(
             aws=settings,
         )
     assert "cmr cleanup" in str(info.value)
+    # As the message says: nobody serves the job any more; remove it.
+    spec, _ = await load_spec(be, info.value.args[0].split("job ")[1].split()[0])
+    await lifecycle.end(be, spec, JobState.CANCELLED, reason="cancelled by the test")
+    await lifecycle.cleanup(be, spec, JobState.CANCELLED)
