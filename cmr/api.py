@@ -159,13 +159,16 @@ class CpuPool(Executor):
         """Kill every process of the pool and start new ones; what ran in them fails with
         BrokenProcessPool. (ProcessPoolExecutor cannot stop one running call, so we reach
         for its processes.)"""
-        old = self._pool
-        for proc in list(getattr(old, "_processes", {}).values()):
-            with contextlib.suppress(OSError):
-                proc.kill()
-        old.shutdown(wait=False, cancel_futures=True)
+        self.kill()
         self.generation += 1
         self._pool = self._start()
+
+    def kill(self) -> None:
+        """Stop every process now (an interrupted run): nothing in the pool is waited for."""
+        for proc in list(getattr(self._pool, "_processes", {}).values()):
+            with contextlib.suppress(OSError):
+                proc.kill()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
@@ -338,10 +341,14 @@ async def _run_in_process(
         try:
             try:
                 return await _until_done(waiter, tasks)  # type: ignore[no-any-return]
+            except asyncio.CancelledError:
+                pool.kill()  # interrupted: what runs in the pool is abandoned, now
+                raise
             finally:
-                # The workers stop by themselves once the job is cleaned up (a failed one
-                # too): its output place holds only what it should when we return.
-                await asyncio.wait(tasks, timeout=SETTLE_S)
+                if not waiter.cancelled() and waiter.done():
+                    # The workers stop by themselves once the job (succeeded or failed) is
+                    # cleaned up: its output place holds only what it should when we return.
+                    await asyncio.wait(tasks, timeout=SETTLE_S)
         finally:
             waiter.cancel()
             for w in fleet:

@@ -138,7 +138,9 @@ class Runtime:
                         "this pool cannot be restarted"
                     ) from None
                 self.log.warning("a task ignored its time limit; restarting the CPU pool")
-                await asyncio.to_thread(restart)
+                # On this thread: pool processes die with the thread that started them
+                # (PR_SET_PDEATHSIG), and a helper thread would soon end.
+                restart()
                 raise TaskTimedOut(
                     f"the task ran past its time limit of {limit_s:.0f} s and did not stop "
                     "when told to (stuck in code that does not return to Python?); its process "

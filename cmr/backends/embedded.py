@@ -20,6 +20,7 @@ import hashlib
 import heapq
 import itertools
 import os
+import secrets
 import shutil
 import time
 from collections import Counter
@@ -310,14 +311,17 @@ class EmbeddedBlobs:
         def link() -> None:
             # Blobs are immutable once written (puts replace whole files), so a hard link is
             # a copy that costs no bytes; across file systems, a real copy.
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.{id(target)}.tmp")
+            tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
             try:
-                os.link(source, tmp)
-            except OSError as exc:
-                if isinstance(exc, FileNotFoundError) and not source.exists():
-                    raise
-                shutil.copyfile(source, tmp)
-            tmp.replace(target)
+                try:
+                    os.link(source, tmp)
+                except OSError as exc:
+                    if isinstance(exc, FileNotFoundError) and not source.exists():
+                        raise
+                    shutil.copyfile(source, tmp)
+                tmp.replace(target)
+            finally:
+                tmp.unlink(missing_ok=True)  # a failed copy leaves nothing behind
 
         try:
             await asyncio.to_thread(_into_dir, target, link)

@@ -387,12 +387,15 @@ async def test_lease_loss_rate(make: Make) -> None:
     inner = inner_queues(b)
     await b.queues.create("q", visibility_s=30)
     await b.queues.send("q", [str(i).encode() for i in range(300)])
-    while await b.queues.receive("q"):
-        pass
+    received = 0  # a message whose lease was cut early may be received (and cut) again
+    while got := await b.queues.receive("q"):
+        received += len(got)
     await asyncio.sleep(faults.LEASE_CUT_MAX_S + 0.1)
     cut = faults.injected(b)["lease_loss"]
-    assert near(cut, 300, 0.3)
-    assert await inner.counts("q") == (cut, 300 - cut)
+    assert near(cut, received, 0.3)
+    visible, in_flight = await inner.counts("q")
+    assert visible + in_flight == 300
+    assert 0 < visible <= cut  # cut messages are visible again, unless received again
 
 
 async def test_close_cancels_pending_lease_cuts(make: Make) -> None:

@@ -33,9 +33,9 @@ from cmr.api import RunResult, open_backend, run_on
 from cmr.backends.base import Backend, Item
 from cmr.records import job_pk
 from cmr.settings import AwsSettings
+from cmr.testing import backend_leftovers
 from tests.engine.corpus import edge_cases
 from tests.engine.reference import counts_from_parts, word_count
-from cmr.testing import backend_leftovers
 from tests.stack import remove_test_resources
 
 pytestmark = pytest.mark.usefixtures("aws_stack")

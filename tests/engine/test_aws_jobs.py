@@ -16,8 +16,8 @@ import pytest
 
 from cmr import lifecycle
 from cmr.api import open_backend, run_on
-from cmr.client import load_spec
 from cmr.backends.base import Backend
+from cmr.client import load_spec
 from cmr.errors import JobFailed, UsageError
 from cmr.records import JobState, job_pk
 from cmr.settings import AwsSettings
