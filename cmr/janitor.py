@@ -22,9 +22,9 @@ import secrets
 from collections import Counter
 from collections.abc import AsyncIterator
 
-from cmr import wire
+from cmr import failures, wire
 from cmr.backends.base import AllOf, Condition, Eq, Missing, Present
-from cmr.errors import BackendError, BlobMissing, ConditionFailed
+from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone
 from cmr.lease import in_background
 from cmr.lifecycle import begin_publishing, cleanup, end, job_scratch
 from cmr.publish import OutputConflict, Source, publish
@@ -164,21 +164,39 @@ async def clean(rt: Runtime, spec: JobSpec, seen: Seen | None) -> None:
     rt.log.info("job cleaned up", job=spec.job_id)
 
 
-async def repair(rt: Runtime, spec: JobSpec, empty_before: bool) -> bool:
-    """One repair check of a running job; returns whether both its task queues were empty
-    (the caller remembers it: messages are sent again only after two empty checks)."""
+async def repair(rt: Runtime, spec: JobSpec, before: int | None) -> int | None:
+    """One repair check of a running job. Returns the job's count of repairs when both its
+    task queues were empty (None otherwise); the caller passes it back at its next check, and
+    lost messages are sent again only when the queues were empty at both checks with no
+    repair in between, by the one worker whose conditional count wins."""
     in_q, reduce_q, _ = spec.queues()
     queues, table = rt.backend.queues, rt.backend.table
-    counts = await asyncio.gather(queues.counts(in_q), queues.counts(reduce_q))
+    try:
+        counts = await asyncio.gather(queues.counts(in_q), queues.counts(reduce_q))
+    except QueueGone:
+        # A running job without its queues can never finish: they were deleted by hand,
+        # or its submitter died half-way through submitting.
+        await failures.fail_job(rt, spec, "the job's queues were deleted while it ran")
+        return None
     if any(sum(c) for c in counts):
-        return False
-    sources = await committed_parts(rt, spec)
-    if sources is not None:
-        await finalize(rt, spec)
-        return True
-    if not empty_before:
-        return True
+        return None
     pk = job_pk(spec.job_id)
+    job = await table.get(pk, "job", consistent=True) or {}
+    repairs = int(job.get("repairs", 0))
+    if await committed_parts(rt, spec) is not None:
+        await finalize(rt, spec)
+        return repairs
+    if before != repairs:
+        return repairs
+    try:
+        await table.update(
+            pk,
+            "job",
+            add={"repairs": 1},
+            condition=Eq("repairs", repairs) if repairs else Missing("repairs"),
+        )
+    except ConditionFailed:
+        return None  # another worker repairs it
     maps_done = {task_of(str(i["sk"])) for i in await table.query(pk, prefix="map#")}
     reduced = {
         task_of(str(i["sk"]))
@@ -198,7 +216,7 @@ async def repair(rt: Runtime, spec: JobSpec, empty_before: bool) -> bool:
         reduce_q, [wire.encode(wire.ReduceTask(spec.job_id, p)) for p in lost_reduces]
     )
     await rt.add_stats(spec.job_id, Counter(tasks_resent=len(lost_maps) + len(lost_reduces)))
-    return True
+    return None
 
 
 __all__ = ["clean", "cleaner_of", "committed_parts", "finalize", "job_scratch", "repair"]

@@ -72,7 +72,8 @@ class Worker:
         self._next_duty: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {}
         self._watched: dict[str, tuple[janitor.Seen, float]] = {}  # cleaners we watch
         self._last_task: dict[str, float] = {}  # when a slot last got a message of the job
-        self._repaired: dict[str, tuple[float, bool]] = {}  # last repair check, queues empty?
+        # Per job: the last repair check, and the repairs count it saw if its queues were empty.
+        self._repaired: dict[str, tuple[float, int | None]] = {}
 
     async def _spec(self, job_id: str) -> JobSpec | None:
         spec = self._specs.get(job_id)
@@ -178,15 +179,15 @@ class Worker:
         messages still exist (and whether it is due to be finalized)."""
         every = self.rt.settings.janitor_s
         now = time.monotonic()
-        checked, empty = self._repaired.get(spec.job_id, (0.0, False))
+        checked, before = self._repaired.get(spec.job_id, (0.0, None))
         if now - self._last_task.get(spec.job_id, now) < every or now - checked < every:
             return
 
         async def check() -> None:
-            was_empty = await janitor.repair(self.rt, spec, empty)
-            self._repaired[spec.job_id] = (time.monotonic(), was_empty)
+            seen = await janitor.repair(self.rt, spec, before)
+            self._repaired[spec.job_id] = (time.monotonic(), seen)
 
-        self._repaired[spec.job_id] = (now, empty)
+        self._repaired[spec.job_id] = (now, before)
         self._duty(spec, check)
 
     def _next_job(self) -> JobSpec | None:

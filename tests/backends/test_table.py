@@ -19,6 +19,7 @@ from cmr.backends.base import (
     Missing,
     Present,
     Put,
+    TxWrite,
     Update,
     item_absent,
 )
@@ -346,7 +347,10 @@ async def test_transact_token_makes_a_retry_apply_once(
     """A retry after a lost answer (same token) succeeds and applies nothing again, though
     its condition no longer holds: DynamoDB's ClientRequestToken."""
     pk, token = unique(), unique()
-    writes = [Update(pk, "n", add={"count": 1}, condition=Missing("pk")), Put(pk, "m", {"v": 1})]
+    writes: list[TxWrite] = [
+        Update(pk, "n", add={"count": 1}, condition=Missing("pk")),
+        Put(pk, "m", {"v": 1}),
+    ]
     await backend.table.transact(writes, token=token)
     await backend.table.transact(writes, token=token)
     assert (await backend.table.get(pk, "n") or {})["count"] == 1

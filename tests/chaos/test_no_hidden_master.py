@@ -21,6 +21,7 @@ from cmr.backends.embedded import EmbeddedTable
 from cmr.backends.faults import FaultPlan
 from cmr.claim import Claim, Refusal, claim
 from cmr.errors import BackendError, Rejected, UsageError
+from cmr.mapper import SEND_CONCURRENCY
 from cmr.records import ACTIVE_PK, JOBS_PK, JobSpec, job_pk
 from cmr.runtime import Runtime, WorkerCrashed
 from cmr.settings import WorkerSettings
@@ -137,7 +138,7 @@ async def test_a_lost_answer_to_the_final_state_change_leaves_no_running_listing
 
     def wrap(be: Backend) -> Backend:
         lossy.append(LoseAnswer(be.table, sets_succeeded))
-        return Backend(be.name, be.queues, be.blobs, lossy[0], be.scratch)  # type: ignore[arg-type]
+        return Backend(be.name, be.queues, be.blobs, lossy[0], be.scratch)
 
     result = await clientless(data, tmp_path / "out", pool, wrap=wrap)
     assert lossy[0].lost == 1
@@ -202,7 +203,7 @@ async def test_a_write_the_store_rejects_fails_the_job_at_once(
     data, _ = corpus
 
     def wrap(be: Backend) -> Backend:
-        return Backend(be.name, be.queues, be.blobs, RejectMapCommits(be.table), be.scratch)  # type: ignore[arg-type]
+        return Backend(be.name, be.queues, be.blobs, RejectMapCommits(be.table), be.scratch)
 
     result = await clientless(data, tmp_path / "out", pool, wrap=wrap)
     assert result.record["state"] == "failed"
@@ -421,3 +422,113 @@ async def test_a_takeover_compares_no_clocks(monkeypatch: pytest.MonkeyPatch) ->
     assert isinstance(contender, Refusal) and not contender.committed
     assert not holder.lost.is_set()
     assert await holder.commit("file:///out", 1, 1)
+
+
+# 7. The map side held its whole shuffle spool in memory while sending.
+
+
+class SlowSends:
+    """Queues whose sends take a while, noting the most send tasks alive at once: each holds
+    its batch of bodies in memory until it is sent."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.peak = inner, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def send(self, name: str, bodies: Sequence[bytes]) -> None:
+        alive = sum(
+            1
+            for t in asyncio.all_tasks()
+            if t.get_coro().__qualname__.endswith("_send_spool.<locals>.send")  # type: ignore[union-attr]
+        )
+        self.peak = max(self.peak, alive)
+        if name.rsplit("-", 1)[1].startswith("p"):
+            await asyncio.sleep(0.02)
+        await self.inner.send(name, bodies)
+
+
+async def test_a_map_holds_a_bounded_number_of_batches_while_sending(
+    pool: Executor, tmp_path: Path
+) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"word{i} " * 3 + "\n" for i in range(30_000)))  # ~1,000 batches
+    slow: list[SlowSends] = []
+
+    def wrap(be: Backend) -> Backend:
+        slow.append(SlowSends(be.queues))
+        return Backend(be.name, slow[0], be.blobs, be.table, be.scratch)
+
+    settings = WorkerSettings(
+        map_slots=1,
+        reduce_slots=1,
+        processes=1,
+        visibility_s=10,
+        memory_mb=64,
+        message_bytes=1024,
+        compress=False,
+        use_combiner=False,
+    )
+    result = await chaos_run(
+        WORDCOUNT,
+        src,
+        tmp_path / "out",
+        seed=0,
+        pool=pool,
+        plan=quiet(),
+        hooks=[None],
+        workers=1,
+        reducers=1,
+        visibility_s=10,
+        split_bytes=None,
+        clientless=True,
+        settings=settings,
+        wrap=wrap,
+    )
+    assert result.record["state"] == "succeeded"
+    assert diff_outputs(sequential(WORDCOUNT, src, 1), read_output(tmp_path / "out", 1)) == []
+    assert 1 <= slow[0].peak <= SEND_CONCURRENCY
+
+
+# A queue's retention ran out (or it was purged): task messages were lost for good.
+
+
+async def test_lost_task_messages_are_sent_again_from_the_plan(
+    corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
+) -> None:
+    data, expected = corpus
+
+    async def purge(be: Backend, spec: JobSpec) -> None:
+        in_q, reduce_q, _ = spec.queues()
+        for q in (in_q, reduce_q):
+            while got := await be.queues.receive(q, max_messages=10):
+                await be.queues.delete_messages(q, [m.receipt for m in got])
+
+    settings = WorkerSettings(
+        map_slots=2, reduce_slots=2, processes=1, visibility_s=2, memory_mb=1, janitor_s=1.0
+    )
+    result = await clientless(data, tmp_path / "out", pool, after_submit=purge, settings=settings)
+    succeeded_exactly(result, expected, tmp_path / "out")
+    assert result.record["tasks_resent"] == result.record["maps"] + REDUCERS
+
+
+async def test_a_job_whose_queues_were_deleted_fails_instead_of_waiting_forever(
+    corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
+) -> None:
+    data, _ = corpus
+
+    async def delete_queues(be: Backend, spec: JobSpec) -> None:
+        in_q, reduce_q, parts = spec.queues()
+        for q in (in_q, reduce_q, *parts):
+            await be.queues.delete(q)
+
+    settings = WorkerSettings(
+        map_slots=1, reduce_slots=1, processes=1, visibility_s=2, memory_mb=1, janitor_s=1.0
+    )
+    result = await clientless(
+        data, tmp_path / "out", pool, after_submit=delete_queues, settings=settings
+    )
+    assert result.record["state"] == "failed"
+    assert "queues were deleted" in result.record["error"]
+    assert result.leftovers == []
