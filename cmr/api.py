@@ -168,7 +168,7 @@ class CpuPool(Executor):
         for proc in list(getattr(self._pool, "_processes", {}).values()):
             with contextlib.suppress(OSError):
                 proc.kill()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)  # prompt: its processes are gone
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
@@ -285,15 +285,11 @@ async def run_on(
         return RunResult(
             spec.job_id, output, [], time.monotonic() - started, record, be.calls() - calls_before
         )
-    try:
-        if be.local_files:
-            record = await _run_in_process(be, spec, ws, workers, on_progress)
-        else:
-            record = await _run_with_processes(be, spec, aws, ws, workers, on_progress)
-            await client.fetch_output(be, spec, record)
-    except asyncio.CancelledError:
-        await asyncio.shield(cancel(be, spec, "cancelled: `cmr run` was interrupted"))
-        raise
+    if be.local_files:
+        record = await _run_in_process(be, spec, ws, workers, on_progress)
+    else:
+        record = await _run_with_processes(be, spec, aws, ws, workers, on_progress)
+        await client.fetch_output(be, spec, record)
     return RunResult(
         spec.job_id,
         output,
@@ -324,6 +320,7 @@ async def cancel(be: Backend, spec: JobSpec, reason: str) -> bool:
     return False
 
 
+INTERRUPTED = "cancelled: `cmr run` was interrupted (Ctrl-C or SIGTERM)"
 SETTLE_S = 60.0  # how long workers we started get to finish a job's cleanup and stop
 
 
@@ -343,6 +340,7 @@ async def _run_in_process(
                 return await _until_done(waiter, tasks)  # type: ignore[no-any-return]
             except asyncio.CancelledError:
                 pool.kill()  # interrupted: what runs in the pool is abandoned, now
+                await asyncio.shield(cancel(be, spec, INTERRUPTED))
                 raise
             finally:
                 if not waiter.cancelled() and waiter.done():
@@ -354,6 +352,7 @@ async def _run_in_process(
             for w in fleet:
                 w.done.set()
             await asyncio.gather(*tasks, waiter, return_exceptions=True)
+            pool.kill()  # what still runs there was abandoned with its worker
 
 
 async def _run_with_processes(
@@ -369,10 +368,14 @@ async def _run_with_processes(
     try:
         try:
             return await _until_done_or_workers_gone(waiter, procs, spec.job_id)  # type: ignore[no-any-return]
+        except asyncio.CancelledError:
+            # Cancel the job first: then the workers clean it up, and stop by themselves.
+            await asyncio.shield(cancel(be, spec, INTERRUPTED))
+            raise
         finally:
             if procs:
-                await asyncio.wait(
-                    [asyncio.ensure_future(p.wait()) for p in procs], timeout=SETTLE_S
+                await asyncio.shield(
+                    asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=SETTLE_S)
                 )
     finally:
         waiter.cancel()
@@ -438,7 +441,11 @@ async def _spawn_worker(
         args += ["--region", aws.region]
     if aws.profile:
         args += ["--profile", aws.profile]
-    return await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL)
+    # In a session of their own: a Ctrl-C at the terminal reaches `cmr run` alone, which
+    # cancels the job and lets its workers clean it up before they stop.
+    return await asyncio.create_subprocess_exec(
+        *args, stdin=asyncio.subprocess.DEVNULL, start_new_session=True
+    )
 
 
 async def _stop(procs: list[asyncio.subprocess.Process]) -> None:

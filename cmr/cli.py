@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -21,6 +22,7 @@ from cmr.errors import CmrError, JobFailed
 from cmr.fleet import fleet_app
 from cmr.loadgen.cli import loadgen_app
 from cmr.records import JobState, job_pk
+from cmr.runtime import STEPS, Hook, Runtime
 from cmr.settings import AwsSettings, WorkerSettings, default_cores
 from cmr.worker import Worker
 
@@ -257,18 +259,43 @@ def worker(
             backend, _aws(bucket, table, queue_prefix, region, profile, create)
         ) as be:
             with api.cpu_pool(processes) as pool:
-                w = Worker(be, ws, pool, only_job=job)
+                w = Worker(be, ws, pool, only_job=job, hook=_stop_at(os.environ.get(STOP_AT)))
                 loop = asyncio.get_running_loop()
-                import signal
-
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, w.done.set)
-                await w.run()
+                try:
+                    await w.run()
+                finally:
+                    # The worker stopped: a task still in the pool was abandoned with its
+                    # slot (its lease lapses); do not wait for it to end.
+                    pool.kill()
 
     try:
         asyncio.run(serve())
     except CmrError as exc:
         fail(str(exc))
+
+
+STOP_AT = "CMR_STOP_AT"  # a testing aid: the worker stops itself (SIGSTOP) at this step
+
+
+def _stop_at(step: str | None) -> Hook | None:
+    """A hook that freezes the worker, as a SIGSTOP from outside would, the first time it
+    reaches ``step`` (one of cmr.runtime.STEPS): lets a test kill a worker at an exact
+    point of the protocol, in a real process."""
+    if not step:
+        return None
+    if step not in STEPS:
+        fail(f"{STOP_AT}={step!r} is not a step; steps: {', '.join(STEPS)}")
+    fired: list[bool] = []
+
+    async def hook(rt: Runtime, name: str, context: dict[str, Any]) -> None:
+        if name == step and not fired:
+            fired.append(True)
+            print(f"{STOP_AT}: stopping at {step} (pid {os.getpid()})", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    return hook
 
 
 def _record_json(spec: Any, rec: dict[str, Any], p: client.Progress) -> dict[str, Any]:

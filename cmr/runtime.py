@@ -125,6 +125,9 @@ class Runtime:
         restart the pool, which kills the stuck process, and raise TaskTimedOut."""
         generation = getattr(self.pool, "generation", 0)
         future = asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        # If we stop waiting (cancelled, or past the limit), its outcome is nobody's: take it,
+        # or asyncio reports an exception "never retrieved".
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
             if limit_s <= 0:
                 return await future

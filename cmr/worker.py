@@ -36,7 +36,7 @@ JOB_REFRESH_S = 5.0  # a worker serving one job checks it this often (sooner whe
 PROGRESS_FOLD_S = 1.0  # how often live counters from user code reach the job record
 FLEET_REFRESH_S = 5.0  # a fleet worker looks for new jobs this often (one query each)
 DUTY_GRACE_S = 60.0  # on stopping, how long duties under way may take to finish
-FINISH_GRACE_S = 10.0  # once its job is cleaned up, how long a --job worker's late tasks get
+FINISH_GRACE_S = 3.0  # once its job is cleaned up, how long a --job worker's late tasks get
 T = TypeVar("T")
 
 
@@ -160,11 +160,16 @@ class Worker:
         self._duty(spec, lambda: janitor.clean(self.rt, spec, None))
 
     def _consider_cleanup(self, spec: JobSpec, row: Item) -> None:
-        """An ended job still listed: watch its cleaner, and take over if it stays silent for
-        one and a half leases on our own clock."""
+        """An ended job still listed: clean it up if nobody does, or watch its cleaner and
+        take over if it stays silent for one and a half leases on our own clock."""
         if spec.job_id in self._duties:
             return
         seen = janitor.cleaner_of(row)
+        if seen[0] is None:
+            # Nobody has taken the cleanup (the job was cancelled, or its ender died at
+            # once): take it now; of the workers that try, the conditional write picks one.
+            self._duty(spec, lambda: janitor.clean(self.rt, spec, None))
+            return
         now = time.monotonic()
         watched = self._watched.get(spec.job_id)
         if watched is None or watched[0] != seen:

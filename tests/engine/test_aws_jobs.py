@@ -9,40 +9,23 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from cmr import lifecycle
-from cmr.api import open_backend, run_on
+from cmr.api import run_on
 from cmr.backends.base import Backend
 from cmr.client import load_spec
 from cmr.errors import JobFailed, UsageError
 from cmr.records import JobState, job_pk
 from cmr.settings import AwsSettings
-from cmr.testing import backend_leftovers
 from tests.stack import remove_test_resources
 
 from .corpus import edge_cases, small_files
 from .reference import counts_from_parts, inverted_index, word_count
 
 pytestmark = pytest.mark.usefixtures("aws_stack")
-
-
-@pytest.fixture
-async def aws(aws_stack: dict[str, str]) -> AsyncIterator[tuple[Backend, AwsSettings]]:
-    tag = uuid.uuid4().hex[:8]
-    settings = AwsSettings(
-        bucket=f"cmr-e2e-{tag}", table=f"cmr-e2e-{tag}", queue_prefix=f"cmre-{tag}-"
-    )
-    try:
-        async with open_backend("aws", settings) as be:
-            yield be, settings
-            # Every job of the test ended and cleaned up after itself: nothing is left.
-            assert await backend_leftovers(be, settings.queue_prefix) == []
-    finally:
-        remove_test_resources(settings.bucket, settings.table, settings.queue_prefix)
 
 
 async def assert_cleaned(be: Backend, settings: AwsSettings, job_id: str) -> None:
