@@ -1,9 +1,12 @@
 """Seeded chaos: every fault at random rates, crashes and pauses at every protocol step.
 
-Each run is compared byte for byte with a sequential run of the same job. A failure names
-its seed and fault plan; rerun exactly that seed with:
+Each run is compared byte for byte with a sequential run of the same job, and must leave
+nothing behind. Seeds below CLIENTLESS_FROM run with a watching client and a supervisor that
+replaces crashed workers; the others with nobody: the job is submitted and left to its three
+workers, of which up to two crash. A failure names its seed and fault plan; rerun exactly
+that seed with:
 
-    CMR_CHAOS_SEEDS=17,42 .venv/bin/python -m pytest tests/chaos/test_chaos_embedded.py
+    CMR_CHAOS_SEEDS=17,1042 .venv/bin/python -m pytest tests/chaos/test_chaos_embedded.py
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from cmr.testing import chaos_run, diff_outputs, read_output, sequential
 from tests.engine.corpus import edge_cases
 
 JOBS = ("examples/wordcount.py", "examples/invertedindex.py")
-RUNS = 200
+RUNS = 200  # with a watching client: seeds 0..199
+CLIENTLESS_FROM, CLIENTLESS_RUNS = 1000, 100  # with nobody waiting: seeds 1000..1099
 BATCH = 25  # runs at once: they mostly wait on leases, so overlapping them is cheap
 REDUCERS = 3
 
@@ -29,7 +33,10 @@ def _seeds() -> list[list[int]]:
     chosen = os.environ.get("CMR_CHAOS_SEEDS")
     if chosen:
         return [[int(s) for s in chosen.split(",")]]
-    return [list(range(b, min(RUNS, b + BATCH))) for b in range(0, RUNS, BATCH)]
+    end = CLIENTLESS_FROM + CLIENTLESS_RUNS
+    return [list(range(b, min(RUNS, b + BATCH))) for b in range(0, RUNS, BATCH)] + [
+        list(range(b, min(end, b + BATCH))) for b in range(CLIENTLESS_FROM, end, BATCH)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +45,11 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, li
     return data, {job: sequential(job, data, REDUCERS) for job in JOBS}
 
 
-@pytest.mark.parametrize("seeds", _seeds(), ids=lambda s: f"seeds{s[0]}-{s[-1]}")
+@pytest.mark.parametrize(
+    "seeds",
+    _seeds(),
+    ids=lambda s: f"{'clientless-' if s[0] >= CLIENTLESS_FROM else ''}seeds{s[0]}-{s[-1]}",
+)
 async def test_chaos_runs_match_a_sequential_run(
     seeds: list[int],
     corpus: tuple[Path, dict[str, list[str]]],
@@ -55,14 +66,24 @@ async def test_chaos_runs_match_a_sequential_run(
             f"CMR_CHAOS_SEEDS={seed} pytest tests/chaos/test_chaos_embedded.py"
         )
         try:
-            result = await chaos_run(job, data, out, seed=seed, pool=pool, reducers=REDUCERS)
+            result = await chaos_run(
+                job,
+                data,
+                out,
+                seed=seed,
+                pool=pool,
+                reducers=REDUCERS,
+                clientless=seed >= CLIENTLESS_FROM,
+            )
         except Exception as exc:  # report every failing seed, not just the first
             return f"{repro}: {type(exc).__name__}: {exc}"
         problems = diff_outputs(expected[job], read_output(out, REDUCERS))
         if problems:
             return f"{repro}: " + "; ".join(problems)
         if result.record.get("state") != "succeeded":
-            return f"{repro}: job ended {result.record.get('state')}"
+            return f"{repro}: job ended {result.record.get('state')}: {result.record.get('error')}"
+        if result.leftovers:
+            return f"{repro}: left behind {result.leftovers}"
         return None
 
     failures = [f for f in await asyncio.gather(*(one(s) for s in seeds)) if f]

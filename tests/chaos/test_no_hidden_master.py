@@ -427,6 +427,11 @@ async def test_a_takeover_compares_no_clocks(monkeypatch: pytest.MonkeyPatch) ->
 # 7. The map side held its whole shuffle spool in memory while sending.
 
 
+def _is_send(task: asyncio.Task[Any]) -> bool:
+    coro = task.get_coro()
+    return getattr(coro, "__qualname__", "").endswith("_send_spool.<locals>.send")
+
+
 class SlowSends:
     """Queues whose sends take a while, noting the most send tasks alive at once: each holds
     its batch of bodies in memory until it is sent."""
@@ -438,11 +443,7 @@ class SlowSends:
         return getattr(self.inner, name)
 
     async def send(self, name: str, bodies: Sequence[bytes]) -> None:
-        alive = sum(
-            1
-            for t in asyncio.all_tasks()
-            if t.get_coro().__qualname__.endswith("_send_spool.<locals>.send")  # type: ignore[union-attr]
-        )
+        alive = len([t for t in asyncio.all_tasks() if _is_send(t)])
         self.peak = max(self.peak, alive)
         if name.rsplit("-", 1)[1].startswith("p"):
             await asyncio.sleep(0.02)
