@@ -165,7 +165,8 @@ class CpuPool(Executor):
 
     def kill(self) -> None:
         """Stop every process now (an interrupted run): nothing in the pool is waited for."""
-        for proc in list(getattr(self._pool, "_processes", {}).values()):
+        # Idempotent: a pool already shut down has forgotten its processes (None).
+        for proc in list((getattr(self._pool, "_processes", None) or {}).values()):
             with contextlib.suppress(OSError):
                 proc.kill()
         self._pool.shutdown(wait=True, cancel_futures=True)  # prompt: its processes are gone

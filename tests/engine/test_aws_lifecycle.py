@@ -86,6 +86,7 @@ async def test_detached_job_survives_a_worker_killed_while_publishing(
     assert status_json(s, job_id)["state"] == "running"
     worker = ["worker", "--backend", "aws", "--job", job_id, "--processes", "1", *names(s)]
     doomed = cmr(*worker, env={"CMR_STOP_AT": "publish.copied"})
+    procs = [doomed]
     try:
         # The doomed worker runs the job alone up to the middle of publishing, and freezes.
         assert doomed.stderr is not None
@@ -94,15 +95,16 @@ async def test_detached_job_survives_a_worker_killed_while_publishing(
         state = status_json(s, job_id)
         assert state["state"] == "running" and "publishing" in state
         survivor = cmr(*worker)
+        procs.append(survivor)
         doomed.send_signal(signal.SIGKILL)
         doomed.wait(timeout=30)
         code, _, err = finish(survivor)  # a --job worker stops once its job is cleaned up
         assert code == 0, err
     finally:
-        for p in (doomed,):
+        for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.communicate()
+            p.communicate()  # closes its pipes, killed or not
     code, _, err = finish(cmr("wait", job_id, *names(s)))
     assert code == 0, err
     doc = status_json(s, job_id)
