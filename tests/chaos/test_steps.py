@@ -1,6 +1,8 @@
 """A worker crashes (stops dead) or pauses past its lease (SIGSTOP-like) at each named step
-of the protocol; the job must still produce exactly the sequential output, and nothing the
-crashed or paused attempt made may be published."""
+of the protocol, finalize, publish and cleanup included. Nobody waits on the job and nobody
+replaces the crashed worker: the one other worker must still end it with exactly the
+sequential output and nothing left behind, and nothing the crashed or paused attempt made
+may be published."""
 
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ async def test_worker_stopped_at_a_step(
         reducers=REDUCERS,
         visibility_s=LEASE_S,
         split_bytes=4096,
+        clientless=True,
     )
     assert once.context is not None, f"no worker reached {step}"
     assert diff_outputs(expected, read_output(tmp_path / "out", REDUCERS)) == []
