@@ -141,10 +141,11 @@ def chaos_hook(
 
     async def hook(rt: Runtime, step: str, context: dict[str, Any]) -> None:
         roll = rng.random()
-        if roll < chaos.crash and sum(result.crashes.values()) < crash_budget:
-            result.crashes[step] += 1
-            raise WorkerCrashed(step)
-        if roll < chaos.crash + chaos.pause:
+        if roll < chaos.crash:
+            if sum(result.crashes.values()) < crash_budget:
+                result.crashes[step] += 1
+                raise WorkerCrashed(step)
+        elif roll < chaos.crash + chaos.pause:  # (a crash past the budget is not a pause)
             result.pauses[step] += 1
             await rt.pause(chaos.pause_s * (0.8 + 0.4 * rng.random()))
 
