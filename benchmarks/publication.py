@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/publication.py --size-mb 200 --baseline-ref 5fe6ef4 --repeat 3
     .venv/bin/python benchmarks/publication.py --size-mb 20 --backends aws   # the local stack
+    .venv/bin/python benchmarks/publication.py --job grep --backends aws       # big parts
 
 For each side ("before": ``--baseline-ref``, checked out into a temporary git worktree;
 "after": this working tree) and each backend, a child process runs word count over the same
@@ -16,7 +17,10 @@ is counted, and reports:
 * ``requests``: every request of the job, by operation (submit, tasks, publication,
   cleanup), and their total.
 
-The output is checked word for word against a plain ``Counter`` of the corpus.
+The output is checked word for word against a plain ``Counter`` of the corpus. ``--job grep``
+runs ``examples/grep.py`` with a pattern most lines match instead, so that the parts are
+nearly as large as the input (word count's are well under 1 MB at any input size): what a
+publisher copies then matters. Its output is checked by the count of matching lines.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from cmr import api
 from cmr.settings import AwsSettings, WorkerSettings
 from cmr.worker import Worker
 
-backend, src, out, bucket = sys.argv[1:5]
+backend, src, out, bucket, job, params = sys.argv[1:7]
 spans = []
 
 def timed(module, name):
@@ -81,7 +85,7 @@ async def main():
             t0 = time.monotonic()
             try:
                 result = await api.run_on(
-                    be, "examples/wordcount.py", src, out, aws=aws,
+                    be, job, src, out, aws=aws, params=json.loads(params),
                     workers=1 if backend == "embedded" else 0,
                     worker_settings=ws, on_submit=start, overwrite=True,
                 )
@@ -123,10 +127,17 @@ def drop_worktree(path: Path) -> None:
     )
 
 
-def one(tree: Path, backend: str, src: Path, out: str, bucket: str) -> dict[str, Any]:
+JOBS = {  # name: (job file, params)
+    "wordcount": ("examples/wordcount.py", {}),
+    "grep": ("examples/grep.py", {"pattern": "e"}),
+}
+
+
+def one(tree: Path, backend: str, src: Path, out: str, bucket: str, job: str) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    path, params = JOBS[job]
     got = subprocess.run(
-        [sys.executable, "-c", CHILD, backend, str(src), out, bucket],
+        [sys.executable, "-c", CHILD, backend, str(src), out, bucket, path, json.dumps(params)],
         cwd=tree,
         env=env,
         capture_output=True,
@@ -149,6 +160,20 @@ def counted(texts: list[str]) -> Counter[str]:
     return counts
 
 
+def matched(texts: list[str]) -> int:
+    """How many lines grep's output holds (``source<TAB>[line, ...]`` per source)."""
+    return sum(
+        len(json.loads(line.split("\t", 1)[1]))
+        for text in texts
+        for line in text.split("\n")  # (not splitlines: values may hold U+2028 and such)
+        if line
+    )
+
+
+def lines_with_e(files: list[Path]) -> int:
+    return sum(1 for f in files for line in f.open("rb") if b"e" in line)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--size-mb", type=float, default=200)
@@ -156,13 +181,16 @@ def main() -> int:
     ap.add_argument("--baseline-ref", default="5fe6ef4", help="the commit to compare with")
     ap.add_argument("--backends", default="embedded", help="embedded,aws")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--job", choices=sorted(JOBS), default="wordcount")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
 
     from wordcount import baseline, corpus
 
     src = corpus(a.size_mb, a.seed)
-    want = baseline(sorted(p for p in src.iterdir() if p.is_file()))
+    files = sorted(p for p in src.iterdir() if p.is_file())
+    want: object = baseline(files) if a.job == "wordcount" else lines_with_e(files)
+    check = counted if a.job == "wordcount" else matched
     base = worktree(a.baseline_ref)
     rows: list[dict[str, Any]] = []
     try:
@@ -175,13 +203,16 @@ def main() -> int:
                         if backend == "embedded"
                         else f"s3://{bucket}/out/"
                     )
-                    row = one(tree, backend, src, out, bucket)
-                    exact = counted(row.pop("parts")) == want
+                    row = one(tree, backend, src, out, bucket, a.job)
+                    texts = row.pop("parts")
+                    row["output_mb"] = sum(len(t.encode()) for t in texts) / 1e6
+                    exact = check(texts) == want
                     row.update(backend=backend, trial=trial, exact=exact)
                     rows.append(row)
                     print(
                         f"{backend:8} {side:6} trial {trial}: {row['seconds']:7.2f} s, "
-                        f"publish {row['publish_s'] * 1000:8.1f} ms, {row['total']:5} requests"
+                        f"publish {row['publish_s'] * 1000:8.1f} ms, {row['total']:5} requests, "
+                        f"output {row['output_mb']:.1f} MB"
                         f"{'' if exact else '  OUTPUT DIFFERS'}",
                         flush=True,
                     )
