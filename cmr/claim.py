@@ -83,18 +83,23 @@ class Claim:
             yield
 
     async def commit(self, output: str, records: int, nbytes: int) -> bool:
-        """The fenced commit: succeeds only if nobody took the partition over meanwhile."""
+        """The fenced commit: succeeds only if nobody took the partition over meanwhile, and
+        the job still runs (a commit after the job ended would leave its output blob behind
+        a cleanup that has already swept the scratch)."""
+        commit = Update(
+            *self.key,
+            set_={
+                "state": "committed",
+                "output": output,
+                "records": records,
+                "bytes": nbytes,
+                "committed_at": time.time(),
+            },
+            condition=self._ours(),
+        )
         try:
-            await self.table.update(
-                *self.key,
-                set_={
-                    "state": "committed",
-                    "output": output,
-                    "records": records,
-                    "bytes": nbytes,
-                    "committed_at": time.time(),
-                },
-                condition=self._ours(),
+            await self.table.transact(
+                [commit, while_running(self.job_id)], token=f"commit-{self.token}"
             )
         except ConditionFailed:
             held = await self._read_back()

@@ -21,9 +21,9 @@ from cmr import wire
 from cmr.backends.base import Backend, BlobInfo, Blobs
 from cmr.backends.embedded import EmbeddedBlobs, file_path, file_url
 from cmr.backends.retry import transient
-from cmr.errors import BackendError, BlobMissing, JobFailed, UsageError
+from cmr.errors import BackendError, BlobMissing, JobFailed, QueueGone, UsageError
 from cmr.job import JobRef
-from cmr.lifecycle import job_scratch, record_submit
+from cmr.lifecycle import cleanup, end, job_scratch, record_submit
 from cmr.plan import Plan, plan_url
 from cmr.publish import (
     Manifest,
@@ -278,6 +278,52 @@ async def submit(
 ) -> JobSpec:
     job_id = new_job_id()
     place = await prepare_output(backend, output, job_id, options.overwrite)
+    scratch = job_scratch(backend.scratch, job_id)
+    try:
+        return await _submit(
+            backend, ref, source, output, options, job_id, place, queue_prefix, parallelism,
+            split_bytes, memory_bytes,
+        )  # fmt: skip
+    except BaseException:
+        # Interrupted or failed half-way: what was made for the job must not linger, and a
+        # job that was recorded after all (its answer lost) is ended, not pulled from under.
+        await asyncio.shield(_abandon(backend, job_id, scratch, queue_prefix, options))
+        raise
+
+
+async def _abandon(
+    backend: Backend, job_id: str, scratch: str, queue_prefix: str, options: JobOptions
+) -> None:
+    with contextlib.suppress(BackendError):
+        if await backend.table.get(job_pk(job_id), "job", consistent=True) is not None:
+            spec, _ = await load_spec(backend, job_id)
+            reason = "cancelled: its submission was interrupted"
+            if await end(backend, spec, JobState.CANCELLED, reason=reason):
+                await cleanup(backend, spec, JobState.CANCELLED)
+            return
+        names = await backend.queues.list(f"{queue_prefix}{job_id}-")
+        await asyncio.gather(*(_delete_queue(backend, q) for q in names))
+        await backend.blobs.delete_prefix(scratch)
+
+
+async def _delete_queue(backend: Backend, name: str) -> None:
+    with contextlib.suppress(QueueGone):
+        await backend.queues.delete(name)
+
+
+async def _submit(
+    backend: Backend,
+    ref: JobRef,
+    source: str,
+    output: str,
+    options: JobOptions,
+    job_id: str,
+    place: OutputPlace,
+    queue_prefix: str,
+    parallelism: int,
+    split_bytes: int | None,
+    memory_bytes: int | None,
+) -> JobSpec:
     inputs = await list_input(backend, source, job_id)
     total = sum(i.size for i in inputs)
     tasks = plan(inputs, split_bytes or choose_split_bytes(total, parallelism, memory_bytes))
@@ -317,14 +363,7 @@ async def submit(
     }
     if place.fetch is not None:
         extra["fetch"] = place.fetch
-    try:
-        await record_submit(backend, spec, extra)
-    except BaseException:
-        # The job does not exist: what we made for it must not linger.
-        with contextlib.suppress(BackendError):
-            await asyncio.gather(*(queues.delete(q) for q in (in_q, reduce_q, *part_qs)))
-            await backend.blobs.delete_prefix(scratch)
-        raise
+    await record_submit(backend, spec, extra)
     return spec
 
 

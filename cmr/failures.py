@@ -150,12 +150,22 @@ async def _bounded(rt: Runtime, spec: JobSpec, task: TaskRef, starts: int, item:
     return False
 
 
-async def fail_job(rt: Runtime, spec: JobSpec, reason: str) -> None:
-    """End the job as failed (a job already publishing fails only if its manifest was not
-    written: then it is not going to be), and start its cleanup."""
+async def fail_job(rt: Runtime, spec: JobSpec, reason: str, *, publisher: bool = False) -> None:
+    """End the job as failed, and start its cleanup. Once a job is publishing, only its
+    publishers (``publisher``: a finalizer whose publication cannot succeed) may fail it, and
+    only while its manifest is not written. Anyone else could race a publisher whose
+    manifest write is in flight, and leave a failed job's manifest as the output; every
+    partition is committed by then, so a late task failure changes nothing anyway."""
     try:
         ended = await end(rt.backend, spec, JobState.FAILED, reason=reason)
     except UsageError:  # publishing
+        if not publisher:
+            rt.log.info(
+                "not failing a job that is publishing: its finalizers decide how it ends",
+                job=spec.job_id,
+                reason=reason.splitlines()[0],
+            )
+            return
         current, _ = await read_manifest(rt.backend.blobs, spec.output)
         if current is not None and current.job == spec.job_id:
             return  # its output is published: finishing it is a finalizer's duty

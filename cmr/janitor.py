@@ -74,9 +74,29 @@ async def finalize(rt: Runtime, spec: JobSpec) -> bool:
             rt.log.warning("job failed", job=spec.job_id, reason=str(exc))
             rt.job_ended(spec)
         return False
-    except BlobMissing:
-        # A committed output is gone: the job ended and was cleaned up under us.
-        return await _succeeded(rt, spec)
+    except BlobMissing as exc:
+        if await _state(rt, spec) != JobState.RUNNING.value:
+            # The job ended and was cleaned up under us (another finalizer finished it).
+            return await _succeeded(rt, spec)
+        # A committed output vanished while the job ran (deleted by hand, or by a lifecycle
+        # rule on the scratch): it can never be published.
+        reason = f"the job cannot be published: a committed output is missing ({exc})"
+        await failures.fail_job(rt, spec, reason, publisher=True)
+        return False
+    except failures.PASS_THROUGH:
+        raise
+    except Exception as exc:
+        # Publishing errors are bounded too: the finalizers that meet them count them on
+        # the job record, and the job fails at once on a permanent one or once the count
+        # passes the task attempts (otherwise the next finalizer tries again).
+        errors = await be.table.update(job_pk(spec.job_id), "job", add={"publish_errors": 1})
+        if isinstance(exc, failures.PERMANENT) or int(errors.get("publish_errors", 0)) >= max(
+            1, spec.max_task_attempts
+        ):
+            reason = f"publishing the job's output failed:\n{failures.describe(exc)}"
+            await failures.fail_job(rt, spec, reason, publisher=True)
+            return False
+        raise
     await rt.step("publish.manifest_written", job=spec.job_id)
     winners = await be.table.query(job_pk(spec.job_id), prefix="map#")
     totals = {
@@ -96,8 +116,12 @@ async def finalize(rt: Runtime, spec: JobSpec) -> bool:
 
 
 async def _succeeded(rt: Runtime, spec: JobSpec) -> bool:
+    return await _state(rt, spec) == JobState.SUCCEEDED.value
+
+
+async def _state(rt: Runtime, spec: JobSpec) -> object:
     job = await rt.backend.table.get(job_pk(spec.job_id), "job", consistent=True)
-    return job is not None and job.get("state") == JobState.SUCCEEDED.value
+    return None if job is None else job.get("state")
 
 
 Seen = tuple[object, object]  # (cleaner token, beat) of an active row, as a watcher saw it
@@ -171,6 +195,12 @@ async def repair(rt: Runtime, spec: JobSpec, before: int | None) -> int | None:
     repair in between, by the one worker whose conditional count wins."""
     in_q, reduce_q, _ = spec.queues()
     queues, table = rt.backend.queues, rt.backend.table
+    job = await table.get(job_pk(spec.job_id), "job", consistent=True) or {}
+    if "publishing" in job:
+        # Its publisher died or stopped (nothing else can end it now): publish it ourselves,
+        # whatever its queues still hold.
+        await finalize(rt, spec)
+        return None
     try:
         counts = await asyncio.gather(queues.counts(in_q), queues.counts(reduce_q))
     except QueueGone:

@@ -63,7 +63,9 @@ STATS = (
 
 
 def new_job_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+    # 64 random bits: two submits in one second never share an id (and with it the queues,
+    # the scratch and the plan of a job).
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(8)
 
 
 def job_pk(job_id: str) -> str:
