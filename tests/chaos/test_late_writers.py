@@ -221,6 +221,18 @@ class Interrupted(Exception):
     pass
 
 
+async def submit(be: Backend, src: Path, out: Path) -> None:
+    await client.submit(
+        be,
+        job_ref(WORDCOUNT),
+        str(src),
+        str(out),
+        JobOptions(partitions=2),
+        queue_prefix="cmr-",
+        parallelism=1,
+    )
+
+
 async def test_an_interrupted_submit_leaves_nothing(tmp_path: Path) -> None:
     """A submit that stops half-way (Ctrl-C while sending its tasks) used to leave its
     staged input, plan and queues behind, with no job record for a worker to find."""
@@ -236,15 +248,7 @@ async def test_an_interrupted_submit_leaves_nothing(tmp_path: Path) -> None:
 
         be.queues.send = send  # type: ignore[method-assign]
         with pytest.raises(Interrupted):
-            await client.submit(
-                be,
-                job_ref(WORDCOUNT),
-                str(src),
-                str(tmp_path / "out"),
-                JobOptions(partitions=2),
-                queue_prefix="cmr-",
-                parallelism=1,
-            )
+            await submit(be, src, tmp_path / "out")
         assert await backend_leftovers(be, "cmr-") == []
         assert await be.table.query(JOBS_PK) == []
 
@@ -267,15 +271,7 @@ async def test_a_submit_whose_answer_was_lost_is_cancelled_not_pulled(tmp_path: 
 
         be.table.transact = transact  # type: ignore[method-assign]
         with pytest.raises(Interrupted):
-            await client.submit(
-                be,
-                job_ref(WORDCOUNT),
-                str(src),
-                str(tmp_path / "out"),
-                JobOptions(partitions=2),
-                queue_prefix="cmr-",
-                parallelism=1,
-            )
+            await submit(be, src, tmp_path / "out")
         (row,) = await be.table.query(JOBS_PK)
         job = await be.table.get(job_pk(str(row["sk"])), "job")
         assert job is not None and job["state"] == "cancelled"
