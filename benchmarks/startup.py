@@ -105,7 +105,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = measure(args.tree.resolve(), args.repeat)
     label = args.label or str(args.tree)
-    print(f"| tree | command | median s | fastest s | modules | imports boto3 |")
+    print("| tree | command | median s | fastest s | modules | imports boto3 |")
     print("|---|---|---|---|---|---|")
     for name, r in rows.items():
         assert isinstance(r, dict)
@@ -114,7 +114,9 @@ def main() -> None:
             f"{r['modules']} | {'yes' if r['imports_boto3'] else 'no'} |"
         )
     if args.json:
-        args.json.write_text(json.dumps({"label": label, "tree": str(args.tree), "rows": rows}, indent=2))
+        args.json.write_text(
+            json.dumps({"label": label, "tree": str(args.tree), "rows": rows}, indent=2)
+        )
 
 
 if __name__ == "__main__":
