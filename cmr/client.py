@@ -21,7 +21,7 @@ from cmr import wire
 from cmr.backends.base import Backend, BlobInfo, Blobs
 from cmr.backends.embedded import EmbeddedBlobs, file_path, file_url
 from cmr.backends.retry import transient
-from cmr.errors import BackendError, BlobMissing, JobFailed, QueueGone, UsageError
+from cmr.errors import BackendError, BlobMissing, JobFailed, NotFound, QueueGone, UsageError
 from cmr.job import JobRef
 from cmr.lifecycle import cleanup, end, job_scratch, record_submit
 from cmr.plan import Plan, plan_url
@@ -454,7 +454,7 @@ async def fetch_output(backend: Backend, spec: JobSpec, record: dict[str, Any]) 
         mine, _ = await read_manifest(local, dest)
         if mine is not None and mine.job == spec.job_id:
             return  # fetched already
-        raise UsageError(
+        raise NotFound(
             f"job {spec.job_id}'s results are no longer at {spec.output} (fetched and "
             f"removed by another client?)"
         )
@@ -491,7 +491,7 @@ def output_parts(output: str) -> list[str]:
 async def load_spec(backend: Backend, job_id: str) -> tuple[JobSpec, dict[str, Any]]:
     item = await backend.table.get(job_pk(job_id), "job")
     if item is None:
-        raise UsageError(f"no job {job_id} in this backend's table (see `cmr status`)")
+        raise NotFound(f"no job {job_id} in this backend's table (see `cmr status`)")
     return JobSpec.from_item(job_id, item), item
 
 

@@ -1,23 +1,42 @@
 """Every error cmr raises on purpose.
 
     CmrError                      root: catch this to catch everything below
-    ├── UsageError                the user asked for something impossible (bad path, bad flag)
+    ├── UsageError                the user asked for something impossible (bad path, bad flag,
+    │                             a setting out of range): the message says what to change
+    ├── NotFound                  something named at run time is not there (a job id, a job's
+    │                             results, a load test's queue)
     ├── JobCodeError              loading or running the user's job class failed
     ├── JobFailed                 a job ended in the FAILED state (carries the recorded reason)
-    ├── BackendError              a cloud service (or its embedded stand-in) failed
+    ├── BackendError              a cloud service (or its embedded stand-in) failed; carries
+    │   │                         ``service``, ``operation`` and the service's ``code``
     │   ├── Unreachable           endpoint down or no credentials: nothing we can retry
     │   ├── Throttled             the service asked us to slow down
+    │   │   └── sim.ServiceUnavailable    the load test's simulated store is over capacity
     │   ├── QueueGone             the queue was deleted (the job was finished or cleaned up)
     │   ├── ConditionFailed       a conditional write lost; the caller decides what that means
+    │   │   └── sim.ConditionalCheckFailed  ... in the simulated store (with its version)
     │   ├── BlobMissing           no blob at that URL
-    │   └── Rejected              the service refused the request as invalid (an item over
-    │                             400 KB, a bad name): retrying the same request cannot help
+    │   ├── Rejected              the service refused the request as invalid (an item over
+    │   │                         400 KB, a bad name): retrying the same request cannot help
+    │   └── loadgen.targets.OpFailed  one load-test operation failed; ``kind`` is its column
+    │                             in the jam report (throttled, unavailable, timeout, ...)
+    ├── FleetError                ``cmr fleet`` cannot go on (a stack in a bad state, no
+    │                             default VPC, the wheel did not build)
     ├── WireError                 a message or record failed validation (never a crash)
-    └── TaskError                 a task cannot succeed however often it is retried (its input
-                                  vanished or is unreadable): the job fails at once
+    ├── TaskError                 a task cannot succeed however often it is retried (its input
+    │                             vanished or is unreadable): the job fails at once
+    ├── publish.OutputConflict    the output place holds something that is not ours
+    ├── runtime.PoolRestarted     the worker's process pool was replaced under a task
+    └── runtime.TaskTimedOut      a task ran past its time limit
 
-Service exceptions are translated into these at the backend edge (``raise ... from exc``),
-so the engine never sees botocore's types.
+Not errors but signals, so outside the tree on purpose: ``runtime.WorkerCrashed`` (a pool
+process died: the pool is rebuilt), ``timelimit.TimeLimitExceeded`` (a BaseException, so
+that user code's ``except Exception`` cannot swallow it) and ``cli.Interrupted`` (Ctrl-C).
+
+Service exceptions are translated into these at the backend edge (``raise ... from exc``,
+see :mod:`cmr.backends.aws.errors`), so the engine never sees botocore's types; the
+service's own error code stays on the error as ``code``. This module imports nothing heavy:
+``cmr run`` on the embedded backend must not load botocore.
 """
 
 from __future__ import annotations
@@ -29,6 +48,10 @@ class CmrError(Exception):
 
 class UsageError(CmrError):
     """The request cannot be carried out as given; the message says what to change."""
+
+
+class NotFound(CmrError):
+    """Something the command names does not exist (any more) when it is looked up."""
 
 
 class JobCodeError(CmrError):
@@ -45,7 +68,19 @@ class JobFailed(CmrError):
 
 
 class BackendError(CmrError):
-    """A queue, blob store or table call failed."""
+    """A queue, blob store or table call failed.
+
+    ``service`` (``sqs``, ``s3``, ``dynamodb`` ...), ``operation`` (``ReceiveMessage``) and
+    ``code`` (the service's error code, ``ConditionalCheckFailedException``) say which call
+    failed how, when the failure came from a service; they are empty otherwise."""
+
+    def __init__(
+        self, message: str = "", *, service: str = "", operation: str = "", code: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.service = service
+        self.operation = operation
+        self.code = code
 
 
 class Unreachable(BackendError):
@@ -64,16 +99,20 @@ class ConditionFailed(BackendError):
     """A conditional table write found the condition false."""
 
 
-class WireError(CmrError):
-    """Bytes that are not a valid cmr message or record."""
-
-
 class BlobMissing(BackendError):
     """No blob at that URL."""
 
 
 class Rejected(BackendError):
     """The service refused the request itself (validation, size limits): not transient."""
+
+
+class FleetError(CmrError):
+    """``cmr fleet`` cannot go on; the message is meant for the user."""
+
+
+class WireError(CmrError):
+    """Bytes that are not a valid cmr message or record."""
 
 
 class TaskError(CmrError):

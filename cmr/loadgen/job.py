@@ -19,7 +19,7 @@ from typing import Any
 
 from cmr.api import run_async
 from cmr.client import Progress
-from cmr.errors import UsageError
+from cmr.errors import UsageError, WireError
 from cmr.job import Job, Pair
 from cmr.loadgen.driver import run_task
 from cmr.loadgen.recorder import Measurement
@@ -131,8 +131,8 @@ async def run_load(
         )
         lines = Path(result.parts[0]).read_text().splitlines()
     if len(lines) != 1:
-        raise UsageError(f"load job {result.job_id} produced {len(lines)} results, expected 1")
+        raise WireError(f"load job {result.job_id} produced {len(lines)} results, expected 1")
     m = Measurement.from_wire(json.loads(lines[0]))
     if m.tasks != len(tasks):
-        raise UsageError(f"load job {result.job_id} merged {m.tasks} of {len(tasks)} tasks")
+        raise WireError(f"load job {result.job_id} merged {m.tasks} of {len(tasks)} tasks")
     return m

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from hdrh.histogram import HdrHistogram
 
-from cmr.errors import UsageError
+from cmr.errors import WireError
 from cmr.loadgen.targets import ERROR_CLASSES
 
 __all__ = [
@@ -297,7 +297,7 @@ class Measurement:
     def from_wire(data: Mapping[str, Any]) -> Measurement:
         try:
             if data.get("v") != WIRE_VERSION:
-                raise UsageError(f"measurement format {data.get('v')!r}, expected {WIRE_VERSION}")
+                raise WireError(f"measurement format {data.get('v')!r}, expected {WIRE_VERSION}")
             m = Measurement()
             for op, mode, outcome, text in data["histograms"]:
                 key = (str(op), str(mode), str(outcome))
@@ -325,7 +325,7 @@ class Measurement:
             if data["staleness"] is not None:
                 m.staleness = Staleness.from_wire(data["staleness"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"not a load measurement: {type(exc).__name__}: {exc}") from None
+            raise WireError(f"not a load measurement: {type(exc).__name__}: {exc}") from None
         return m
 
 

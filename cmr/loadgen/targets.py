@@ -3,7 +3,9 @@
 A target reads and writes integer values under string keys. ``get`` returns the value it saw
 (None: nothing there yet) and ``put`` stores one; both report how many SDK retries the call
 took. Every failure leaves a target as :class:`OpFailed` carrying one of the jam report's
-error classes, translated at this edge so the driver never sees botocore's types:
+error classes, translated at this edge so the driver never sees botocore's types. The
+classes are read from cmr's one classification of service errors
+(:mod:`cmr.backends.aws.errors`, which the engine and ``cmr fleet`` use too):
 
     throttled           the service asked us to slow down: DynamoDB
                         ProvisionedThroughputExceeded / Throttling / RequestLimitExceeded,
@@ -49,13 +51,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import uuid
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
-from cmr.errors import UsageError
+from cmr.errors import BackendError, ConditionFailed, NotFound, Throttled, UsageError
 from cmr.loadgen.sim import ConditionalCheckFailed, ServiceUnavailable, SimConfig, SimStore
 from cmr.loadgen.spec import TARGETS, LoadTask, Retries
 from cmr.settings import AwsSettings
@@ -88,42 +91,26 @@ VERSION = "ver"  # the attribute version conditions test
 NEVER = "cmr_never"  # the fictitious attribute of "absent" conditions: never written
 KEY = "k"  # the DynamoDB table's hash key
 
-_THROTTLED = {
-    "ProvisionedThroughputExceededException",
-    "ThrottlingException",
-    "Throttling",
-    "ThrottledException",
-    "RequestLimitExceeded",
-    "RequestThrottled",
-    "RequestThrottledException",
-    "TooManyRequestsException",
-    "SlowDown",
-    "OverLimit",
-    "AWS.SimpleQueueService.RequestThrottled",
-}
-_UNAVAILABLE = {
-    "ServiceUnavailable",
-    "ServiceUnavailableException",
-    "InternalServerError",
-    "InternalFailure",
-    "InternalError",
-}
-# SimpleDB reports a false Expected as ConditionalCheckFailed or AttributeDoesNotExist
-_CONDITIONAL = {
-    "ConditionalCheckFailedException",
-    "ConditionalCheckFailed",
-    "AttributeDoesNotExist",
-    "PreconditionFailed",
-}
 
+class OpFailed(BackendError):
+    """One operation failed; ``kind`` is its error class, ``retries`` the SDK retries spent,
+    ``response`` the service's error reply (a failed DynamoDB condition's ALL_OLD item)."""
 
-class OpFailed(Exception):
-    """One operation failed; ``kind`` is its error class, ``retries`` the SDK retries spent."""
-
-    def __init__(self, kind: ErrorClass, detail: str, retries: int = 0) -> None:
-        super().__init__(f"{kind}: {detail}")
+    def __init__(
+        self,
+        kind: ErrorClass,
+        detail: str,
+        retries: int = 0,
+        *,
+        service: str = "",
+        operation: str = "",
+        code: str = "",
+        response: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(f"{kind}: {detail}", service=service, operation=operation, code=code)
         self.kind: ErrorClass = kind
         self.retries = retries
+        self.response: Mapping[str, Any] = response or {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,37 +140,58 @@ def _retries_of(response: Mapping[str, Any]) -> int:
     return int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0)
 
 
-def classify(exc: BaseException) -> ErrorClass:
+def classify(exc: BaseException, service: str = "") -> ErrorClass:
     """The error class of any exception a store call raised (see the module notes)."""
-    from botocore.exceptions import ClientError, ConnectTimeoutError, ReadTimeoutError
-
     if isinstance(exc, OpFailed):
         return exc.kind
-    if isinstance(exc, ConnectTimeoutError | ReadTimeoutError | TimeoutError):
+    if isinstance(exc, TimeoutError):  # asyncio's and aiohttp's
         return "timeout"
     if isinstance(exc, ServiceUnavailable):
         return "unavailable"
     if isinstance(exc, ConditionalCheckFailed):
         return "conditional_failed"
-    if isinstance(exc, ClientError):
-        error = exc.response.get("Error", {})
-        codes = {str(error.get("Code", "")), str(error.get("QueryErrorCode", ""))}
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-        if codes & _THROTTLED:
-            return "throttled"
-        if codes & _CONDITIONAL or status == 412:
-            return "conditional_failed"
-        if codes & _UNAVAILABLE or status >= 500:
-            return "unavailable"
+    if "botocore" not in sys.modules:
+        # Nothing botocore raised, then; importing it now would stall a simulated run.
+        return "other"
+    from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
+
+    from cmr.backends.aws.errors import classify as service_class
+    from cmr.backends.aws.errors import service_fault
+
+    if isinstance(exc, ConnectTimeoutError | ReadTimeoutError):
+        return "timeout"
+    cls = service_class(service, exc)
+    if issubclass(cls, ConditionFailed):
+        return "conditional_failed"
+    # The engine retries both alike; the jam report counts a 5xx apart from throttling.
+    if service_fault(exc):
+        return "unavailable"
+    if issubclass(cls, Throttled):
+        return "throttled"
     return "other"
 
 
-def _failed(exc: Exception) -> OpFailed:
-    retries = 0
+def _failed(exc: Exception, service: str = "") -> OpFailed:
     response = getattr(exc, "response", None)
-    if isinstance(response, Mapping):
-        retries = _retries_of(response)
-    return OpFailed(classify(exc), f"{type(exc).__name__}: {exc}", retries)
+    if not isinstance(response, Mapping):
+        response = {}
+    return OpFailed(
+        classify(exc, service),
+        f"{type(exc).__name__}: {exc}",
+        _retries_of(response),
+        service=service,
+        operation=str(getattr(exc, "operation_name", "") or ""),
+        code=str(response.get("Error", {}).get("Code", "")),
+        response=response,
+    )
+
+
+def _admin_failed(what: str, service: str, exc: Exception) -> BackendError:
+    """A failed prepare or clean-up as cmr's error for it, saying what was being done."""
+    from cmr.backends.aws.errors import translated
+
+    err = translated(service, exc)
+    return type(err)(f"{what}: {err}", service=err.service, operation=err.operation, code=err.code)
 
 
 def retry_config(retries: Retries) -> dict[str, Any]:
@@ -267,7 +275,7 @@ class _AwsTarget:
         try:
             response: dict[str, Any] = await getattr(self._client, op)(**kwargs)
         except Exception as exc:
-            raise _failed(exc) from exc
+            raise _failed(exc, self.service) from exc
         return response
 
 
@@ -328,8 +336,7 @@ class DynamoDBTarget(_AwsTarget):
             got = await self._call("put_item", TableName=self.table, Item=item, **kwargs)
         except OpFailed as exc:
             if exc.kind == "conditional_failed":
-                cause = exc.__cause__
-                self._remember(key, getattr(cause, "response", {}).get("Item"))
+                self._remember(key, exc.response.get("Item"))
             raise
         self._versions[key] = (seen or 0) + 1
         return Reply(None, _retries_of(got))
@@ -348,23 +355,17 @@ class S3Target(_AwsTarget):
         return _s3_config()
 
     async def get(self, key: str, consistent: bool = False) -> Reply:
-        from botocore.exceptions import ClientError
-
         try:
             got = await self._call("get_object", Bucket=self.bucket, Key=self.prefix + key)
             async with got["Body"] as body:
                 data = await body.read()
         except OpFailed as exc:
-            cause = exc.__cause__
             # a key nobody wrote yet reads as nothing, as DynamoDB's missing item does
-            if isinstance(cause, ClientError) and cause.response["Error"]["Code"] in (
-                "NoSuchKey",
-                "404",
-            ):
+            if exc.code in ("NoSuchKey", "404"):
                 return Reply(None, exc.retries)
             raise
         except Exception as exc:
-            raise _failed(exc) from exc
+            raise _failed(exc, self.service) from exc
         return Reply(_int(data), _retries_of(got))
 
     async def put(self, key: str, value: int, conditional: bool = False) -> Reply:
@@ -389,7 +390,7 @@ class SQSTarget(_AwsTarget):
             self._url = str((await self._call("get_queue_url", QueueName=self.queue))["QueueUrl"])
         except OpFailed as exc:
             await self.close()
-            raise UsageError(f"no SQS queue {self.queue!r}: {exc}") from exc
+            raise NotFound(f"no SQS queue {self.queue!r}: {exc}") from exc
 
     async def get(self, key: str, consistent: bool = False) -> Reply:
         got = await self._call(
@@ -487,7 +488,7 @@ class SimTarget:
         try:
             value, version = await self.store.get(key, consistent)
         except Exception as exc:
-            raise _failed(exc) from exc
+            raise _failed(exc, "sim") from exc
         self._versions[key] = version
         return Reply(value)
 
@@ -498,9 +499,9 @@ class SimTarget:
             )
         except ConditionalCheckFailed as exc:
             self._versions[key] = exc.current
-            raise _failed(exc) from exc
+            raise _failed(exc, "sim") from exc
         except Exception as exc:
-            raise _failed(exc) from exc
+            raise _failed(exc, "sim") from exc
         self._versions[key] = version
         return Reply()
 
@@ -621,7 +622,7 @@ async def prepare(
             else:
                 await client.create_domain(DomainName=name)
     except (BotoCoreError, ClientError) as exc:
-        raise UsageError(f"cannot prepare {target} {kind} {name!r}: {exc}") from exc
+        raise _admin_failed(f"cannot prepare {target} {kind} {name!r}", service, exc) from exc
     return out
 
 
@@ -652,7 +653,7 @@ async def cleanup(
             else:
                 await client.delete_domain(DomainName=name)
     except (BotoCoreError, ClientError) as exc:
-        raise UsageError(f"cannot clean up {target} {name!r}: {exc}") from exc
+        raise _admin_failed(f"cannot clean up {target} {name!r}", service, exc) from exc
 
 
 async def _empty_bucket(client: Any, bucket: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from cmr.backends.aws import _translated, open_aws
-from cmr.backends.base import Backend
+from cmr.backends.base import Backend, Missing
 from cmr.errors import (
     BackendError,
     BlobMissing,
@@ -110,6 +110,43 @@ async def test_queue_deleted_elsewhere_is_gone(aws: Backend) -> None:
         await aws.queues.send(name, [b"x"])
 
 
+async def test_failed_calls_keep_service_operation_and_code(aws: Backend) -> None:
+    """Real failing calls: the error says which service and call failed, with the code."""
+    key = uuid.uuid4().hex
+    await aws.table.put("t", key, {"n": 1})
+    with pytest.raises(ConditionFailed) as cond:
+        await aws.table.put("t", key, {"n": 2}, condition=Missing("pk"))
+    assert (cond.value.service, cond.value.operation, cond.value.code) == (
+        "dynamodb",
+        "PutItem",
+        "ConditionalCheckFailedException",
+    )
+
+    with pytest.raises(BlobMissing) as missing:
+        await aws.blobs.get(f"{aws.scratch}/absent-{key}")
+    assert (missing.value.service, missing.value.operation, missing.value.code) == (
+        "s3",
+        "GetObject",
+        "NoSuchKey",
+    )
+
+    name = f"cmrt-gone-{key[:12]}"
+    await aws.queues.create(name, visibility_s=30)
+    assert await aws.queues.receive(name) == []  # the queue's URL is now cached
+    async with aioboto3.Session().client("sqs") as sqs:
+        url = (await sqs.get_queue_url(QueueName=name))["QueueUrl"]
+        await sqs.delete_queue(QueueUrl=url)
+    with pytest.raises(QueueGone) as gone:
+        await aws.queues.receive(name)
+    assert (gone.value.service, gone.value.operation) == ("sqs", "ReceiveMessage")
+    assert gone.value.code in ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")
+
+
+def test_errors_without_a_service_have_empty_attributes() -> None:
+    err = BackendError("plain")
+    assert (err.service, err.operation, err.code) == ("", "", "")
+
+
 async def test_setup_calls_are_not_counted(aws: Backend) -> None:
     assert sum(aws.calls().values()) == 0
 
@@ -150,6 +187,7 @@ def client_error(code: str, op: str = "Op", status: int = 400) -> ClientError:
 def test_error_translation(service: str, code: str, status: int, expected: type) -> None:
     err = _translated(service, client_error(code, "DoIt", status), "subject")
     assert type(err) is expected
+    assert (err.service, err.operation, err.code) == (service, "DoIt", code)
     assert "\n" not in str(err)
     if expected is BackendError:
         assert f"{service}.DoIt" in str(err)

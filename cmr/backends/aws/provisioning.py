@@ -1,0 +1,160 @@
+"""Opening the aws backend: one client per service, a fast probe of each, and the bucket and
+table made if they are missing (and allowed to be).
+
+LocalStack and DynamoDB Local are this backend with other endpoints: botocore reads
+``AWS_ENDPOINT_URL`` and ``AWS_ENDPOINT_URL_<SERVICE>`` itself, so no code path here knows
+about them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import aioboto3
+from aiobotocore.config import AioConfig
+from botocore.exceptions import BotoCoreError, ClientError
+
+from cmr.backends.aws.dynamodb import AwsTable
+from cmr.backends.aws.errors import QUEUE_GONE, error_code
+from cmr.backends.aws.errors import translate as _translate
+from cmr.backends.aws.errors import translated as _translated
+from cmr.backends.aws.s3 import AwsBlobs
+from cmr.backends.aws.sqs import AwsQueues
+from cmr.backends.base import Backend
+from cmr.errors import BackendError, BlobMissing, UsageError
+from cmr.settings import AwsSettings
+
+
+async def _ensure_bucket(s3: Any, bucket: str, region: str, create: bool) -> None:
+    try:
+        with _translate("s3", f"s3://{bucket}"):
+            await s3.head_bucket(Bucket=bucket)
+    except BlobMissing:
+        pass  # HeadBucket answers a bare 404 for a missing bucket
+    except BackendError as exc:
+        if exc.code != "NoSuchBucket":
+            raise
+    else:
+        return
+    if not create:
+        raise UsageError(f"bucket {bucket} does not exist: create it or enable bucket creation")
+    kwargs: dict[str, Any] = {"Bucket": bucket}
+    if region != "us-east-1":
+        # us-east-1 is the one region that rejects an explicit LocationConstraint.
+        kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+    try:
+        with _translate("s3", f"s3://{bucket}"):
+            await s3.create_bucket(**kwargs)
+    except BackendError as exc:
+        if exc.code == "BucketAlreadyExists":
+            raise UsageError(
+                f"bucket {bucket} belongs to another account: choose another bucket name"
+            ) from exc
+        if exc.code != "BucketAlreadyOwnedByYou":
+            raise
+
+
+async def _ensure_table(db: Any, table: str, create: bool) -> None:
+    try:
+        with _translate("dynamodb", table):
+            got = await db.describe_table(TableName=table)
+        if got["Table"].get("TableStatus") == "ACTIVE":
+            return
+    except BackendError as exc:
+        if exc.code != "ResourceNotFoundException":
+            raise
+        if not create:
+            raise UsageError(
+                f"DynamoDB table {table} does not exist: create it or enable table creation"
+            ) from exc
+        try:
+            with _translate("dynamodb", table):
+                await db.create_table(
+                    TableName=table,
+                    AttributeDefinitions=[
+                        {"AttributeName": "pk", "AttributeType": "S"},
+                        {"AttributeName": "sk", "AttributeType": "S"},
+                    ],
+                    KeySchema=[
+                        {"AttributeName": "pk", "KeyType": "HASH"},
+                        {"AttributeName": "sk", "KeyType": "RANGE"},
+                    ],
+                    BillingMode="PAY_PER_REQUEST",
+                )
+        except BackendError as again:
+            # Another process is creating it at the same moment: wait for theirs.
+            if again.code != "ResourceInUseException":
+                raise
+    with _translate("dynamodb", table):
+        await db.get_waiter("table_exists").wait(
+            TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 120}
+        )
+
+
+async def _probe(session: Any, region: str, settings: AwsSettings, path_style: bool) -> None:
+    """One cheap call per service, without retries, so that a wrong setup (no credentials,
+    nothing listening) fails in seconds at open time, not after minutes of backoff mid-job.
+    Each call names only our own queue prefix, bucket or table: a least-privilege role
+    (deploy/fleet.yaml) allows them, where ListBuckets or ListTables would need "*"."""
+    config = {"retries": {"total_max_attempts": 1}, "connect_timeout": 5, "read_timeout": 20}
+    # "Not found" still proves the service answered and let us in.
+    absent = QUEUE_GONE | {"404", "NoSuchBucket", "NotFound", "ResourceNotFoundException"}
+
+    async def one(service: str) -> None:
+        extra = {"s3": {"addressing_style": "path"}} if service == "s3" and path_style else {}
+        with _translate(service):
+            async with session.client(
+                service, region_name=region, config=AioConfig(**config, **extra)
+            ) as c:
+                try:
+                    if service == "sqs":
+                        await c.get_queue_url(QueueName=f"{settings.queue_prefix}probe")
+                    elif service == "s3":
+                        await c.head_bucket(Bucket=settings.bucket)
+                    else:
+                        await c.describe_table(TableName=settings.table)
+                except ClientError as exc:
+                    if error_code(exc) not in absent:
+                        raise
+
+    await asyncio.gather(*(one(s) for s in ("sqs", "s3", "dynamodb")))
+
+
+@asynccontextmanager
+async def open_aws(settings: AwsSettings) -> AsyncIterator[Backend]:
+    """The aws backend, with one client per service for the life of the context."""
+    try:
+        session = aioboto3.Session(profile_name=settings.profile, region_name=settings.region)
+    except BotoCoreError as exc:
+        raise _translated("aws", exc) from exc
+    region = session.region_name or "us-east-1"
+    base = {
+        "retries": {"mode": settings.retries, "max_attempts": settings.max_attempts},
+        "max_pool_connections": 64,
+    }
+    path_style = bool(os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3"))
+    async with AsyncExitStack() as stack:
+        clients: dict[str, Any] = {}
+        for service in ("sqs", "s3", "dynamodb"):
+            extra: dict[str, Any] = {}
+            if service == "s3" and path_style:
+                # LocalStack cannot route virtual-hosted bucket names on a plain host:port.
+                extra["s3"] = {"addressing_style": "path"}
+            with _translate(service):
+                clients[service] = await stack.enter_async_context(
+                    session.client(service, region_name=region, config=AioConfig(**base, **extra))
+                )
+        await _probe(session, region, settings, path_style)
+        await _ensure_bucket(clients["s3"], settings.bucket, region, settings.create)
+        await _ensure_table(clients["dynamodb"], settings.table, settings.create)
+        yield Backend(
+            name="aws",
+            queues=AwsQueues(clients["sqs"]),
+            blobs=AwsBlobs(clients["s3"]),
+            table=AwsTable(clients["dynamodb"], settings.table),
+            scratch=f"s3://{settings.bucket}/cmr",
+        )

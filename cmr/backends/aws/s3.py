@@ -1,0 +1,249 @@
+"""The blob protocol on S3: conditional puts by ETag, multipart uploads and copies of our own
+(aioboto3's managed transfers send raw bytes, which block the event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+from collections import Counter
+from collections.abc import Sequence
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from cmr.backends.aws.calls import _all, _counting
+from cmr.backends.aws.errors import translate as _translate
+from cmr.backends.aws.errors import translated as _translated
+from cmr.backends.base import BlobInfo
+from cmr.errors import BackendError, UsageError
+
+COPY_PART_BYTES = 512 * 1024 * 1024  # multipart copy part size, past CopyObject's 5 GiB
+COPY_MAX_BYTES = 5 * 1024**3
+PART_BYTES = 8 * 1024 * 1024  # multipart upload part size (S3's minimum is 5 MiB)
+PARTS_IN_FLIGHT = 4  # bounds upload memory to PART_BYTES * PARTS_IN_FLIGHT
+
+
+def _split(url: str) -> tuple[str, str]:
+    """(bucket, key) of an ``s3://`` URL."""
+    if not url.startswith("s3://"):
+        raise UsageError(f"{url!r}: the aws backend stores blobs in S3: use s3://bucket/key URLs")
+    bucket, _, key = url[len("s3://") :].partition("/")
+    if not bucket:
+        raise UsageError(f"{url!r}: no bucket in this s3:// URL")
+    return bucket, key
+
+
+class AwsBlobs:
+    def __init__(self, client: Any) -> None:
+        self._s3 = client
+        self.calls: Counter[str] = Counter()
+        client.meta.events.register("before-send.s3", _counting(self.calls))
+
+    async def put(self, url: str, data: bytes) -> None:
+        bucket, key = _split(url)
+        with _translate("s3", url):
+            # aiohttp warns that a large bytes body blocks the loop; a BytesIO is streamed.
+            await self._s3.put_object(Bucket=bucket, Key=key, Body=io.BytesIO(data))
+
+    async def put_if(self, url: str, data: bytes, *, etag: str | None) -> str:
+        bucket, key = _split(url)
+        cond = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+        with _translate("s3", url):
+            got = await self._s3.put_object(Bucket=bucket, Key=key, Body=io.BytesIO(data), **cond)
+        return str(got["ETag"])
+
+    async def get(self, url: str) -> bytes:
+        return (await self.get_with_etag(url))[0]
+
+    async def get_with_etag(self, url: str) -> tuple[bytes, str]:
+        bucket, key = _split(url)
+        with _translate("s3", url):
+            got = await self._s3.get_object(Bucket=bucket, Key=key)
+            async with got["Body"] as stream:
+                data: bytes = await stream.read()
+        return data, str(got["ETag"])
+
+    async def copy(self, src: str, dst: str) -> None:
+        sb, sk = _split(src)
+        db, dk = _split(dst)
+        size = await self.size(src)
+        if size <= COPY_MAX_BYTES:
+            with _translate("s3", src):
+                await self._s3.copy_object(Bucket=db, Key=dk, CopySource={"Bucket": sb, "Key": sk})
+            return
+        # Past 5 GiB CopyObject refuses: copy in parts, still inside S3.
+        with _translate("s3", dst):
+            upload_id = (await self._s3.create_multipart_upload(Bucket=db, Key=dk))["UploadId"]
+        etags: dict[int, str] = {}
+        gate = asyncio.Semaphore(PARTS_IN_FLIGHT)
+
+        async def part(number: int) -> None:
+            start = (number - 1) * COPY_PART_BYTES
+            end = min(size, start + COPY_PART_BYTES) - 1
+            async with gate:
+                with _translate("s3", src):
+                    got = await self._s3.upload_part_copy(
+                        Bucket=db,
+                        Key=dk,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        CopySource={"Bucket": sb, "Key": sk},
+                        CopySourceRange=f"bytes={start}-{end}",
+                    )
+            etags[number] = got["CopyPartResult"]["ETag"]
+
+        try:
+            parts = (size + COPY_PART_BYTES - 1) // COPY_PART_BYTES
+            await _all(part(n) for n in range(1, parts + 1))
+            with _translate("s3", dst):
+                await self._s3.complete_multipart_upload(
+                    Bucket=db,
+                    Key=dk,
+                    UploadId=upload_id,
+                    MultipartUpload={
+                        "Parts": [{"ETag": etags[n], "PartNumber": n} for n in sorted(etags)]
+                    },
+                )
+        except BaseException:
+            with suppress(ClientError, BotoCoreError):
+                await self._s3.abort_multipart_upload(Bucket=db, Key=dk, UploadId=upload_id)
+            raise
+
+    async def get_range(self, url: str, start: int, end: int) -> bytes:
+        bucket, key = _split(url)
+        start = max(0, start)
+        if start >= end:
+            await self.size(url)  # still BlobMissing when there is no blob
+            return b""
+        try:
+            with _translate("s3", url):
+                got = await self._s3.get_object(
+                    Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}"
+                )
+                async with got["Body"] as stream:
+                    data: bytes = await stream.read()
+        except BackendError as exc:
+            if exc.code in ("InvalidRange", "416"):
+                return b""  # start at or past the end of the blob
+            raise
+        return data
+
+    async def size(self, url: str) -> int:
+        bucket, key = _split(url)
+        with _translate("s3", url):
+            got = await self._s3.head_object(Bucket=bucket, Key=key)
+        return int(got["ContentLength"])
+
+    async def list(self, prefix: str) -> list[BlobInfo]:
+        bucket, key = _split(prefix)
+        found: list[BlobInfo] = []
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": key}
+        while True:
+            with _translate("s3", prefix):
+                page = await self._s3.list_objects_v2(**kwargs)
+            found += [
+                BlobInfo(f"s3://{bucket}/{o['Key']}", int(o["Size"]))
+                for o in page.get("Contents", [])
+            ]
+            if not page.get("IsTruncated"):
+                return sorted(found, key=lambda b: b.url)
+            kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
+    async def delete_prefix(self, prefix: str) -> int:
+        found = await self.list(prefix)
+        await self.delete([b.url for b in found])
+        return len(found)
+
+    async def delete(self, urls: Sequence[str]) -> None:
+        by_bucket: dict[str, list[str]] = {}
+        for url in urls:
+            bucket, key = _split(url)
+            by_bucket.setdefault(bucket, []).append(key)
+
+        async def delete(bucket: str, chunk: list[str]) -> None:
+            with _translate("s3", f"s3://{bucket}/{chunk[0]}"):
+                got = await self._s3.delete_objects(
+                    Bucket=bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True}
+                )
+            if got.get("Errors"):
+                e = got["Errors"][0]
+                raise BackendError(
+                    f"s3.DeleteObjects failed (s3://{bucket}): {len(got['Errors'])} not "
+                    f"deleted, first {e.get('Key')}: {e.get('Code')}: {e.get('Message')}"
+                )
+
+        await _all(
+            delete(bucket, keys[i : i + 1000])
+            for bucket, keys in by_bucket.items()
+            for i in range(0, len(keys), 1000)
+        )
+
+    async def upload_file(self, path: str, url: str) -> None:
+        # Our own multipart upload: aioboto3's managed one sends parts as raw bytes, which
+        # aiohttp warns may block the event loop.
+        bucket, key = _split(url)
+        size = (await asyncio.to_thread(os.stat, path)).st_size
+        if size <= PART_BYTES:
+            await self.put(url, await asyncio.to_thread(Path(path).read_bytes))
+            return
+        with _translate("s3", url):
+            upload_id = (await self._s3.create_multipart_upload(Bucket=bucket, Key=key))["UploadId"]
+        gate = asyncio.Semaphore(PARTS_IN_FLIGHT)
+        etags: dict[int, str] = {}
+
+        def read(offset: int) -> bytes:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read(PART_BYTES)
+
+        async def part(number: int) -> None:
+            async with gate:
+                chunk = await asyncio.to_thread(read, (number - 1) * PART_BYTES)
+                with _translate("s3", url):
+                    got = await self._s3.upload_part(
+                        Bucket=bucket,
+                        Key=key,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        Body=io.BytesIO(chunk),
+                    )
+                etags[number] = got["ETag"]
+
+        try:
+            await _all(part(n) for n in range(1, (size + PART_BYTES - 1) // PART_BYTES + 1))
+            with _translate("s3", url):
+                await self._s3.complete_multipart_upload(
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    MultipartUpload={
+                        "Parts": [{"ETag": etags[n], "PartNumber": n} for n in sorted(etags)]
+                    },
+                )
+        except BaseException:
+            # Parts of an unfinished upload are stored (and billed) until it is aborted.
+            with suppress(ClientError, BotoCoreError):
+                await self._s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+            raise
+
+    async def download_file(self, url: str, path: str) -> None:
+        bucket, key = _split(url)
+        dst = Path(path)
+        await asyncio.to_thread(dst.parent.mkdir, parents=True, exist_ok=True)
+        # The transfer writes as it goes: a failed download must not leave a partial file.
+        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.part")
+        try:
+            with _translate("s3", url):
+                await self._s3.download_file(bucket, key, str(tmp))
+        except Exception as exc:
+            await asyncio.to_thread(tmp.unlink, missing_ok=True)
+            # aioboto3 wraps part failures in a bare Exception whose cause is the ClientError.
+            if not isinstance(exc, BackendError) and isinstance(
+                exc.__cause__, ClientError | BotoCoreError
+            ):
+                raise _translated("s3", exc.__cause__, url) from exc.__cause__
+            raise
+        await asyncio.to_thread(tmp.replace, dst)

@@ -1,0 +1,210 @@
+"""The ``cmr fleet`` commands: options in, one call into the module that does the work.
+
+boto3 and botocore load inside the commands, never at import: ``cmr`` imports
+``fleet_app`` to list it, and ``cmr run`` must not pay for boto3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from cmr.cliopts import Profile, Region, fail
+from cmr.errors import CmrError, FleetError
+from cmr.fleet.params import UpOptions
+
+fleet_app = typer.Typer(
+    no_args_is_help=True,
+    help="Run a worker fleet on EC2: up, scale, status, logs, down (deploy/fleet.yaml).",
+)
+out = Console(soft_wrap=True)
+
+StackName = Annotated[str, typer.Option("--stack", help="CloudFormation stack name")]
+Timeout = Annotated[float, typer.Option(help="seconds to wait for the stack")]
+
+
+def _run(fn: Callable[[], None]) -> None:
+    """Run a command body; AWS and fleet failures become one readable line and exit 1."""
+    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.parsers import ResponseParserError
+
+    try:
+        fn()
+    except CmrError as exc:
+        fail(str(exc))
+    except (ClientError, BotoCoreError) as exc:
+        from cmr.backends.aws.errors import translated
+
+        fail(str(translated("aws", exc)))
+    except ResponseParserError as exc:
+        fail(str(exc))
+
+
+@fleet_app.command()
+def up(
+    count: Annotated[
+        int | None, typer.Option(help="instances (default: 1, or the current)")
+    ] = None,
+    stack: StackName = "cmr-fleet",
+    bucket: Annotated[
+        str | None, typer.Option(help="bucket (default: cmr-<account>-<region>)")
+    ] = None,
+    table: Annotated[str | None, typer.Option("--table", help="DynamoDB table [cmr]")] = None,
+    queue_prefix: Annotated[str | None, typer.Option(help="prefix of cmr's queues [cmr-]")] = None,
+    instance_type: Annotated[str | None, typer.Option(help="EC2 type [c7i.large]")] = None,
+    spot: Annotated[
+        bool | None, typer.Option(help="instances above the on-demand base as spot [no]")
+    ] = None,
+    on_demand_base: Annotated[int | None, typer.Option(help="always on-demand [0]")] = None,
+    max_count: Annotated[int | None, typer.Option("--max", help="group bound [20]")] = None,
+    processes: Annotated[int | None, typer.Option(help="worker processes per instance [2]")] = None,
+    idle_exit: Annotated[
+        int | None,
+        typer.Option(help="idle seconds before a worker exits; the fleet then scales to 0 [300]"),
+    ] = None,
+    subnet: Annotated[
+        list[str], typer.Option(help="subnet id (repeat); default: the default VPC's")
+    ] = [],  # noqa: B006
+    vpc: Annotated[
+        str | None, typer.Option(help="VPC id (default: the subnets' or the default)")
+    ] = None,
+    create_table: Annotated[
+        bool | None, typer.Option(help="let the stack create the table (default: if missing)")
+    ] = None,
+    image: Annotated[
+        str | None, typer.Option(help="AMI SSM parameter name (default: AL2023)")
+    ] = None,
+    wheel: Annotated[
+        Path | None, typer.Option(help="a built wheel (default: build the project)")
+    ] = None,
+    timeout: Timeout = 1800,
+    region: Region = None,
+    profile: Profile = None,
+) -> None:
+    """Build and upload the wheel, then create or update the fleet's stack. On an update,
+    every option not given keeps the stack's current value."""
+    opts = UpOptions(
+        count=count,
+        bucket=bucket,
+        table=table,
+        queue_prefix=queue_prefix,
+        instance_type=instance_type,
+        spot=spot,
+        on_demand_base=on_demand_base,
+        max_count=max_count,
+        processes=processes,
+        idle_exit=idle_exit,
+        subnets=tuple(subnet),
+        vpc=vpc,
+        create_table=create_table,
+        image=image,
+    )
+
+    def body() -> None:
+        from cmr.fleet.stack import session
+        from cmr.fleet.up import bring_up
+
+        params = bring_up(session(region, profile), stack, opts, wheel, timeout)
+        spot_note = " (spot)" if params["Spot"] == "true" else ""
+        out.print(
+            f"fleet {stack} up: {params['DesiredCount']} x {params['InstanceType']}{spot_note}, "
+            f"bucket {params['BucketName']}, table {params['TableName']}, "
+            f"queues {params['QueuePrefix']}*",
+            highlight=False,
+        )
+
+    _run(body)
+
+
+@fleet_app.command()
+def scale(
+    count: Annotated[int, typer.Argument(help="desired number of instances")],
+    stack: StackName = "cmr-fleet",
+    region: Region = None,
+    profile: Profile = None,
+) -> None:
+    """Set the group's desired capacity (the stack's template is not touched)."""
+
+    def body() -> None:
+        from cmr.fleet.stack import describe_group, group_name, session
+
+        aws = session(region, profile)
+        name = group_name(aws, stack)
+        autoscaling = aws.client("autoscaling")
+        group = describe_group(autoscaling, name)
+        if count < 0 or count > int(group["MaxSize"]):
+            raise FleetError(
+                f"{count} is outside 0..{group['MaxSize']}: raise the bound with "
+                f"`cmr fleet up --max {max(count, 1)}`"
+            )
+        autoscaling.set_desired_capacity(
+            AutoScalingGroupName=name, DesiredCapacity=count, HonorCooldown=False
+        )
+        out.print(
+            f"{name}: desired capacity {group['DesiredCapacity']} -> {count}", highlight=False
+        )
+
+    _run(body)
+
+
+@fleet_app.command()
+def status(
+    stack: StackName = "cmr-fleet",
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    region: Region = None,
+    profile: Profile = None,
+) -> None:
+    """Instances and their states, jobs being served, and an hourly cost estimate."""
+
+    def body() -> None:
+        from cmr.fleet import status
+        from cmr.fleet.stack import session
+
+        got = status.report(session(region, profile), stack)
+        (status.print_json if as_json else status.show)(out, got)
+
+    _run(body)
+
+
+@fleet_app.command()
+def logs(
+    stack: StackName = "cmr-fleet",
+    lines: Annotated[int, typer.Option("--lines", "-n", help="lines per instance")] = 50,
+    region: Region = None,
+    profile: Profile = None,
+) -> None:
+    """Recent worker output per instance, from the EC2 console (the unit logs to journald and the
+    console, so this needs no agent and no permission on the instance)."""
+
+    def body() -> None:
+        from cmr.fleet.stack import session
+        from cmr.fleet.status import show_logs
+
+        show_logs(out, session(region, profile), stack, lines)
+
+    _run(body)
+
+
+@fleet_app.command()
+def down(
+    stack: StackName = "cmr-fleet",
+    keep_data: Annotated[
+        bool, typer.Option(help="keep the bucket, the table and the queues")
+    ] = False,
+    timeout: Timeout = 1800,
+    region: Region = None,
+    profile: Profile = None,
+) -> None:
+    """Delete the stack (instances, group, role ...); then the bucket, table and queues."""
+
+    def body() -> None:
+        from cmr.fleet.stack import session
+        from cmr.fleet.teardown import take_down
+
+        take_down(out, session(region, profile), stack, keep_data, timeout)
+
+    _run(body)

@@ -1,0 +1,158 @@
+"""What ``cmr fleet up`` asks CloudFormation for, from what the user said and what was
+looked up: a pure function, so every rule here is testable without a server.
+
+The order of precedence for each setting: the command line, then the existing stack's value
+(an update keeps what the user does not restate), then :data:`DEFAULTS`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from cmr.errors import FleetError
+
+# What `up` uses when neither the command line nor the existing stack says otherwise.
+DEFAULTS = {
+    "TableName": "cmr",
+    "QueuePrefix": "cmr-",
+    "InstanceType": "c7i.large",
+    "Spot": "false",
+    "OnDemandBase": "0",
+    "MaxCount": "20",
+    "Processes": "2",
+    "IdleExitSeconds": "300",
+}
+
+ALARM_PERIOD_S = 300  # EC2's basic monitoring: one CPU figure per instance every 5 minutes
+
+
+def idle_periods(idle_exit_s: int) -> int:
+    """5-minute periods of an all-idle fleet before its alarm scales it to zero: the workers'
+    idle time, rounded up, so the fleet outlives no worker by more than one period."""
+    return max(1, math.ceil(idle_exit_s / ALARM_PERIOD_S))
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    """``cmr fleet up``'s options; None: not given on the command line."""
+
+    count: int | None = None
+    bucket: str | None = None
+    table: str | None = None
+    queue_prefix: str | None = None
+    instance_type: str | None = None
+    spot: bool | None = None
+    on_demand_base: int | None = None
+    max_count: int | None = None
+    processes: int | None = None
+    idle_exit: int | None = None
+    subnets: Sequence[str] = ()
+    vpc: str | None = None
+    create_table: bool | None = None
+    image: str | None = None
+
+
+@dataclass(frozen=True)
+class Found:
+    """What ``up`` looked up before resolving, as plain values. Each lookup is made only when
+    the resolution needs it (see :func:`needs_account`, :func:`needs_network`)."""
+
+    region: str
+    wheel_key: str
+    previous: Mapping[str, str] = field(default_factory=dict)  # the stack's; {}: no stack
+    account: str = ""  # needed only when no bucket is named anywhere
+    network: tuple[str, Sequence[str]] | None = None  # the VPC and subnets looked up
+    bucket_exists: bool = False  # a new stack's bucket is there already
+    table_exists: bool = False  # a new stack's table is there already
+    group_desired: int | None = None  # the running group's capacity (None: no group)
+
+
+def _opt(value: object) -> str | None:
+    if value is None:
+        return None
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def needs_account(opts: UpOptions, previous: Mapping[str, str]) -> bool:
+    """The default bucket name has the account id in it."""
+    return not opts.bucket and not previous.get("BucketName")
+
+
+def needs_network(opts: UpOptions, previous: Mapping[str, str]) -> bool:
+    """A new stack, or new network options: the VPC and subnets must be looked up."""
+    return bool(opts.subnets or opts.vpc or not previous)
+
+
+def bucket_name(opts: UpOptions, previous: Mapping[str, str], account: str, region: str) -> str:
+    name = opts.bucket or previous.get("BucketName")
+    if name:
+        return name
+    if not account:
+        raise FleetError("no bucket given and no account id to name one: pass --bucket")
+    return f"cmr-{account}-{region}"
+
+
+def resolve(opts: UpOptions, found: Found) -> dict[str, str]:
+    """The stack's parameters for ``up``: every template parameter the command sets."""
+    prev = found.previous
+    if opts.count is not None and opts.count < 0:
+        raise FleetError(f"--count {opts.count}: give 0 or more instances")
+    given = {
+        "TableName": _opt(opts.table),
+        "QueuePrefix": _opt(opts.queue_prefix),
+        "InstanceType": _opt(opts.instance_type),
+        "Spot": _opt(opts.spot),
+        "OnDemandBase": _opt(opts.on_demand_base),
+        "MaxCount": _opt(opts.max_count),
+        "Processes": _opt(opts.processes),
+        "IdleExitSeconds": _opt(opts.idle_exit),
+    }
+    params: dict[str, str] = {}
+    for k, default in DEFAULTS.items():
+        value = given[k]
+        params[k] = value if value is not None else prev.get(k, default)
+    if needs_network(opts, prev):
+        if found.network is None:
+            raise FleetError("the VPC and subnets were not looked up: pass --subnet and --vpc")
+        vpc_id, subnets = found.network[0], list(found.network[1])
+    else:
+        # moto reports a list parameter as a Python list's repr: take the ids in any form.
+        vpc_id, subnets = prev["VpcId"], re.findall(r"subnet-[0-9A-Za-z]+", prev["SubnetIds"])
+    if not prev:
+        make_bucket = not found.bucket_exists
+        make_table = opts.create_table if opts.create_table is not None else not found.table_exists
+    else:
+        # Keep what the stack owns: flipping these would orphan or clash with a resource.
+        make_bucket = prev.get("CreateBucket") == "true"
+        make_table = prev.get("CreateTable") == "true"
+    if opts.count is not None:
+        desired = opts.count
+    elif prev:
+        desired = (
+            found.group_desired if found.group_desired is not None else int(prev["DesiredCount"])
+        )
+    else:
+        desired = 1
+    params.update(
+        {
+            "BucketName": bucket_name(opts, prev, found.account, found.region),
+            "CreateBucket": str(make_bucket).lower(),
+            "CreateTable": str(make_table).lower(),
+            "WheelKey": found.wheel_key,
+            "DesiredCount": str(desired),
+            "MaxCount": str(max(int(params["MaxCount"]), desired)),
+            "VpcId": vpc_id,
+            "SubnetIds": ",".join(subnets),
+        }
+    )
+    params["IdlePeriods"] = str(idle_periods(int(params["IdleExitSeconds"])))
+    if opts.image:
+        params["ImageId"] = opts.image
+    elif prev.get("ImageId", "").startswith("/"):
+        # An SSM parameter name; moto reports the resolved AMI id here, which must not be
+        # passed back as a parameter name.
+        params["ImageId"] = prev["ImageId"]
+    return params
