@@ -113,7 +113,7 @@ class RunOptions:
     overwrite: bool = False
     split_bytes: int | None = None  # None: chosen from the input and the parallelism
     detach: bool = False  # submit only, and return at once
-    aws: AwsSettings = field(default_factory=AwsSettings)  # the queue prefix, and where started workers look
+    aws: AwsSettings = field(default_factory=AwsSettings)  # queue prefix; where workers look
     worker_settings: WorkerSettings | None = None  # None: the defaults for the backend
     on_progress: Callable[[client.Progress], None] | None = None
     on_submit: Callable[[str], None] | None = None
