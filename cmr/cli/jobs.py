@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from cmr.cli.exits import Interrupted, ended, interruptible
-from cmr.cli.options import StoreFlags, err, fail, out, shared
+from cmr.cli.options import StoreFlags, Verbose, configure_logs, err, fail, out, shared
 from cmr.errors import JobFailed
 from cmr.settings import BackendName
 
@@ -81,12 +82,14 @@ def status(
     store: StoreFlags,
     job: Annotated[str | None, typer.Argument(help="a job id (default: list jobs)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object (or a list)")] = False,
+    verbose: Verbose = 0,
 ) -> None:
     """Jobs and their map/reduce progress, or one job's record and duplicate counters."""
     from rich.table import Table
 
     from cmr import client
 
+    configure_logs(logging.WARNING - 10 * verbose)
     if store.resolve(BackendName.aws).backend != BackendName.aws:
         fail(
             "the embedded backend keeps no state after `cmr run` ends; status is for --backend aws"
@@ -139,8 +142,9 @@ def status(
 
 
 @shared("store", StoreFlags)
-def wait(job: JobId, store: StoreFlags) -> None:
+def wait(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     """Wait until a job ends (fetching a local output); exit 0 only if it succeeded."""
+    configure_logs(logging.WARNING - 10 * verbose)
     from cmr import client
 
     async def body(be: Backend, spec: JobSpec) -> dict[str, Any]:
@@ -162,8 +166,9 @@ def wait(job: JobId, store: StoreFlags) -> None:
 
 
 @shared("store", StoreFlags)
-def cancel(job: JobId, store: StoreFlags) -> None:
+def cancel(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     """Cancel a running job; its workers clean it up (``cmr cleanup`` does it here)."""
+    configure_logs(logging.WARNING - 10 * verbose)
     from cmr import lifecycle
     from cmr.records import JobState
 
@@ -176,8 +181,9 @@ def cancel(job: JobId, store: StoreFlags) -> None:
 
 
 @shared("store", StoreFlags)
-def cleanup(job: JobId, store: StoreFlags) -> None:
+def cleanup(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     """Delete a job's queues, scratch data and records now (a running job is cancelled)."""
+    configure_logs(logging.WARNING - 10 * verbose)
     from cmr import lifecycle
     from cmr.records import JobState, job_pk
 
