@@ -30,12 +30,11 @@ from cmr.cli.loadtest import (
     engine_of,
     finish,
     jam_report,
-    option,
     run,
     staleness_report,
     warnings_of,
 )
-from cmr.cli.options import StoreFlags, shared
+from cmr.cli.options import StoreFlags, choice_option, shared
 from cmr.errors import UsageError
 from cmr.loadgen import plan, report
 from cmr.loadgen.plan import Op
@@ -54,7 +53,7 @@ Tasks = Annotated[int, typer.Option(help="map tasks (spread over the workers)")]
 Items = Annotated[int, typer.Option(help="distinct keys: 1 loads a single item")]
 ConsistentRatio = Annotated[float, typer.Option(help="P(a read is strongly consistent)")]
 ConditionalRatio = Annotated[float, typer.Option(help="P(a write is conditional)")]
-Retrying = Annotated[RetriesMode, option(RetriesMode, "--retries", "SDK retries")]
+Retrying = Annotated[RetriesMode, choice_option(RetriesMode, "--retries", "SDK retries")]
 WriteInterval = Annotated[int, typer.Option(help="the writer writes this often, ms")]
 
 
@@ -125,7 +124,7 @@ def sweep(
         str, typer.Option(help="item counts, comma-separated: a curve each (e.g. 1,1000)")
     ] = "1",
     op: Annotated[
-        Op, option(Op, "--op", "get: all readers; put: all writers; both: half each")
+        Op, choice_option(Op, "--op", "get: all readers; put: all writers; both: half each")
     ] = Op.both,
     tasks: Tasks = 1,
     consistent_ratio: ConsistentRatio = 0.0,

@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from cmr.cli.options import StoreFlags, Verbose, choice, choices, configure_logs, err, fail, out
+from cmr.cli.options import (
+    StoreFlags,
+    Verbose,
+    choice_option,
+    configure_logs,
+    err,
+    fail,
+    out,
+)
 from cmr.errors import JobFailed, UsageError
 from cmr.loadgen import plan, report
 from cmr.loadgen.spec import TARGETS, LoadTask
@@ -35,21 +43,18 @@ Target = StrEnum("Target", [(t, t) for t in TARGETS])  # type: ignore[misc]  # f
 
 
 class RetriesMode(StrEnum):
+    """SDK retries of a load task (spec.Retries): off, so that a jam sees every error."""
+
     off = "off"
     standard = "standard"
     adaptive = "adaptive"
-
-
-def option(kind: type[Any], flag: str, help: str) -> Any:
-    """A typer option taking one of ``kind``'s values."""
-    return typer.Option(flag, parser=choice(kind, flag), metavar=choices(kind), help=help)
 
 
 @dataclass(frozen=True)
 class LoadFlags:
     """The flags of every load test: what it loads, where its results go, who runs it."""
 
-    target: Annotated[Any, option(Target, "--target", "the store to load")]
+    target: Annotated[str, choice_option(Target, "--target", "the store to load")]
     json_path: Annotated[Path, typer.Option("--json", help="write the results here (JSON)")]
     seed: Annotated[int, typer.Option(help="random seed; task i uses seed + i")] = 0
     sim: Annotated[
@@ -60,10 +65,18 @@ class LoadFlags:
     keep: Annotated[
         bool, typer.Option("--keep", help="keep the target's table/bucket/queue/domain")
     ] = False
-    target_table: Annotated[str | None, typer.Option(help="DynamoDB table to load")] = None
-    target_bucket: Annotated[str | None, typer.Option(help="S3 bucket to load")] = None
-    target_queue: Annotated[str | None, typer.Option(help="SQS queue to load")] = None
-    target_domain: Annotated[str | None, typer.Option(help="SimpleDB domain to load")] = None
+    target_table: Annotated[
+        str | None, typer.Option(help="DynamoDB table to load [cmr-load-<random>]")
+    ] = None
+    target_bucket: Annotated[
+        str | None, typer.Option(help="S3 bucket to load [cmr-load-<random>]")
+    ] = None
+    target_queue: Annotated[
+        str | None, typer.Option(help="SQS queue to load [cmr-load-<random>]")
+    ] = None
+    target_domain: Annotated[
+        str | None, typer.Option(help="SimpleDB domain to load [cmr-load-<random>]")
+    ] = None
     workers: Annotated[int, typer.Option(help="workers to start (in-process when embedded)")] = 1
     visibility_timeout: Annotated[
         int | None, typer.Option(help="task lease, seconds (default: from the tasks' length)")

@@ -76,8 +76,10 @@ def choice(kind: type[E], flag: str) -> Callable[[str], E]:
     return parse
 
 
-def choices(kind: type[Enum]) -> str:
-    return "[" + "|".join(str(k.value) for k in kind) + "]"
+def choice_option(kind: type[Enum], flag: str, help: str, **extra: Any) -> Any:
+    """A typer option taking one of ``kind``'s values (see ``choice``)."""
+    metavar = "[" + "|".join(str(k.value) for k in kind) + "]"
+    return typer.Option(flag, parser=choice(kind, flag), metavar=metavar, help=help, **extra)
 
 
 @dataclass(frozen=True)
@@ -97,12 +99,7 @@ class StoreFlags:
     ] = None
     backend: Annotated[
         BackendName | None,
-        typer.Option(
-            parser=choice(BackendName, "--backend"),
-            metavar=choices(BackendName),
-            hidden=True,
-            help="see --store",
-        ),
+        choice_option(BackendName, "--backend", "see --store", hidden=True),
     ] = None
     bucket: Annotated[str | None, typer.Option(hidden=True, help="the store's bucket")] = None
     table: Annotated[str | None, typer.Option(hidden=True, help="the store's table")] = None
