@@ -34,9 +34,10 @@ class CmrGroup(TyperGroup):
         if cmd_name not in LAZY or cmd_name in self.commands:
             return super().get_command(ctx, cmd_name)
         module, attr = LAZY[cmd_name]
-        sub = getattr(importlib.import_module(module), attr)
-        command = typer.main.get_command(sub)
-        command.name = cmd_name
+        # built as app.add_typer would have built it (no completion options of its own)
+        holder = typer.Typer(add_completion=False)
+        holder.add_typer(getattr(importlib.import_module(module), attr), name=cmd_name)
+        command = typer.main.get_group(holder).commands[cmd_name]
         self.commands[cmd_name] = command
         return command
 

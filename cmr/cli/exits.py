@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import sys
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -47,6 +49,11 @@ def exit_codes(meta: dict[str, Any]) -> Iterator[None]:
         fail(str(exc))
     except (Interrupted, KeyboardInterrupt):
         fail("interrupted", code=INTERRUPTED)
+    except BrokenPipeError:
+        # The reader went away (`cmr ... | head`): nothing to say. Point stdout at devnull so
+        # the interpreter's last flush does not fail again (Python's docs, "SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(1) from None
     except Exception as exc:
         if meta.get("cmr.verbose"):
             raise
