@@ -142,7 +142,7 @@ def shared(name: str, cls: type[Any]) -> Callable[[F], F]:
     ]
 
     def decorate(command: F) -> F:
-        own = [p for p in inspect.signature(command, eval_str=True).parameters.values()]
+        own = list(inspect.signature(command, eval_str=True).parameters.values())
         kept = [p for p in own if p.name != name]
         clash = {p.name for p in kept} & {p.name for p in added}
         assert len(kept) == len(own) - 1, f"{command.__name__} takes no {name}"
