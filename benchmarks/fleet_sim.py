@@ -671,7 +671,6 @@ async def run_fleet(
             map_slots=map_slots,
             reduce_slots=reduce_slots,
             processes=map_slots,
-            visibility_s=60,
             poll_s=1.0,  # as on SQS (whole seconds), not the embedded backend's 0.1 s
             memory_mb=64,
         )

@@ -13,13 +13,22 @@ from cmr.errors import CmrError, JobFailed, UsageError
 from cmr.job import Job
 
 if TYPE_CHECKING:
-    from cmr.api import RunResult, run, run_async
+    from cmr.api import RunOptions, RunResult, run, run_async
 
-__all__ = ["CmrError", "Job", "JobFailed", "RunResult", "UsageError", "run", "run_async"]
+__all__ = [
+    "CmrError",
+    "Job",
+    "JobFailed",
+    "RunOptions",
+    "RunResult",
+    "UsageError",
+    "run",
+    "run_async",
+]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("RunResult", "run", "run_async"):
+    if name in ("RunOptions", "RunResult", "run", "run_async"):
         return getattr(importlib.import_module("cmr.api"), name)
     raise AttributeError(f"module 'cmr' has no attribute {name!r}")

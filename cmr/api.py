@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import inspect
-import multiprocessing
 import os
 import shutil
 import signal
@@ -15,25 +12,23 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import structlog
 
-from cmr import client, lifecycle, logs, taskprogress
+from cmr import client, lifecycle, logs
 from cmr.backends.base import Backend
 from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
 from cmr.backends.retry import with_retries
 from cmr.errors import UsageError
 from cmr.job import Job, JobRef, load_job_class
+from cmr.pool import CpuPool, cpu_pool
 from cmr.publish import read_manifest
 from cmr.records import JobSpec, JobState
-from cmr.settings import AwsSettings, WorkerSettings, default_cores
+from cmr.settings import AwsSettings, BackendName, Store, WorkerSettings, default_cores
 from cmr.worker import Worker
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -91,96 +86,6 @@ async def open_backend(name: str, aws: AwsSettings) -> AsyncIterator[Backend]:
         raise UsageError(f"unknown backend {name!r}: use embedded or aws")
 
 
-def _start_child(channel: Any) -> None:
-    _die_with_parent()
-    # Ctrl-C is the worker's to handle (it cancels the job and shuts the pool down in
-    # order); a pool process that took it too would die mid-task and leak its semaphores.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    taskprogress.attach(channel)
-
-
-def _die_with_parent() -> None:
-    """Pool processes exit when the worker dies, even by SIGKILL (Linux): a fleet node
-    whose main process is OOM-killed must not keep its pool processes running forever."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        os._exit(0)
-
-
-def _noop() -> None:
-    time.sleep(0.1)  # stay busy so every submit below starts a process of its own
-
-
-class CpuPool(Executor):
-    """A spawn process pool for user code, started at once, that a worker can restart (to
-    stop a task that overran its time limit), with the queue its processes report live
-    counters on.
-
-    spawn, not fork: forking a process that runs an event loop and SDK threads is unsafe.
-    Children load job code by reference, never from ``__main__``, so we hide the main
-    module while they start: a user's script without an ``if __name__ == "__main__"``
-    guard (or a notebook) would otherwise be re-run in every child.
-    """
-
-    def __init__(self, processes: int) -> None:
-        self.processes = processes
-        self._ctx = multiprocessing.get_context("spawn")
-        self.progress: Any = self._ctx.Queue()
-        self.generation = 0  # restarts so far: a task that ran in an older pool is not at fault
-        self._pool = self._start()
-
-    def _start(self) -> ProcessPoolExecutor:
-        pool = ProcessPoolExecutor(
-            self.processes,
-            mp_context=self._ctx,
-            initializer=_start_child,
-            initargs=(self.progress,),
-        )
-        main = sys.modules["__main__"]
-        saved: dict[str, Any] = {
-            k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__
-        }
-        try:
-            main.__dict__.pop("__file__", None)
-            main.__dict__["__spec__"] = None
-            for f in [pool.submit(_noop) for _ in range(self.processes)]:
-                f.result()
-        finally:
-            main.__dict__.pop("__spec__", None)
-            main.__dict__.update(saved)
-        return pool
-
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        return self._pool.submit(fn, *args, **kwargs)
-
-    def restart(self) -> None:
-        """Kill every process of the pool and start new ones; what ran in them fails with
-        BrokenProcessPool. (ProcessPoolExecutor cannot stop one running call, so we reach
-        for its processes.)"""
-        self.kill()
-        self.generation += 1
-        self._pool = self._start()
-
-    def kill(self) -> None:
-        """Stop every process now (an interrupted run): nothing in the pool is waited for."""
-        # Idempotent: a pool already shut down has forgotten its processes (None).
-        for proc in list((getattr(self._pool, "_processes", None) or {}).values()):
-            with contextlib.suppress(OSError):
-                proc.kill()
-        self._pool.shutdown(wait=True, cancel_futures=True)  # prompt: its processes are gone
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
-        self.progress.close()
-        self.progress.join_thread()
-
-
-def cpu_pool(processes: int) -> CpuPool:
-    return CpuPool(processes)
-
-
 async def _until_done(waiter: asyncio.Task[Any], helpers: list[asyncio.Task[Any]]) -> Any:
     """Wait for the job, but surface a crashed in-process worker instead of hanging."""
     pending = {waiter, *helpers}
@@ -192,19 +97,62 @@ async def _until_done(waiter: asyncio.Task[Any], helpers: list[asyncio.Task[Any]
             t.result()  # re-raise a worker's crash
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything about one run but the job and its input and output, built once (by the CLI
+    or from ``cmr.run``'s keywords). The job's own options are checked at submit
+    (:class:`cmr.client.JobOptions`); the rest says who runs it and who hears about it."""
+
+    reducers: int | None = None  # partitions; None: the job class's ``reducers``
+    workers: int = 1  # in-process workers, or `cmr worker` processes on aws; 0: a fleet's
+    params: Mapping[str, str] = field(default_factory=dict)
+    visibility_timeout: int = 60  # a task's lease, seconds
+    task_timeout: int = 0  # 0: grows with each task's input (cmr.timelimit)
+    max_task_failures: int = 3
+    max_task_attempts: int = 10
+    overwrite: bool = False
+    split_bytes: int | None = None  # None: chosen from the input and the parallelism
+    detach: bool = False  # submit only, and return at once
+    aws: AwsSettings = field(default_factory=AwsSettings)  # queue prefix; where workers look
+    worker_settings: WorkerSettings | None = None  # None: the defaults for the backend
+    on_progress: Callable[[client.Progress], None] | None = None
+    on_submit: Callable[[str], None] | None = None
+
+    @staticmethod
+    def of(base: RunOptions | None = None, **overrides: Any) -> RunOptions:
+        """``base`` (or the defaults) with keyword overrides: ``cmr.run``'s keywords."""
+        # None meant "the default" for these two before they had a dataclass to live in.
+        for name in ("aws", "params"):
+            if name in overrides and overrides[name] is None:
+                del overrides[name]
+        return replace(base or RunOptions(), **overrides)
+
+    def job_options(self, ref: JobRef) -> client.JobOptions:
+        return client.JobOptions(
+            partitions=self.reducers if self.reducers is not None else load_job_class(ref).reducers,
+            visibility_s=self.visibility_timeout,
+            max_task_failures=self.max_task_failures,
+            max_task_attempts=self.max_task_attempts,
+            task_timeout_s=self.task_timeout,
+            overwrite=self.overwrite,
+            params=dict(self.params),
+        )
+
+
 async def run_async(
     job: str | type[Job],
     input: str,
     output: str,
+    options: RunOptions | None = None,
     *,
     backend: str = "embedded",
-    aws: AwsSettings | None = None,
-    **options: Any,
+    **overrides: Any,
 ) -> RunResult:
-    """Open the backend, run the job on it (see :func:`run_on`), close the backend."""
-    aws = aws or AwsSettings()
-    async with open_backend(backend, aws) as be:
-        return await run_on(be, job, input, output, aws=aws, **options)
+    """Open the backend, run the job on it (see :func:`run_on`), close the backend.
+    ``overrides`` are :class:`RunOptions` fields (``aws=`` also names the backend's place)."""
+    opts = RunOptions.of(options, **overrides)
+    async with open_backend(backend, opts.aws) as be:
+        return await run_on(be, job, input, output, opts)
 
 
 async def run_on(
@@ -212,39 +160,20 @@ async def run_on(
     job: str | type[Job],
     input: str,
     output: str,
-    *,
-    reducers: int | None = None,
-    workers: int = 1,
-    params: dict[str, str] | None = None,
-    visibility_timeout: int = 60,
-    aws: AwsSettings | None = None,
-    worker_settings: WorkerSettings | None = None,
-    overwrite: bool = False,
-    on_progress: Callable[[client.Progress], None] | None = None,
-    on_submit: Callable[[str], None] | None = None,
-    split_bytes: int | None = None,
-    max_task_failures: int = 3,
-    max_task_attempts: int = 10,
-    task_timeout: int = 0,
-    detach: bool = False,
+    options: RunOptions | None = None,
+    **overrides: Any,
 ) -> RunResult:
     """Submit the job on an open backend, start ``workers`` workers (in-process tasks on the
     embedded backend, ``cmr worker`` processes on aws; 0: rely on a fleet), wait for the
     job, and bring the output home. ``detach``: submit only, and return at once.
+    ``overrides`` are :class:`RunOptions` fields.
 
     Cancelled (Ctrl-C, SIGTERM) while it waits, it cancels the job it submitted."""
+    opts = RunOptions.of(options, **overrides)
     ref = job_ref(job)
-    options = client.JobOptions(
-        partitions=reducers if reducers is not None else load_job_class(ref).reducers,
-        visibility_s=visibility_timeout,
-        max_task_failures=max_task_failures,
-        max_task_attempts=max_task_attempts,
-        task_timeout_s=task_timeout,
-        overwrite=overwrite,
-        params=dict(params or {}),
-    )
-    aws = aws or AwsSettings()
-    if detach:
+    job_options = opts.job_options(ref)
+    workers = opts.workers
+    if opts.detach:
         if be.local_files:
             raise UsageError(
                 "--detach needs a backend that outlives this process: use --backend aws (the "
@@ -260,8 +189,7 @@ async def run_on(
             "--workers must be at least 1 with the embedded backend (no other "
             "process can reach its in-memory queues)"
         )
-    ws = worker_settings or WorkerSettings(
-        visibility_s=visibility_timeout,
+    ws = opts.worker_settings or WorkerSettings(
         # In-process queues and table cost nothing to poll: short waits, prompt reactions.
         poll_s=0.1 if be.local_files else 1.0,
     )
@@ -272,24 +200,24 @@ async def run_on(
         ref,
         input,
         output,
-        options,
-        queue_prefix=aws.queue_prefix,
+        job_options,
+        queue_prefix=opts.aws.queue_prefix,
         parallelism=max(1, workers) * ws.map_slots,
-        split_bytes=split_bytes,
+        split_bytes=opts.split_bytes,
         # The workers we start have this budget; a fleet's (workers=0) is not known here.
         memory_bytes=ws.memory_mb * 1024 * 1024 if workers > 0 else None,
     )
-    if on_submit is not None:
-        on_submit(spec.job_id)
-    if detach:
+    if opts.on_submit is not None:
+        opts.on_submit(spec.job_id)
+    if opts.detach:
         record = {"state": "running"}
         return RunResult(
             spec.job_id, output, [], time.monotonic() - started, record, be.calls() - calls_before
         )
     if be.local_files:
-        record = await _run_in_process(be, spec, ws, workers, on_progress)
+        record = await _run_in_process(be, spec, ws, workers, opts.on_progress)
     else:
-        record = await _run_with_processes(be, spec, aws, ws, workers, on_progress)
+        record = await _run_with_processes(be, spec, opts.aws, ws, workers, opts.on_progress)
         await client.fetch_output(be, spec, record)
     return RunResult(
         spec.job_id,
@@ -415,33 +343,12 @@ async def _spawn_worker(
     job_id: str, aws: AwsSettings, ws: WorkerSettings, workers: int
 ) -> asyncio.subprocess.Process:
     share = max(1, default_cores() // workers)
+    mine = replace(ws, processes=min(ws.processes, share), map_slots=min(ws.map_slots, share))
     args = [
-        sys.executable,
-        "-m",
-        "cmr",
-        "worker",
-        "--backend",
-        "aws",
-        "--job",
-        job_id,
-        "--bucket",
-        aws.bucket,
-        "--table",
-        aws.table,
-        "--queue-prefix",
-        aws.queue_prefix,
-        "--processes",
-        str(min(ws.processes, share)),
-        "--map-slots",
-        str(min(ws.map_slots, share)),
-        "--memory-mb",
-        str(ws.memory_mb),
-        "--no-create",
+        *(sys.executable, "-m", "cmr", "worker", "--job", job_id, "--no-create"),
+        *("--store", Store(BackendName.aws, aws).url),
+        *("--settings-json", mine.to_json()),
     ]
-    if aws.region:
-        args += ["--region", aws.region]
-    if aws.profile:
-        args += ["--profile", aws.profile]
     # In a session of their own: a Ctrl-C at the terminal reaches `cmr run` alone, which
     # cancels the job and lets its workers clean it up before they stop.
     return await asyncio.create_subprocess_exec(
@@ -470,4 +377,4 @@ def run(job: str | type[Job], input: str, output: str, **kwargs: Any) -> RunResu
     return asyncio.run(run_async(job, input, output, **kwargs))
 
 
-__all__ = ["RunResult", "run", "run_async"]
+__all__ = ["CpuPool", "RunOptions", "RunResult", "cpu_pool", "run", "run_async"]

@@ -1,9 +1,18 @@
-"""Settings: built once (by the CLI or ``cmr.run``) and passed down; no globals."""
+"""Settings: built once (by the CLI or ``cmr.run``) and passed down; no globals.
+
+The defaults of where cmr keeps things on AWS live here, in ``AwsSettings``, and nowhere
+else: the CLI's help and the store URL refer to these fields.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, get_args, get_type_hints
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from cmr.errors import UsageError
 
@@ -12,6 +21,11 @@ MIN_MESSAGE_BYTES = 1024
 
 def default_cores() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+
+
+class BackendName(StrEnum):
+    embedded = "embedded"  # in-process: lives and dies with `cmr run`
+    aws = "aws"  # SQS, S3 and DynamoDB (or the local stack)
 
 
 @dataclass(frozen=True)
@@ -29,13 +43,60 @@ class AwsSettings:
     create: bool = True  # create the bucket and table when missing
 
 
+# The store URL's query keys, each an AwsSettings field.
+_STORE_QUERY = {"prefix": "queue_prefix", "region": "region", "profile": "profile"}
+
+
+@dataclass(frozen=True)
+class Store:
+    """Which backend, and (for aws) where in it: one value, written as a URL.
+
+    ``embedded``, or ``aws://BUCKET/TABLE?prefix=P&region=R&profile=N`` where every part
+    may be left out (``aws``, ``aws://BUCKET``) to take AwsSettings' default."""
+
+    backend: BackendName = BackendName.embedded
+    aws: AwsSettings = AwsSettings()
+
+    @staticmethod
+    def parse(text: str) -> Store:
+        text = text.strip()
+        if text == BackendName.embedded:
+            return Store(BackendName.embedded)
+        url = urlsplit("aws://" if text == BackendName.aws else text)
+        if url.scheme != BackendName.aws:
+            raise UsageError(
+                f"store {text!r}: use embedded, or aws://BUCKET/TABLE?prefix=P&region=R&profile=N"
+            )
+        parts: dict[str, Any] = {}
+        if url.netloc:
+            parts["bucket"] = url.netloc
+        if url.path.strip("/"):
+            parts["table"] = url.path.strip("/")
+        for key, value in parse_qsl(url.query, keep_blank_values=True):
+            if key not in _STORE_QUERY:
+                raise UsageError(
+                    f"store {text!r}: unknown setting {key!r}; known: {', '.join(_STORE_QUERY)}"
+                )
+            parts[_STORE_QUERY[key]] = value
+        return Store(BackendName.aws, AwsSettings(**parts))
+
+    @property
+    def url(self) -> str:
+        """The URL ``parse`` reads back into this store (``create`` and the SDK's retry
+        settings are not part of it)."""
+        if self.backend == BackendName.embedded:
+            return "embedded"
+        a = self.aws
+        query = {k: getattr(a, f) for k, f in _STORE_QUERY.items() if getattr(a, f) is not None}
+        return f"aws://{quote(a.bucket)}/{quote(a.table)}?{urlencode(query)}"
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     map_slots: int = field(default_factory=default_cores)  # map tasks run at once
     reduce_slots: int = field(default_factory=default_cores)  # reduce tasks held at once
     processes: int = field(default_factory=default_cores)  # CPU pool for user code
     memory_mb: int = 512  # reducer budget before spilling to local disk
-    visibility_s: int = 60  # task lease; renewed while a task runs
     idle_exit_s: float | None = None  # exit after this long with nothing to do
     poll_s: float = 1.0  # long-poll wait on queues (SQS rounds it up to whole seconds)
     # Idle waits back off to this: an idle slot's long poll, a reducer's table polls while
@@ -67,3 +128,35 @@ class WorkerSettings:
     def shuffle_bytes(self, queue_limit: int) -> int:
         """The size shuffle batches are packed to: ours, never above the queue's limit."""
         return min(queue_limit, self.message_bytes or queue_limit)
+
+    def to_json(self) -> str:
+        """Every field, as ``from_json`` reads it back: how `cmr run` hands its settings to
+        the `cmr worker` processes it starts."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> WorkerSettings:
+        """Settings written by ``to_json``; a missing field takes its default, an unknown or
+        mistyped one is refused."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise UsageError(f"worker settings are not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise UsageError("worker settings must be a JSON object")
+        hints = get_type_hints(WorkerSettings)
+        for key, value in data.items():
+            if key not in hints:
+                raise UsageError(f"worker settings: unknown field {key!r}")
+            if not any(_is(value, t) for t in get_args(hints[key]) or (hints[key],)):
+                raise UsageError(f"worker settings: {key}={value!r} is not {hints[key]}")
+        return WorkerSettings(**data)
+
+
+def _is(value: object, kind: Any) -> bool:
+    """JSON's view of a type: bool is not a number, an int is a float."""
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)

@@ -272,9 +272,7 @@ async def chaos_run(
             result = ChaosResult(spec.job_id, {}, faulty.injected)
             if after_submit is not None:
                 await after_submit(be, spec)
-            ws = settings or WorkerSettings(
-                map_slots=2, reduce_slots=2, processes=1, visibility_s=visibility_s, memory_mb=1
-            )
+            ws = settings or WorkerSettings(map_slots=2, reduce_slots=2, processes=1, memory_mb=1)
 
             def start(i: int) -> tuple[Worker, asyncio.Task[None]]:
                 if hooks is not None and i < len(hooks):

@@ -104,7 +104,6 @@ async def run_load(
         # embedded workers share one pool; each aws worker process has its own
         processes=len(tasks) if backend == "embedded" else per_worker,
         reduce_slots=1,
-        visibility_s=visibility,
     )
     with tempfile.TemporaryDirectory(prefix="cmr-load-") as tmp:
         inputs, output = Path(tmp) / "tasks", Path(tmp) / "out"

@@ -110,9 +110,7 @@ async def test_a_committed_output_that_vanishes_fails_the_job(
             fired.append(str(items[0]["output"]))
             await rt.backend.blobs.delete([str(items[0]["output"])])
 
-    settings = WorkerSettings(
-        map_slots=2, reduce_slots=2, processes=1, visibility_s=2, memory_mb=1, janitor_s=1.0
-    )
+    settings = WorkerSettings(map_slots=2, reduce_slots=2, processes=1, memory_mb=1, janitor_s=1.0)
     result = await chaos_run(
         WORDCOUNT,
         data,

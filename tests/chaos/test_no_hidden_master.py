@@ -363,7 +363,7 @@ async def test_two_slots_of_one_worker_never_own_one_partition(
     corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
 ) -> None:
     data, _ = corpus
-    settings = WorkerSettings(map_slots=2, reduce_slots=2, processes=1, visibility_s=2, memory_mb=1)
+    settings = WorkerSettings(map_slots=2, reduce_slots=2, processes=1, memory_mb=1)
     # One partition, and every message delivered twice: both idle reduce slots of the one
     # worker receive its task together, and claim it with the same worker id.
     result = await clientless(
@@ -465,7 +465,6 @@ async def test_a_map_holds_a_bounded_number_of_batches_while_sending(
         map_slots=1,
         reduce_slots=1,
         processes=1,
-        visibility_s=10,
         memory_mb=64,
         message_bytes=1024,
         compress=False,
@@ -506,9 +505,7 @@ async def test_lost_task_messages_are_sent_again_from_the_plan(
             while got := await be.queues.receive(q, max_messages=10):
                 await be.queues.delete_messages(q, [m.receipt for m in got])
 
-    settings = WorkerSettings(
-        map_slots=2, reduce_slots=2, processes=1, visibility_s=2, memory_mb=1, janitor_s=1.0
-    )
+    settings = WorkerSettings(map_slots=2, reduce_slots=2, processes=1, memory_mb=1, janitor_s=1.0)
     result = await clientless(data, tmp_path / "out", pool, after_submit=purge, settings=settings)
     succeeded_exactly(result, expected, tmp_path / "out")
     assert result.record["tasks_resent"] == result.record["maps"] + REDUCERS
@@ -524,9 +521,7 @@ async def test_a_job_whose_queues_were_deleted_fails_instead_of_waiting_forever(
         for q in (in_q, reduce_q, *parts):
             await be.queues.delete(q)
 
-    settings = WorkerSettings(
-        map_slots=1, reduce_slots=1, processes=1, visibility_s=2, memory_mb=1, janitor_s=1.0
-    )
+    settings = WorkerSettings(map_slots=1, reduce_slots=1, processes=1, memory_mb=1, janitor_s=1.0)
     result = await clientless(
         data, tmp_path / "out", pool, after_submit=delete_queues, settings=settings
     )

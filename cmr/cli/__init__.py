@@ -1,0 +1,66 @@
+"""The ``cmr`` command.
+
+    cmr run | worker | status | wait | cancel | cleanup     cmr.cli.run, .worker, .jobs
+    cmr loadgen ...                                         cmr.cli.loadgen
+    cmr fleet ...                                           cmr.fleet
+
+Each sub-app is imported only when its name is on the command line (``cmr fleet`` brings
+boto3, ``cmr loadgen`` the load generators): ``cmr run`` pays for neither.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from cmr.cli import jobs, run, worker
+from cmr.cli.exits import exit_codes
+
+# name -> (module, attribute) of a typer sub-app, loaded on first use
+LAZY = {"loadgen": ("cmr.cli.loadgen", "loadgen_app"), "fleet": ("cmr.fleet", "fleet_app")}
+
+
+class CmrGroup(TyperGroup):
+    """The top-level group: loads sub-apps on demand, and ends every command through the
+    one exception-to-exit handler."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*super().list_commands(ctx), *(n for n in LAZY if n not in self.commands)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in LAZY or cmd_name in self.commands:
+            return super().get_command(ctx, cmd_name)
+        module, attr = LAZY[cmd_name]
+        # built as app.add_typer would have built it (no completion options of its own)
+        holder = typer.Typer(add_completion=False)
+        holder.add_typer(getattr(importlib.import_module(module), attr), name=cmd_name)
+        command = typer.main.get_group(holder).commands[cmd_name]
+        self.commands[cmd_name] = command
+        return command
+
+    def invoke(self, ctx: Any) -> Any:
+        with exit_codes(ctx.meta):
+            return super().invoke(ctx)
+
+
+app = typer.Typer(
+    cls=CmrGroup,
+    add_completion=False,
+    no_args_is_help=True,
+    help="cmr: masterless MapReduce on queues (SQS), blobs (S3) and a table "
+    "(DynamoDB), or all of it in-process.",
+)
+app.command("run")(run.run)
+app.command("worker")(worker.worker)
+for command in (jobs.status, jobs.wait, jobs.cancel, jobs.cleanup):
+    app.command()(command)
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

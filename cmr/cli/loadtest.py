@@ -1,0 +1,251 @@
+"""What every ``cmr loadgen`` command shares, written once: its flags (``LoadFlags``), the
+engine built from them (``Engine``), running load jobs on a prepared target (``run``) and
+saving the results (``finish``). The commands themselves are in ``cmr.cli.loadgen``."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+
+from cmr.cli.options import (
+    StoreFlags,
+    Verbose,
+    choice_option,
+    configure_logs,
+    err,
+    fail,
+    out,
+)
+from cmr.errors import JobFailed, UsageError
+from cmr.loadgen import plan, report
+from cmr.loadgen.spec import TARGETS, LoadTask
+from cmr.loadgen.targets import RESOURCE, cleanup, prepare
+from cmr.settings import BackendName, Store
+
+# the engine, HDR histograms and matplotlib are imported inside the commands: the help and
+# a refused flag must not pay for them (matplotlib alone costs over a second)
+if TYPE_CHECKING:
+    from cmr.loadgen.recorder import Measurement
+
+T = TypeVar("T")
+Target = StrEnum("Target", [(t, t) for t in TARGETS])  # type: ignore[misc]  # from spec's list
+
+
+class RetriesMode(StrEnum):
+    """SDK retries of a load task (spec.Retries): off, so that a jam sees every error."""
+
+    off = "off"
+    standard = "standard"
+    adaptive = "adaptive"
+
+
+@dataclass(frozen=True)
+class LoadFlags:
+    """The flags of every load test: what it loads, where its results go, who runs it."""
+
+    target: Annotated[str, choice_option(Target, "--target", "the store to load")]
+    json_path: Annotated[Path, typer.Option("--json", help="write the results here (JSON)")]
+    seed: Annotated[int, typer.Option(help="random seed; task i uses seed + i")] = 0
+    sim: Annotated[
+        list[str],
+        typer.Option(help="KEY=VALUE for the simulated store, e.g. capacity_ops_s=500"),
+    ] = field(default_factory=list)
+    plots_dir: Annotated[Path | None, typer.Option("--plots", help="write PNG figures here")] = None
+    keep: Annotated[
+        bool, typer.Option("--keep", help="keep the target's table/bucket/queue/domain")
+    ] = False
+    target_table: Annotated[
+        str | None, typer.Option(help="DynamoDB table to load [cmr-load-<random>]")
+    ] = None
+    target_bucket: Annotated[
+        str | None, typer.Option(help="S3 bucket to load [cmr-load-<random>]")
+    ] = None
+    target_queue: Annotated[
+        str | None, typer.Option(help="SQS queue to load [cmr-load-<random>]")
+    ] = None
+    target_domain: Annotated[
+        str | None, typer.Option(help="SimpleDB domain to load [cmr-load-<random>]")
+    ] = None
+    workers: Annotated[int, typer.Option(help="workers to start (in-process when embedded)")] = 1
+    visibility_timeout: Annotated[
+        int | None, typer.Option(help="task lease, seconds (default: from the tasks' length)")
+    ] = None
+    progress: Annotated[
+        bool | None,
+        typer.Option("--progress/--no-progress", help="live line (default: on a tty)"),
+    ] = None
+    verbose: Verbose = 0
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Where the load job runs and what it loads; built once per command from its flags."""
+
+    target: str
+    store: Store
+    workers: int
+    visibility_timeout: int | None
+    resources: dict[str, str]  # the target's resources named by flags (the rest: random)
+    sim: dict[str, Any]
+    keep: bool
+    progress: bool
+
+
+def engine_of(load: LoadFlags, store: StoreFlags) -> Engine:
+    """Check the flags every test shares (before anything is created) and build its engine."""
+    configure_logs(logging.WARNING - 10 * load.verbose)
+    target = str(load.target)
+    named = {
+        "table": load.target_table,
+        "bucket": load.target_bucket,
+        "queue": load.target_queue,
+        "domain": load.target_domain,
+    }
+    resources = {kind: name for kind, name in named.items() if name}
+    wanted = RESOURCE.get(target)
+    for kind in resources:
+        if kind != wanted:
+            raise UsageError(
+                f"--target-{kind} does not apply to target {target}"
+                + (f" (it uses --target-{wanted})" if wanted else " (it needs no resources)")
+            )
+    _writable(load.json_path, load.plots_dir)
+    return Engine(
+        target,
+        store.resolve(BackendName.embedded),
+        load.workers,
+        load.visibility_timeout,
+        resources,
+        plan.sim_overrides(list(load.sim), target),
+        load.keep,
+        sys.stderr.isatty() if load.progress is None else load.progress,
+    )
+
+
+def _writable(path: Path, plots_dir: Path | None) -> None:
+    """Fail before the test, not after it, when its results could not be saved."""
+    for flag, directory in (("--json", path.parent), ("--plots", plots_dir)):
+        if directory is None:
+            continue
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot create {directory} for {flag}: {exc.strerror or exc}"
+            ) from None
+        if not os.access(directory, os.W_OK):
+            raise UsageError(f"cannot write under {directory} ({flag}): permission denied")
+    if path.is_dir():
+        raise UsageError(f"--json {path} is a directory: give a file name")
+    if plots_dir is not None and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plots needs matplotlib, which is not installed: pip install matplotlib")
+
+
+Measure = Callable[[list[LoadTask], str], Awaitable["Measurement"]]
+
+
+def run(engine: Engine, label: str, body: Callable[[Measure], Awaitable[T]]) -> T:
+    """Create the target's resources, run ``body`` (which measures load jobs on them with
+    the ``Measure`` it is given), and delete them (unless --keep), under the live status
+    line. The one place a load job is started."""
+    from cmr.loadgen.job import run_load
+
+    async def main(status: report.LiveStatus) -> T:
+        status.phase(f"preparing {engine.target}")
+        resources = await prepare(engine.target, engine.resources, engine.store.aws)
+
+        async def measure(task_list: list[LoadTask], what: str) -> Measurement:
+            status.phase(what)
+            return await run_load(
+                plan.with_resources(task_list, resources),
+                backend=engine.store.backend,
+                workers=engine.workers,
+                aws=engine.store.aws,
+                visibility_timeout=engine.visibility_timeout,
+                on_progress=status.update,
+            )
+
+        try:
+            return await body(measure)
+        finally:
+            if engine.keep:
+                kept = ", ".join(f"{k} {v}" for k, v in resources.items() if k in RESOURCE.values())
+                if kept:
+                    err.print(f"kept {engine.target} {kept}", highlight=False)
+            else:
+                status.phase(f"cleaning up {engine.target}")
+                await cleanup(engine.target, resources, engine.store.aws)
+
+    try:
+        with report.LiveStatus(err, label, enabled=engine.progress) as status:
+            return asyncio.run(main(status))
+    except JobFailed as exc:
+        # the reason carries the task's traceback; its last line is the error itself
+        lines = [line for line in exc.reason.strip().splitlines() if line.strip()]
+        fail(f"load job {exc.job_id} failed: {lines[-1] if lines else 'no reason recorded'}")
+    except KeyboardInterrupt:
+        # asyncio.run cancelled the job and ran the target's cleanup on the way out
+        err.print(f"{label}: interrupted", highlight=False)
+        raise typer.Exit(130) from None
+
+
+def finish(load: LoadFlags, kind: str, data: Mapping[str, Any], tables: Sequence[Any]) -> None:
+    """Save the JSON first (the contract), then show the tables and draw the figures."""
+    try:
+        load.json_path.parent.mkdir(parents=True, exist_ok=True)
+        load.json_path.write_text(json.dumps(data, indent=2) + "\n")
+    except OSError as exc:
+        fail(f"cannot write {load.json_path}: {exc.strerror or exc}")
+    for t in tables:
+        out.print(t)
+    out.file.flush()  # the tables before the stderr lines below, even when piped
+    for warning in data.get("warnings") or []:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    err.print(f"results: {load.json_path}", highlight=False)
+    if load.plots_dir is not None:
+        err.print("figures: " + _plot(load.plots_dir, kind, data), highlight=False)
+
+
+def _plot(directory: Path, kind: str, data: Mapping[str, Any]) -> str:
+    """The figure of one command, named after it (jam-latency.png, cpq.png, ...)."""
+    from cmr.loadgen import plots
+
+    draw, name = {
+        "jam": (plots.latency_boxplots, "jam-latency.png"),
+        "sweep": (plots.sweep_plot, "sweep-total-time.png"),
+        "staleness": (plots.freshness_plot, "staleness-freshness.png"),
+        "cpq": (plots.cpq_plot, "cpq.png"),
+    }[kind]
+    try:
+        return str(draw(data, directory / name))
+    except OSError as exc:
+        fail(f"cannot write figures under {directory}: {exc.strerror or exc}")
+
+
+def warnings_of(points: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every distinct warning of a run of points, once (they tend to repeat)."""
+    return list(dict.fromkeys(w for p in points for w in p.get("warnings") or []))
+
+
+def jam_report(m: Measurement, target: str, task_list: list[LoadTask]) -> dict[str, Any]:
+    from cmr.loadgen import recorder
+
+    # duration defaults to the longest task's load phase: job start-up is not load
+    return recorder.jam_report(m, target, len(task_list))
+
+
+def staleness_report(m: Measurement) -> dict[str, Any]:
+    from cmr.loadgen import recorder
+
+    return recorder.staleness_report(m)

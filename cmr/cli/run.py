@@ -1,0 +1,137 @@
+"""``cmr run``: submit a job, run it to completion (or detach), show its progress."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from cmr.cli.exits import Interrupted, interruptible
+from cmr.cli.options import StoreFlags, Verbose, configure_logs, err, fail, key_values, out, shared
+from cmr.settings import BackendName, WorkerSettings
+
+if TYPE_CHECKING:
+    from cmr import client
+
+
+@shared("store", StoreFlags)
+def run(
+    job: Annotated[str, typer.Argument(help="job file (path.py[:Class]) or module[:Class]")],
+    input: Annotated[str, typer.Option("--input", "-i", help="file, directory or s3:// prefix")],
+    output: Annotated[str, typer.Option("--output", "-o", help="directory or s3:// prefix")],
+    store: StoreFlags,
+    reducers: Annotated[int | None, typer.Option(help="partitions (default: the job's)")] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(help="local workers to start (default 1; 0: wait for a fleet)"),
+    ] = None,
+    visibility_timeout: Annotated[int, typer.Option(help="task lease, seconds")] = 60,
+    task_timeout: Annotated[
+        int,
+        typer.Option(
+            help="a task's time limit, seconds (default 0: 300 s plus 1 s per 64 KiB it reads)"
+        ),
+    ] = 0,
+    param: Annotated[list[str], typer.Option("--param", "-p", help="KEY=VALUE for the job")] = [],  # noqa: B006
+    memory_mb: Annotated[int, typer.Option(help="reducer memory before spilling")] = 512,
+    overwrite: Annotated[
+        bool, typer.Option(help="replace the output's parts once the new ones are complete")
+    ] = False,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            help="submit and exit (aws): print the job id; `cmr wait JOB` / `cmr status JOB`"
+        ),
+    ] = False,
+    progress: Annotated[bool | None, typer.Option(help="progress bars (default: on a tty)")] = None,
+    verbose: Verbose = 0,
+) -> None:
+    """Run a job to completion and publish its parts and _SUCCESS manifest to the output.
+
+    Ctrl-C (or SIGTERM) cancels the job; --detach submits it and leaves it to the workers."""
+    from rich.progress import (  # a tenth of a second: not for --help
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from cmr import api
+
+    configure_logs(logging.WARNING - 10 * verbose)
+    if memory_mb < 1:
+        fail(f"--memory-mb must be at least 1; got {memory_mb}")
+    where = store.resolve(BackendName.embedded)
+    bars = Progress(
+        TextColumn("{task.description:>7}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[note]}"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=not (sys.stderr.isatty() if progress is None else progress) or detach,
+    )
+    ids: dict[str, Any] = {}
+    submitted: list[str] = []
+    started = time.monotonic()
+
+    def on_submit(job_id: str) -> None:
+        submitted.append(job_id)
+        err.print(f"submitted job [bold]{job_id}[/] ({where.backend} backend)", highlight=False)
+
+    def on_progress(p: client.Progress) -> None:
+        if not ids:
+            ids["map"] = bars.add_task("map", total=p.maps or 1, note="")
+            ids["reduce"] = bars.add_task("reduce", total=p.reduces, note="")
+        rate = p.stats.get("progress_bytes", 0) / max(1e-9, time.monotonic() - started)
+        bars.update(
+            ids["map"], completed=p.maps_done if p.maps else 1, note=f"{rate / 1e6:.1f} MB/s"
+        )
+        bars.update(ids["reduce"], completed=p.reduces_done, note="")
+
+    options = api.RunOptions(
+        reducers=reducers,
+        workers=(0 if detach else 1) if workers is None else workers,
+        params=key_values(param, "--param"),
+        visibility_timeout=visibility_timeout,
+        task_timeout=task_timeout,
+        overwrite=overwrite,
+        detach=detach,
+        aws=where.aws,
+        worker_settings=WorkerSettings(memory_mb=memory_mb),
+        on_progress=on_progress,
+        on_submit=on_submit,
+    )
+    try:
+        with bars:
+            result = interruptible(
+                api.run_async(job, input, output, options, backend=where.backend)
+            )
+    except Interrupted:
+        if submitted and where.backend == BackendName.aws:
+            fail(
+                f"interrupted: job {submitted[0]} was cancelled; its workers clean it up "
+                f"(`cmr status {submitted[0]}` shows it)",
+                code=130,
+            )
+        fail("interrupted: the job was cancelled", code=130)
+    if detach:
+        err.print(
+            f"job {result.job_id} is running; `cmr wait {result.job_id}` waits for it, "
+            f"`cmr status {result.job_id}` shows it",
+            highlight=False,
+        )
+        out.print(result.job_id, highlight=False)  # the last line: for scripts
+        return
+    rec, secs = result.record, result.seconds
+    err.print(
+        f"job {result.job_id} [green]succeeded[/] in {secs:.1f} s: "
+        f"{rec.get('bytes_in', 0) / 1e6:.1f} MB in ({rec.get('bytes_in', 0) / 1e6 / secs:.2f} "
+        f"MB/s), {rec.get('records_out', 0)} records out in {len(result.parts)} parts under "
+        f"{output}",
+        highlight=False,
+    )

@@ -1,0 +1,112 @@
+"""``cmr worker``: the fleet's only process; serves every running job (or one) until idle."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from dataclasses import replace
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from cmr.cli.options import StoreFlags, Verbose, configure_logs, fail, shared
+from cmr.settings import BackendName, WorkerSettings
+
+if TYPE_CHECKING:
+    from cmr.runtime import Hook, Runtime
+
+STOP_AT = "CMR_STOP_AT"  # a testing aid: the worker stops itself (SIGSTOP) at this step
+
+
+@shared("store", StoreFlags)
+def worker(
+    store: StoreFlags,
+    idle_exit: Annotated[
+        float | None, typer.Option(help="exit after this many idle seconds")
+    ] = None,
+    job: Annotated[str | None, typer.Option(help="serve only this job, exit when it ends")] = None,
+    processes: Annotated[
+        int | None,
+        typer.Option(help="CPU processes for user code", show_default="the CPUs it may use"),
+    ] = None,
+    map_slots: Annotated[
+        int | None, typer.Option(help="map tasks at once", show_default="the CPUs it may use")
+    ] = None,
+    reduce_slots: Annotated[
+        int | None, typer.Option(help="reduce tasks at once", show_default="the CPUs it may use")
+    ] = None,
+    memory_mb: Annotated[
+        int | None, typer.Option(help="reducer memory before spilling", show_default="512")
+    ] = None,
+    create: Annotated[bool, typer.Option(help="create the bucket and table if missing")] = True,
+    settings_json: Annotated[
+        str | None,
+        typer.Option(
+            hidden=True,
+            help="WorkerSettings.to_json(): how `cmr run` hands its settings to the workers "
+            "it starts; the flags above override it",
+        ),
+    ] = None,
+    verbose: Verbose = 0,
+) -> None:
+    """Serve every running job (or one) until idle: the fleet's only process."""
+    configure_logs(logging.INFO - 10 * verbose)
+    where = store.resolve(BackendName.aws, create=create)
+    if where.backend != BackendName.aws:
+        fail(
+            "a standalone worker needs a shared backend: use --backend aws "
+            "(the embedded backend lives inside `cmr run`)"
+        )
+    given: dict[str, Any] = {
+        "processes": processes,
+        "map_slots": map_slots,
+        "reduce_slots": reduce_slots,
+        "memory_mb": memory_mb,
+        "idle_exit_s": idle_exit,
+    }
+    base = WorkerSettings.from_json(settings_json) if settings_json else WorkerSettings()
+    ws = replace(base, **{k: v for k, v in given.items() if v is not None})
+    hook = _stop_at(os.environ.get(STOP_AT))
+
+    async def serve() -> None:
+        from cmr import api
+        from cmr.worker import Worker
+
+        async with api.open_backend(where.backend, where.aws) as be:
+            with api.cpu_pool(ws.processes) as pool:
+                w = Worker(be, ws, pool, only_job=job, hook=hook)
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(sig, w.done.set)
+                try:
+                    await w.run()
+                finally:
+                    # The worker stopped: a task still in the pool was abandoned with its
+                    # slot (its lease lapses); do not wait for it to end.
+                    pool.kill()
+
+    asyncio.run(serve())
+
+
+def _stop_at(step: str | None) -> Hook | None:
+    """A hook that freezes the worker, as a SIGSTOP from outside would, the first time it
+    reaches ``step`` (one of cmr.runtime.STEPS): lets a test kill a worker at an exact
+    point of the protocol, in a real process."""
+    if not step:
+        return None
+    from cmr.runtime import STEPS
+
+    if step not in STEPS:
+        fail(f"{STOP_AT}={step!r} is not a step; steps: {', '.join(STEPS)}")
+    fired: list[bool] = []
+
+    async def hook(rt: Runtime, name: str, context: dict[str, Any]) -> None:
+        if name == step and not fired:
+            fired.append(True)
+            print(f"{STOP_AT}: stopping at {step} (pid {os.getpid()})", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    return hook
