@@ -42,7 +42,7 @@ from cmr.lifecycle import job_scratch
 from cmr.publish import MANIFEST, Manifest
 from cmr.records import ACTIVE_PK, JOBS_PK, OUTPUTS_PK, JobSpec, job_pk
 from cmr.runtime import STEPS, Hook, Runtime, WorkerCrashed
-from cmr.settings import WorkerSettings
+from cmr.settings import AwsSettings, WorkerSettings
 from cmr.worker import Worker
 
 
@@ -265,7 +265,7 @@ async def chaos_run(
                 str(input),
                 str(output),
                 options,
-                queue_prefix="cmr-",
+                queue_prefix=AwsSettings.queue_prefix,
                 parallelism=workers,
                 split_bytes=split_bytes,
             )

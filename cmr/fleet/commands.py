@@ -13,9 +13,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from cmr.cliopts import Profile, Region, fail
+from cmr.cli.options import Profile, Region, fail
 from cmr.errors import CmrError, FleetError
 from cmr.fleet.params import UpOptions
+from cmr.settings import AwsSettings
 
 fleet_app = typer.Typer(
     no_args_is_help=True,
@@ -53,8 +54,12 @@ def up(
     bucket: Annotated[
         str | None, typer.Option(help="bucket (default: cmr-<account>-<region>)")
     ] = None,
-    table: Annotated[str | None, typer.Option("--table", help="DynamoDB table [cmr]")] = None,
-    queue_prefix: Annotated[str | None, typer.Option(help="prefix of cmr's queues [cmr-]")] = None,
+    table: Annotated[
+        str | None, typer.Option("--table", help=f"DynamoDB table [{AwsSettings.table}]")
+    ] = None,
+    queue_prefix: Annotated[
+        str | None, typer.Option(help=f"prefix of cmr's queues [{AwsSettings.queue_prefix}]")
+    ] = None,
     instance_type: Annotated[str | None, typer.Option(help="EC2 type [c7i.large]")] = None,
     spot: Annotated[
         bool | None, typer.Option(help="instances above the on-demand base as spot [no]")

@@ -13,11 +13,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cmr.errors import FleetError
+from cmr.settings import AwsSettings
 
 # What `up` uses when neither the command line nor the existing stack says otherwise.
 DEFAULTS = {
-    "TableName": "cmr",
-    "QueuePrefix": "cmr-",
+    "TableName": AwsSettings.table,  # the same table and queue names as a plain `cmr run`
+    "QueuePrefix": AwsSettings.queue_prefix,
     "InstanceType": "c7i.large",
     "Spot": "false",
     "OnDemandBase": "0",

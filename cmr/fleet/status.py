@@ -11,6 +11,7 @@ from rich.table import Table
 from cmr.errors import FleetError
 from cmr.fleet.cost import PRICES, hourly_cost, load_prices
 from cmr.fleet.lookups import fleet_instances, idle_alarm, running_jobs
+from cmr.fleet.params import DEFAULTS
 from cmr.fleet.stack import Aws, describe_stack, find_group, group_name, stack_outputs, stack_params
 
 
@@ -22,7 +23,8 @@ def report(aws: Aws, stack: str) -> dict[str, Any]:
     outputs, params = stack_outputs(got), stack_params(got)
     group, why = find_group(aws.client("autoscaling"), outputs["GroupName"])
     instances = fleet_instances(aws, group) if group else []
-    jobs = running_jobs(aws, outputs.get("TableName", params.get("TableName", "cmr")))
+    table = outputs.get("TableName", params.get("TableName", DEFAULTS["TableName"]))
+    jobs = running_jobs(aws, table)
     prices = load_prices(None)
     cost, unknown = hourly_cost(instances, prices)
     return {

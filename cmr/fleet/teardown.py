@@ -9,7 +9,7 @@ from botocore.exceptions import ClientError
 from rich.console import Console
 
 from cmr.backends.aws.errors import classify
-from cmr.cliopts import err
+from cmr.cli.options import err
 from cmr.errors import FleetError, QueueGone
 from cmr.fleet.lookups import bucket_exists, table_exists
 from cmr.fleet.stack import Aws, describe_stack, stack_params, wait_stack

@@ -6,10 +6,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from cmr.cliopts import err
+from cmr.cli.options import err
 from cmr.errors import FleetError
 from cmr.fleet.lookups import bucket_exists, default_network, table_exists
-from cmr.fleet.params import Found, UpOptions, needs_account, needs_network, resolve
+from cmr.fleet.params import DEFAULTS, Found, UpOptions, needs_account, needs_network, resolve
 from cmr.fleet.stack import (
     Aws,
     account,
@@ -39,7 +39,7 @@ def bring_up(
     with tempfile.TemporaryDirectory() as tmp:
         whl = wheel or build_wheel(root, Path(tmp))
         name = opts.bucket or prev.get("BucketName") or f"cmr-{acct}-{aws.region}"
-        table = opts.table or prev.get("TableName") or "cmr"
+        table = opts.table or prev.get("TableName") or DEFAULTS["TableName"]
         desired = None
         if current is not None and opts.count is None:
             group, _ = find_group(aws.client("autoscaling"), group_name(aws, stack))
