@@ -85,19 +85,14 @@ def jam(
     Latency per operation and mode, errors by class, ok ops/s.
     """
     engine = engine_of(load, store)
-    task_list = plan.tasks(
-        "jam",
-        engine.target,
+    task_list = engine.jam_tasks(
         tasks,
-        seed=load.seed,
         readers=readers,
         writers=writers,
         items=items,
         duration_s=duration,
         ops=ops,
         rate=rate,
-        resources=engine.resources,
-        sim=engine.sim,
         consistent_ratio=consistent_ratio,
         conditional_ratio=conditional_ratio,
         retries=_retries(retries),
@@ -142,19 +137,14 @@ def sweep(
     for k in item_counts:
         for c in levels:
             r, w = plan.mix(op, c)
-            task_list = plan.tasks(
-                "jam",
-                engine.target,
+            task_list = engine.jam_tasks(
                 tasks,
-                seed=load.seed,
                 readers=r,
                 writers=w,
                 items=k,
                 duration_s=None,
                 ops=ops,
                 rate=None,
-                resources=engine.resources,
-                sim=engine.sim,
                 consistent_ratio=consistent_ratio,
                 conditional_ratio=conditional_ratio,
                 retries=_retries(retries),
@@ -218,17 +208,13 @@ def staleness(
     and read-your-writes violations, stale fractions and Γ.
     """
     engine = engine_of(load, store)
-    task_list = plan.staleness_tasks(
-        engine.target,
+    task_list = engine.staleness_tasks(
         tasks,
-        seed=load.seed,
         readers=readers,
         items=items,
         duration=duration,
         write_interval_ms=write_interval_ms,
         consistent_ratio=consistent_ratio,
-        resources=engine.resources,
-        sim=engine.sim,
     )
 
     async def body(measure: Measure) -> dict[str, Any]:
@@ -291,17 +277,13 @@ def cpq(
     points_plan = [
         (
             x,
-            plan.staleness_tasks(
-                engine.target,
+            engine.staleness_tasks(
                 tasks,
-                seed=load.seed,
                 readers=readers,
                 items=items,
                 duration=duration,
                 write_interval_ms=write_interval_ms,
                 consistent_ratio=x,
-                resources=engine.resources,
-                sim=engine.sim,
             ),
         )
         for x in ps

@@ -100,6 +100,25 @@ class Engine:
     sim: dict[str, Any]
     keep: bool
     progress: bool
+    seed: int
+
+    def jam_tasks(self, count: int, **shape: Any) -> list[LoadTask]:
+        """A jam's task list on this engine's target, resources and simulation."""
+        return plan.tasks(
+            "jam",
+            self.target,
+            count,
+            seed=self.seed,
+            resources=self.resources,
+            sim=self.sim,
+            **shape,
+        )
+
+    def staleness_tasks(self, count: int, **shape: Any) -> list[LoadTask]:
+        """A staleness run's task list on this engine's target, resources and simulation."""
+        return plan.staleness_tasks(
+            self.target, count, seed=self.seed, resources=self.resources, sim=self.sim, **shape
+        )
 
 
 def engine_of(load: LoadFlags, store: StoreFlags) -> Engine:
@@ -130,6 +149,7 @@ def engine_of(load: LoadFlags, store: StoreFlags) -> Engine:
         plan.sim_overrides(list(load.sim), target),
         load.keep,
         sys.stderr.isatty() if load.progress is None else load.progress,
+        load.seed,
     )
 
 
