@@ -5,8 +5,9 @@ relies on are modelled, not idealised: at-least-once delivery with visibility ti
 per-delivery receipts (a stale receipt deletes nothing, as SQS allows), message size limits,
 atomic conditional writes, and blobs that are plain files.
 
-All state lives on instances; one :class:`EmbeddedBackend` is shared by the client and the
-in-process workers of a run.
+All state lives on instances; one backend (``embedded_backend``) is shared by the client and
+the in-process workers of a run. Requests are counted as AWS would bill them by the
+:class:`~cmr.backends.middleware.Counting` middleware the factory puts around the services.
 """
 
 from __future__ import annotations
@@ -22,18 +23,21 @@ import itertools
 import os
 import secrets
 import shutil
+import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from cmr.backends.base import (
+    EMBEDDED,
     MAX_TX_WRITES,
     AllOf,
     AnyOf,
+    Backend,
     BlobInfo,
     Check,
     Condition,
@@ -48,6 +52,7 @@ from cmr.backends.base import (
     TxWrite,
     Update,
 )
+from cmr.backends.middleware import Counting, wrap
 from cmr.errors import BlobMissing, ConditionFailed, QueueGone, Rejected, UsageError
 
 Clock = Callable[[], float]
@@ -85,7 +90,7 @@ class EmbeddedQueues:
         self._clock = clock
         self._queues: dict[str, _Queue] = {}
         self._ids = itertools.count()
-        self.calls: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()  # charged by the Counting middleware
 
     def _get(self, name: str) -> _Queue:
         try:
@@ -97,17 +102,14 @@ class EmbeddedQueues:
         heapq.heappush(q.ready, (m.visible_at, next(self._ids), m.message_id))
 
     async def create(self, name: str, *, visibility_s: int) -> None:
-        self.calls["sqs.CreateQueue"] += 1
         self._queues.setdefault(name, _Queue(visibility_s))
 
     async def delete(self, name: str) -> None:
-        self.calls["sqs.DeleteQueue"] += 1
         q = self._queues.pop(name, None)
         if q is not None:
             q.arrived.set()  # wake long-pollers so they see the queue is gone
 
     async def list(self, prefix: str) -> builtins.list[str]:
-        self.calls["sqs.ListQueues"] += 1
         return sorted(n for n in self._queues if n.startswith(prefix))
 
     async def send(self, name: str, bodies: Sequence[bytes]) -> None:
@@ -118,7 +120,6 @@ class EmbeddedQueues:
                     f"message of {len(body)} bytes exceeds the queue limit of "
                     f"{self.max_message_bytes}"
                 )
-        self.calls["sqs.SendMessageBatch"] += (len(bodies) + 9) // 10
         now = self._clock()
         for body in bodies:
             m = _Message(bytes(body), f"m{next(self._ids)}", now)
@@ -158,7 +159,6 @@ class EmbeddedQueues:
         wait_s: float = 0,
         visibility_s: int | None = None,
     ) -> builtins.list[Received]:
-        self.calls["sqs.ReceiveMessage"] += 1
         # A receive is a network call: it always lets other tasks run, or a loop of receives
         # answered from memory would starve the event loop.
         await asyncio.sleep(0)
@@ -187,7 +187,6 @@ class EmbeddedQueues:
         return m
 
     async def delete_messages(self, name: str, receipts: Sequence[str]) -> None:
-        self.calls["sqs.DeleteMessageBatch"] += (len(receipts) + 9) // 10
         q = self._get(name)
         for r in receipts:
             m = self._leased(q, r)
@@ -195,7 +194,6 @@ class EmbeddedQueues:
                 del q.messages[m.message_id]
 
     async def change_visibility(self, name: str, receipts: Sequence[str], seconds: int) -> None:
-        self.calls["sqs.ChangeMessageVisibilityBatch"] += (len(receipts) + 9) // 10
         q = self._get(name)
         now = self._clock()
         for r in receipts:
@@ -208,7 +206,6 @@ class EmbeddedQueues:
         q.arrived.set()
 
     async def counts(self, name: str) -> tuple[int, int]:
-        self.calls["sqs.GetQueueAttributes"] += 1
         q = self._get(name)
         now = self._clock()
         visible = sum(1 for m in q.messages.values() if m.visible_at <= now)
@@ -254,10 +251,9 @@ class EmbeddedBlobs:
     """Blobs as files under any local directory, addressed by ``file://`` URLs."""
 
     def __init__(self) -> None:
-        self.calls: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()  # charged by the Counting middleware
 
     async def put(self, url: str, data: bytes) -> None:
-        self.calls["s3.PutObject"] += 1
         path = file_path(url)
 
         def write() -> None:
@@ -268,7 +264,6 @@ class EmbeddedBlobs:
         await asyncio.to_thread(_into_dir, path, write)
 
     async def put_if(self, url: str, data: bytes, *, etag: str | None) -> str:
-        self.calls["s3.PutObject"] += 1
         path = file_path(url)
 
         def write() -> str:
@@ -294,7 +289,6 @@ class EmbeddedBlobs:
         return await asyncio.to_thread(write)
 
     async def get(self, url: str) -> bytes:
-        self.calls["s3.GetObject"] += 1
         try:
             return await asyncio.to_thread(file_path(url).read_bytes)
         except (FileNotFoundError, IsADirectoryError):
@@ -305,7 +299,6 @@ class EmbeddedBlobs:
         return data, _etag(data)
 
     async def copy(self, src: str, dst: str) -> None:
-        self.calls["s3.CopyObject"] += 1
         source, target = file_path(src), file_path(dst)
 
         def link() -> None:
@@ -331,7 +324,6 @@ class EmbeddedBlobs:
             raise
 
     async def get_range(self, url: str, start: int, end: int) -> bytes:
-        self.calls["s3.GetObject"] += 1
 
         def read() -> bytes:
             with file_path(url).open("rb") as f:
@@ -348,14 +340,12 @@ class EmbeddedBlobs:
             raise BlobMissing(f"no blob at {url}") from None
 
     async def size(self, url: str) -> int:
-        self.calls["s3.HeadObject"] += 1
         path = file_path(url)
         if not path.is_file():
             raise BlobMissing(f"no blob at {url}")
         return path.stat().st_size
 
     async def list(self, prefix: str) -> builtins.list[BlobInfo]:
-        self.calls["s3.ListObjectsV2"] += 1
         return await asyncio.to_thread(self._under, prefix)
 
     def _under(self, prefix: str) -> builtins.list[BlobInfo]:
@@ -374,7 +364,6 @@ class EmbeddedBlobs:
         return sorted(found, key=lambda b: b.url)
 
     async def delete_prefix(self, prefix: str) -> int:
-        self.calls["s3.DeleteObjects"] += 1
 
         def remove() -> int:
             gone = self._under(prefix)
@@ -388,7 +377,6 @@ class EmbeddedBlobs:
         return await asyncio.to_thread(remove)
 
     async def delete(self, urls: Sequence[str]) -> None:
-        self.calls["s3.DeleteObjects"] += (len(urls) + 999) // 1000
 
         def remove() -> None:
             for url in urls:
@@ -397,7 +385,6 @@ class EmbeddedBlobs:
         await asyncio.to_thread(remove)
 
     async def upload_file(self, path: str, url: str) -> None:
-        self.calls["s3.PutObject"] += 1
         dst = file_path(url)
 
         if not os.path.isfile(path):
@@ -412,7 +399,6 @@ class EmbeddedBlobs:
         await asyncio.to_thread(_into_dir, dst, write)
 
     async def download_file(self, url: str, path: str) -> None:
-        self.calls["s3.GetObject"] += 1
         src = file_path(url)
 
         def copy_file() -> None:
@@ -491,7 +477,7 @@ class EmbeddedTable:
     def __init__(self) -> None:
         self._parts: dict[str, dict[str, Item]] = {}
         self._tokens: dict[str, None] = {}  # insertion-ordered: the oldest are forgotten
-        self.calls: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()  # charged by the Counting middleware
 
     def _store(self, pk: str, sk: str, item: Item) -> None:
         size = item_bytes(item)
@@ -506,19 +492,16 @@ class EmbeddedTable:
     async def put(
         self, pk: str, sk: str, item: Item, *, condition: Condition | None = None
     ) -> None:
-        self.calls["dynamodb.PutItem"] += 1
         part = self._parts.setdefault(pk, {})
         if not holds(condition, part.get(sk)):
             raise ConditionFailed(f"condition failed on {pk}/{sk}")
         self._store(pk, sk, copy.deepcopy({**item, "pk": pk, "sk": sk}))
 
     async def get(self, pk: str, sk: str, *, consistent: bool = True) -> Item | None:
-        self.calls["dynamodb.GetItem"] += 1
         found = self._parts.get(pk, {}).get(sk)
         return copy.deepcopy(found)
 
     async def query(self, pk: str, *, prefix: str = "", consistent: bool = True) -> list[Item]:
-        self.calls["dynamodb.Query"] += 1
         part = self._parts.get(pk, {})
         return [copy.deepcopy(part[sk]) for sk in sorted(part) if sk.startswith(prefix)]
 
@@ -531,7 +514,6 @@ class EmbeddedTable:
         add: dict[str, int] | None = None,
         condition: Condition | None = None,
     ) -> Item:
-        self.calls["dynamodb.UpdateItem"] += 1
         cur = self._parts.get(pk, {}).get(sk)
         if not holds(condition, cur):
             raise ConditionFailed(f"condition failed on {pk}/{sk}")
@@ -540,14 +522,12 @@ class EmbeddedTable:
         return copy.deepcopy(new)
 
     async def delete(self, pk: str, sk: str, *, condition: Condition | None = None) -> None:
-        self.calls["dynamodb.DeleteItem"] += 1
         part = self._parts.get(pk, {})
         if not holds(condition, part.get(sk)):
             raise ConditionFailed(f"condition failed on {pk}/{sk}")
         part.pop(sk, None)
 
     async def transact(self, writes: Sequence[TxWrite], *, token: str) -> None:
-        self.calls["dynamodb.TransactWriteItems"] += 1
         if token in self._tokens:
             return  # a retry of a transaction already applied: DynamoDB answers success
         keys = [(w.pk, w.sk) for w in writes]
@@ -591,3 +571,32 @@ def _updated(
     for k, n in (add or {}).items():
         new[k] = new.get(k, 0) + n
     return new
+
+
+def embedded_backend(
+    scratch: str | Path,
+    *,
+    queues: EmbeddedQueues | None = None,
+    table: EmbeddedTable | None = None,
+) -> Backend:
+    """The embedded backend with its scratch data under the directory ``scratch``, its
+    requests counted. Pass ``queues`` or ``table`` to keep a handle on them (a test's clock)."""
+    services = Backend(
+        "embedded",
+        queues if queues is not None else EmbeddedQueues(),
+        EmbeddedBlobs(),
+        table if table is not None else EmbeddedTable(),
+        file_url(scratch),
+        capabilities=EMBEDDED,
+    )
+    return wrap(services, Counting())
+
+
+@contextlib.asynccontextmanager
+async def temporary_backend(prefix: str = "cmr-scratch-") -> AsyncIterator[Backend]:
+    """An embedded backend whose scratch directory is made now and removed on exit."""
+    scratch = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield embedded_backend(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

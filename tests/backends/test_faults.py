@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import hashlib
 import math
+import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,30 +17,33 @@ from typing import Any
 import pytest
 
 from cmr.backends import faults
-from cmr.backends.base import Backend, Present, Put, Received, Update
-from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
-from cmr.backends.faults import FaultPlan, FaultyBackend, FaultyQueues, FaultyTable, inject
+from cmr.backends.base import Backend, Present, Put, Queues, Received, Table, Update
+from cmr.backends.embedded import embedded_backend, file_url
+from cmr.backends.faults import FaultPlan, FaultyBackend, inject
+from cmr.backends.middleware import LayerBlobs, LayerQueues, LayerTable
 from cmr.errors import BackendError, ConditionFailed, Throttled, UsageError
 
 Make = Callable[[FaultPlan], FaultyBackend]
 
 
 def embedded(root: Path) -> Backend:
-    return Backend(
-        "embedded", EmbeddedQueues(), EmbeddedBlobs(), EmbeddedTable(), file_url(root / "scratch")
-    )
+    return embedded_backend(root / "scratch")
 
 
-def inner_queues(b: Backend) -> EmbeddedQueues:
-    assert isinstance(b.queues, FaultyQueues)
-    assert isinstance(b.queues.inner, EmbeddedQueues)
+def inner_queues(b: Backend) -> Queues:
+    """The queues beneath the fault injector (the embedded ones, counted)."""
+    assert isinstance(b.queues, LayerQueues)
     return b.queues.inner
 
 
-def inner_table(b: Backend) -> EmbeddedTable:
-    assert isinstance(b.table, FaultyTable)
-    assert isinstance(b.table.inner, EmbeddedTable)
+def inner_table(b: Backend) -> Table:
+    assert isinstance(b.table, LayerTable)
     return b.table.inner
+
+
+def fault_rng(b: Backend) -> random.Random:
+    assert isinstance(b, FaultyBackend)
+    return b.faults.rng
 
 
 def near(count: int, n: int, p: float) -> bool:
@@ -104,15 +108,15 @@ async def test_wrappers_share_counters_and_limits(tmp_path: Path) -> None:
     assert (b.name, b.scratch) == (raw.name, raw.scratch)
     inner = inner_queues(b)
     assert b.queues.calls is inner.calls
-    assert isinstance(b.blobs, faults.FaultyBlobs)
-    assert isinstance(b.table, FaultyTable)
+    assert isinstance(b.blobs, LayerBlobs)
     assert b.blobs.calls is b.blobs.inner.calls
     assert b.table.calls is inner_table(b).calls
     assert b.queues.max_message_bytes == inner.max_message_bytes
     b.queues.max_message_bytes = 1000
     assert inner.max_message_bytes == 1000
-    assert isinstance(b.queues, FaultyQueues)
-    assert faults.injected(b) is b.injected is b.queues.injected is b.table.injected
+    assert isinstance(b, FaultyBackend)
+    # One injector for the three services: one counter.
+    assert faults.injected(b) is b.injected is b.faults.injected
     assert faults.injected(raw) == Counter()
     await b.close()
 

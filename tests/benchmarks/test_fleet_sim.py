@@ -16,8 +16,7 @@ from benchmarks.fleet_sim import (
     run_fleet,
     with_latency,
 )
-from cmr.backends.base import Backend
-from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
+from cmr.backends.embedded import embedded_backend
 from cmr.testing import sequential
 
 
@@ -42,9 +41,7 @@ async def test_wrapper_delays_and_counts_every_call(tmp_path: Path) -> None:
         }
     )
     meter = Meter()
-    base = Backend(
-        "embedded", EmbeddedQueues(), EmbeddedBlobs(), EmbeddedTable(), file_url(tmp_path)
-    )
+    base = embedded_backend(tmp_path)
     be = with_latency(base, latency, meter)
     await be.queues.create("cmr-x-in", visibility_s=30)
 
