@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cmr.backends import faults
-from cmr.backends.base import Backend, Present, Put, Queues, Received, Table, Update
+from cmr.backends.base import Backend, Present, Put, Queues, Received, Table, TxWrite, Update
 from cmr.backends.embedded import embedded_backend, file_url
 from cmr.backends.faults import FaultPlan, FaultyBackend, inject
 from cmr.backends.middleware import LayerBlobs, LayerQueues, LayerTable
@@ -239,7 +239,7 @@ async def draw_script(b: Backend, root: Path) -> list[Any]:
     await step("copy missing", b.blobs.copy(url + ".nope", url + ".copy2"))
     await step("blob delete", b.blobs.delete([url, url + ".copy"]))
     for i in range(4):
-        writes = [Put("t", f"a{i}", {"v": i}), Update("t", "n", add={"n": 1})]
+        writes: list[TxWrite] = [Put("t", f"a{i}", {"v": i}), Update("t", "n", add={"n": 1})]
         await step("transact", b.table.transact(writes, token=f"tok{i}"))
         await step("tquery", b.table.query("t", consistent=False))
         await step("tget", b.table.get("t", "n", consistent=False))

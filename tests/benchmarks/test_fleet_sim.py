@@ -1,21 +1,17 @@
-"""benchmarks/fleet_sim.py: its latency wrapper really delays and counts calls, and the
-protocol really runs in parallel: with service latencies injected, 4 workers finish the
-map phase of a fixed job much sooner than 1, and both outputs are exact."""
+"""benchmarks/fleet_sim.py (the package benchmarks/fleetsim): its latency middleware really
+delays and counts calls, and the protocol really runs in parallel: with service latencies
+injected, 4 workers finish the map phase of a fixed job much sooner than 1, and both
+outputs are exact."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from benchmarks.fleet_sim import (
-    FleetJob,
-    Latency,
-    Meter,
-    key_kind,
-    make_input,
-    run_fleet,
-    with_latency,
-)
+from benchmarks.fleetsim.job import FleetJob, make_input
+from benchmarks.fleetsim.latency import Latency, with_latency
+from benchmarks.fleetsim.meter import Meter, key_kind
+from benchmarks.fleetsim.run import run_fleet
 from cmr.backends.embedded import embedded_backend
 from cmr.testing import sequential
 
