@@ -244,7 +244,9 @@ class Table(Protocol):
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do, for the few places where the engine must act differently."""
+    """What a backend can do, for the few places where the engine must act differently
+    (rather than asking which backend it is). Limits that are the services' own, such as
+    ``Queues.max_message_bytes``, stay on the services."""
 
     local_files: bool  # workers read and write the client's local files directly (file://)
     in_process: bool  # its queues live in this process: workers must run here, and a job
@@ -257,7 +259,7 @@ class Capabilities:
 EMBEDDED = Capabilities(local_files=True, in_process=True, free_requests=True)
 REMOTE = Capabilities(local_files=False, in_process=False, free_requests=False)
 KINDS = {"embedded": EMBEDDED, "aws": REMOTE}
-_BY_NAME = Capabilities(local_files=False, in_process=False, free_requests=False)
+_BY_NAME = Capabilities(local_files=False, in_process=False, free_requests=False)  # not given
 
 
 @dataclass
