@@ -68,7 +68,8 @@ class Middleware:
 
     def bind(self, below: Backend) -> None:
         """Called once by ``wrap``, with the services beneath this middleware (for calls of
-        its own that the middlewares above should not see, such as a fault's lease release)."""
+        its own that the middlewares above should not see, such as a fault's lease release).
+        A middleware that keeps them serves one ``wrap``."""
 
     async def around(self, call: Call, proceed: Proceed) -> Any:
         return await proceed(call)
@@ -90,6 +91,7 @@ class _Layer:
         return await self.middleware.around(call, self._proceed)
 
     async def _proceed(self, call: Call) -> Any:
+        # The call names a protocol method; the services beneath implement the protocol.
         method = getattr(getattr(self.below, call.service), call.method)
         return await method(*call.args, **call.kwargs)
 
@@ -304,7 +306,8 @@ class LayerTable:
 
 
 def wrap(backend: Backend, *middlewares: Middleware) -> Backend:
-    """The backend with every call going through ``middlewares``, the first outermost."""
+    """The backend with every call going through ``middlewares``, the first outermost. Its
+    other fields (name, scratch, capabilities; a FaultyBackend's plan) are kept."""
     for middleware in reversed(middlewares):
         layer = _Layer(middleware, backend)
         backend = dataclasses.replace(
@@ -315,9 +318,9 @@ def wrap(backend: Backend, *middlewares: Middleware) -> Backend:
 
 @dataclass
 class Counting(Middleware):
-    """Charges each call to its service's ``calls`` as the AWS requests it would make (a
-    send of 25 bodies is three SendMessageBatch). For backends that do not count on the wire,
-    as the aws backend does with a botocore hook."""
+    """Charges each call to the ``calls`` of the service beneath it as the AWS requests it
+    would make (a send of 25 bodies is three SendMessageBatch). For backends that do not
+    count on the wire, as the aws backend does with a botocore hook."""
 
     below: Backend | None = field(default=None, init=False)
 
