@@ -246,11 +246,12 @@ async def draw_script(b: Backend, root: Path) -> list[Any]:
     return trace
 
 
-# The seeded draw order, recorded by running draw_script on the fault injector as it was
-# before the middleware seam (commit 4477b33, hand-written FaultyQueues/Blobs/Table) with
-# /tmp/seam-rec/record.py: per seed, the faults injected by kind, the requests made, a digest
-# of every answer, and the injector's next random number (so every draw is accounted for).
-# Lease cuts land at wall-clock times, so that fault is off (its draws are still made).
+# The seeded draw order, recorded by running draw_script (twice, identical) on the fault
+# injector as it was before the middleware seam (commit 4477b33, hand-written
+# FaultyQueues/Blobs/Table; the next number from its shared ``b.queues._chaos.rng``): per
+# seed, the faults injected by kind, the requests made, a digest of every answer, and the
+# injector's next random number (so every draw is accounted for). Lease cuts land at
+# wall-clock times, so that fault is off (its draws are still made).
 DRAWS: dict[int, tuple[dict[str, int], dict[str, int], str, float]] = {
     1: (
         {
