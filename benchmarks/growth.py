@@ -43,7 +43,7 @@ import cmr.logs
 from cmr import wire
 from cmr.api import run_on
 from cmr.backends.base import Backend
-from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
+from cmr.backends.embedded import EmbeddedQueues, embedded_backend
 from cmr.backends.retry import with_retries
 from cmr.settings import WorkerSettings
 
@@ -315,12 +315,7 @@ def embedded(capture: Path | None = None) -> Iterator[tuple[Backend, MeasuredQue
     scratch = tempfile.mkdtemp(prefix="cmr-scratch-")
     queues = MeasuredQueues(capture)
     try:
-        yield (
-            with_retries(
-                Backend("embedded", queues, EmbeddedBlobs(), EmbeddedTable(), file_url(scratch))
-            ),
-            queues,
-        )
+        yield with_retries(embedded_backend(scratch, queues=queues)), queues
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -6,10 +6,8 @@ import asyncio
 import contextlib
 import inspect
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -20,7 +18,7 @@ import structlog
 
 from cmr import client, lifecycle, logs
 from cmr.backends.base import Backend
-from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
+from cmr.backends.embedded import temporary_backend
 from cmr.backends.retry import with_retries
 from cmr.errors import UsageError
 from cmr.job import Job, JobRef, load_job_class
@@ -64,19 +62,8 @@ def job_ref(job: str | type[Job]) -> JobRef:
 @contextlib.asynccontextmanager
 async def open_backend(name: str, aws: AwsSettings) -> AsyncIterator[Backend]:
     if name == "embedded":
-        scratch = tempfile.mkdtemp(prefix="cmr-scratch-")
-        try:
-            yield with_retries(
-                Backend(
-                    "embedded",
-                    EmbeddedQueues(),
-                    EmbeddedBlobs(),
-                    EmbeddedTable(),
-                    file_url(scratch),
-                )
-            )
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        async with temporary_backend() as backend:
+            yield with_retries(backend)
     elif name == "aws":
         from cmr.backends.aws import open_aws  # aioboto3 loads only when needed
 
@@ -174,7 +161,7 @@ async def run_on(
     job_options = opts.job_options(ref)
     workers = opts.workers
     if opts.detach:
-        if be.local_files:
+        if be.capabilities.in_process:
             raise UsageError(
                 "--detach needs a backend that outlives this process: use --backend aws (the "
                 "embedded backend's queues live inside `cmr run`)"
@@ -184,14 +171,14 @@ async def run_on(
                 "--detach starts no workers; leave --workers out and start them with "
                 "`cmr worker --backend aws` (or run a fleet)"
             )
-    elif workers < 0 or (be.local_files and workers < 1):
+    elif workers < 0 or (be.capabilities.in_process and workers < 1):
         raise UsageError(
             "--workers must be at least 1 with the embedded backend (no other "
             "process can reach its in-memory queues)"
         )
     ws = opts.worker_settings or WorkerSettings(
         # In-process queues and table cost nothing to poll: short waits, prompt reactions.
-        poll_s=0.1 if be.local_files else 1.0,
+        poll_s=0.1 if be.capabilities.free_requests else 1.0,
     )
     started = time.monotonic()
     calls_before = be.calls()
@@ -214,7 +201,7 @@ async def run_on(
         return RunResult(
             spec.job_id, output, [], time.monotonic() - started, record, be.calls() - calls_before
         )
-    if be.local_files:
+    if be.capabilities.in_process:
         record = await _run_in_process(be, spec, ws, workers, opts.on_progress)
     else:
         record = await _run_with_processes(be, spec, opts.aws, ws, workers, opts.on_progress)
@@ -242,7 +229,7 @@ async def cancel(be: Backend, spec: JobSpec, reason: str) -> bool:
     publishing (then it ends, successfully, in a moment)."""
     with contextlib.suppress(UsageError):
         ended = await lifecycle.end(be, spec, JobState.CANCELLED, reason=reason)
-        if ended and be.local_files:
+        if ended and be.capabilities.in_process:
             # Nobody else can reach this job's queues: clean it up ourselves.
             await lifecycle.cleanup(be, spec, JobState.CANCELLED)
         return ended

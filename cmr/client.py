@@ -174,7 +174,7 @@ async def list_input(backend: Backend, source: str, job_id: str) -> list[Input]:
         if not path.exists():
             raise UsageError(f"input {source} does not exist")
         files = await asyncio.to_thread(_local_files, path)
-        if backend.local_files:
+        if backend.capabilities.local_files:
             root = file_url(path) if path.is_file() else file_url(path) + "/"
             blobs = [BlobInfo(file_url(f), f.stat().st_size) for f in files]
         else:
@@ -238,7 +238,7 @@ async def prepare_output(
         path = await asyncio.to_thread(_local_dir, output)
         url = file_url(path) + "/"
         etag, replaced = await _inspect(EmbeddedBlobs(), url, output, overwrite)
-        if backend.local_files:
+        if backend.capabilities.local_files:
             return OutputPlace(url, etag, replaced)
         if len(replaced) > MAX_REPLACED_LOCAL:
             raise UsageError(
@@ -248,7 +248,7 @@ async def prepare_output(
         results = f"{backend.scratch.rstrip('/')}/results/{job_id}/"
         fetch = {"dir": str(path), "replaces": etag, "replaced": list(replaced)}
         return OutputPlace(results, "", (), fetch)
-    if backend.local_files:
+    if backend.capabilities.local_files:
         raise UsageError(
             "the embedded backend writes local directories; use --backend aws for an s3:// output"
         )

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import tempfile
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
@@ -31,7 +30,7 @@ from typing import Any
 from cmr import client
 from cmr.api import job_ref
 from cmr.backends.base import Backend
-from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
+from cmr.backends.embedded import temporary_backend
 from cmr.backends.faults import FaultPlan, inject
 from cmr.backends.retry import with_retries
 from cmr.client import JobOptions
@@ -246,74 +245,70 @@ async def chaos_run(
     )
     budget = min(steps.max_crashes, workers - 1) if clientless else steps.max_crashes
     rng = random.Random(seed * 7919 + 1)
-    with tempfile.TemporaryDirectory(prefix="cmr-chaos-") as scratch:
-        base = Backend(
-            "embedded", EmbeddedQueues(), EmbeddedBlobs(), EmbeddedTable(), file_url(scratch)
+    async with temporary_backend("cmr-chaos-") as base, inject(base, plan) as faulty:
+        be = with_retries(wrap(faulty) if wrap is not None else faulty, attempts=12)
+        ref = job_ref(job)
+        options = JobOptions(
+            partitions=reducers,
+            visibility_s=visibility_s,
+            params=dict(params or {}),
+            **(job_options or {}),
         )
-        async with inject(base, plan) as faulty:
-            be = with_retries(wrap(faulty) if wrap is not None else faulty, attempts=12)
-            ref = job_ref(job)
-            options = JobOptions(
-                partitions=reducers,
-                visibility_s=visibility_s,
-                params=dict(params or {}),
-                **(job_options or {}),
-            )
-            spec = await client.submit(
-                be,
-                ref,
-                str(input),
-                str(output),
-                options,
-                queue_prefix=AwsSettings.queue_prefix,
-                parallelism=workers,
-                split_bytes=split_bytes,
-            )
-            result = ChaosResult(spec.job_id, {}, faulty.injected)
-            if after_submit is not None:
-                await after_submit(be, spec)
-            ws = settings or WorkerSettings(map_slots=2, reduce_slots=2, processes=1, memory_mb=1)
+        spec = await client.submit(
+            be,
+            ref,
+            str(input),
+            str(output),
+            options,
+            queue_prefix=AwsSettings.queue_prefix,
+            parallelism=workers,
+            split_bytes=split_bytes,
+        )
+        result = ChaosResult(spec.job_id, {}, faulty.injected)
+        if after_submit is not None:
+            await after_submit(be, spec)
+        ws = settings or WorkerSettings(map_slots=2, reduce_slots=2, processes=1, memory_mb=1)
 
-            def start(i: int) -> tuple[Worker, asyncio.Task[None]]:
-                if hooks is not None and i < len(hooks):
-                    hook = hooks[i]
-                else:
-                    hook = chaos_hook(random.Random(rng.random()), steps, result, budget)
-                w = Worker(be, ws, pool, only_job=spec.job_id, hook=hook)
-                result.workers_started += 1
-                return w, asyncio.create_task(w.run())
+        def start(i: int) -> tuple[Worker, asyncio.Task[None]]:
+            if hooks is not None and i < len(hooks):
+                hook = hooks[i]
+            else:
+                hook = chaos_hook(random.Random(rng.random()), steps, result, budget)
+            w = Worker(be, ws, pool, only_job=spec.job_id, hook=hook)
+            result.workers_started += 1
+            return w, asyncio.create_task(w.run())
 
-            fleet = [start(i) for i in range(workers)]
-            ended: set[asyncio.Task[None]] = set()
-            waiter = None if clientless else asyncio.create_task(client.wait(be, spec, poll_s=0.2))
-            try:
-                async with _explained_timeout(timeout_s, be, spec, fleet):
-                    while any(not t.done() for _, t in fleet):
-                        await asyncio.wait(
-                            [t for _, t in fleet if not t.done()],
-                            return_when=asyncio.FIRST_COMPLETED,
-                        )
-                        for i, (_, t) in enumerate(fleet):
-                            if t.done() and t not in ended:
-                                ended.add(t)
-                                crashed = _crashed_or_raise(t)
-                                # A fleet replaces a dead worker while the job has work left.
-                                if crashed and not clientless and await _active(be, spec):
-                                    fleet[i] = start(len(fleet) + result.workers_started)
-                if waiter is not None:
-                    # What a client saw; the record below says the same (or the test fails).
-                    with contextlib.suppress(JobFailed):
-                        await waiter
-            finally:
-                if waiter is not None:
-                    waiter.cancel()
-                for worker, _ in fleet:
-                    worker.done.set()
-                await asyncio.gather(
-                    *(t for _, t in fleet), *([waiter] if waiter else []), return_exceptions=True
-                )
-            result.record = await be.table.get(job_pk(spec.job_id), "job") or {}
-            result.leftovers = await leftovers(be, spec)
+        fleet = [start(i) for i in range(workers)]
+        ended: set[asyncio.Task[None]] = set()
+        waiter = None if clientless else asyncio.create_task(client.wait(be, spec, poll_s=0.2))
+        try:
+            async with _explained_timeout(timeout_s, be, spec, fleet):
+                while any(not t.done() for _, t in fleet):
+                    await asyncio.wait(
+                        [t for _, t in fleet if not t.done()],
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    for i, (_, t) in enumerate(fleet):
+                        if t.done() and t not in ended:
+                            ended.add(t)
+                            crashed = _crashed_or_raise(t)
+                            # A fleet replaces a dead worker while the job has work left.
+                            if crashed and not clientless and await _active(be, spec):
+                                fleet[i] = start(len(fleet) + result.workers_started)
+            if waiter is not None:
+                # What a client saw; the record below says the same (or the test fails).
+                with contextlib.suppress(JobFailed):
+                    await waiter
+        finally:
+            if waiter is not None:
+                waiter.cancel()
+            for worker, _ in fleet:
+                worker.done.set()
+            await asyncio.gather(
+                *(t for _, t in fleet), *([waiter] if waiter else []), return_exceptions=True
+            )
+        result.record = await be.table.get(job_pk(spec.job_id), "job") or {}
+        result.leftovers = await leftovers(be, spec)
     return result
 
 

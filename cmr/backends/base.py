@@ -20,7 +20,7 @@ from __future__ import annotations
 import builtins
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
 Item: TypeAlias = dict[str, Any]
@@ -242,6 +242,26 @@ class Table(Protocol):
         ClientRequestToken guarantees for ten minutes."""
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, for the few places where the engine must act differently
+    (rather than asking which backend it is). Limits that are the services' own, such as
+    ``Queues.max_message_bytes``, stay on the services."""
+
+    local_files: bool  # workers read and write the client's local files directly (file://)
+    in_process: bool  # its queues live in this process: workers must run here, and a job
+    # does not outlive the process that submitted it
+    free_requests: bool  # requests cost nothing and take no network trip: poll often
+
+
+# The two kinds of backend cmr has. A backend built by hand from another's services (tests
+# wrapping one service) gets its kind's capabilities from its name.
+EMBEDDED = Capabilities(local_files=True, in_process=True, free_requests=True)
+REMOTE = Capabilities(local_files=False, in_process=False, free_requests=False)
+KINDS = {"embedded": EMBEDDED, "aws": REMOTE}
+_BY_NAME = Capabilities(local_files=False, in_process=False, free_requests=False)  # not given
+
+
 @dataclass
 class Backend:
     """The three services a job runs on, plus where its scratch data lives."""
@@ -251,12 +271,17 @@ class Backend:
     blobs: Blobs
     table: Table
     scratch: str  # URL prefix for staged input, attempt outputs and spilled values
+    capabilities: Capabilities = field(default=_BY_NAME, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.capabilities is _BY_NAME:
+            self.capabilities = KINDS.get(self.name, REMOTE)
 
     @property
     def local_files(self) -> bool:
         """Whether workers read and write the client's local files directly (embedded: one
         process). Otherwise local input is staged to the blob store and local output fetched."""
-        return self.name == "embedded"
+        return self.capabilities.local_files
 
     def calls(self) -> Counter[str]:
         """Every request made so far through this backend, by operation."""

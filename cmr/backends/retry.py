@@ -10,8 +10,8 @@ the engine's conditional writes read back on ConditionFailed to tell "lost" from
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tenacity import (
@@ -23,6 +23,7 @@ from tenacity import (
 )
 
 from cmr.backends.base import Backend
+from cmr.backends.middleware import Call, Middleware, Proceed, wrap
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, Rejected, Unreachable
 
 T = TypeVar("T")
@@ -43,35 +44,23 @@ def _policy(attempts: int, max_delay_s: float) -> AsyncRetrying:
     )
 
 
-class _Retrying:
-    """Wraps every coroutine method of a service; other attributes pass through."""
+@dataclass(frozen=True)
+class Retry(Middleware):
+    """Each call retried on transient errors with jittered backoff."""
 
-    def __init__(self, inner: Any, attempts: int, max_delay_s: float) -> None:
-        self._inner = inner
-        self._attempts = attempts
-        self._max_delay_s = max_delay_s
+    attempts: int = 8
+    max_delay_s: float = 30.0
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._inner, name)
-        if not callable(attr) or name.startswith("_"):
-            return attr
-
-        @functools.wraps(attr)
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            async for attempt in _policy(self._attempts, self._max_delay_s):
-                with attempt:
-                    return await attr(*args, **kwargs)
-            raise AssertionError("unreachable: tenacity re-raises the last error")
-
-        return call
+    async def around(self, call: Call, proceed: Proceed) -> Any:
+        async for attempt in _policy(self.attempts, self.max_delay_s):
+            with attempt:
+                return await proceed(call)
+        raise AssertionError("unreachable: tenacity re-raises the last error")
 
 
 def with_retries(backend: Backend, attempts: int = 8, max_delay_s: float = 30.0) -> Backend:
     """The same backend, each call retried on transient errors with jittered backoff."""
-    wrapped = [
-        _Retrying(s, attempts, max_delay_s) for s in (backend.queues, backend.blobs, backend.table)
-    ]
-    return Backend(backend.name, wrapped[0], wrapped[1], wrapped[2], backend.scratch)
+    return wrap(backend, Retry(attempts, max_delay_s))
 
 
 async def retried(fn: Callable[[], Awaitable[T]], attempts: int = 8) -> T:

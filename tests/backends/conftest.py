@@ -11,7 +11,7 @@ import pytest
 
 from cmr.backends.aws import open_aws
 from cmr.backends.base import Backend
-from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
+from cmr.backends.embedded import embedded_backend
 from cmr.settings import AwsSettings
 from tests.stack import remove_test_resources, stack_up
 
@@ -45,13 +45,7 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def backend(backend_name: str, tmp_path: Path, aws_names: AwsNames) -> AsyncIterator[Backend]:
     if backend_name == "embedded":
-        yield Backend(
-            "embedded",
-            EmbeddedQueues(),
-            EmbeddedBlobs(),
-            EmbeddedTable(),
-            scratch=file_url(tmp_path / "scratch"),
-        )
+        yield embedded_backend(tmp_path / "scratch")
         return
     aws_names.used = True
     settings = AwsSettings(

@@ -227,6 +227,52 @@ async def test_put_if_races_have_one_winner(backend: Backend, folder: Folder) ->
     assert all(isinstance(o, ConditionFailed) for o in outcomes if not isinstance(o, str))
 
 
+async def test_copy_to_a_new_key_has_the_source_content_size_and_etag(
+    backend: Backend, folder: Folder
+) -> None:
+    root = folder()
+    data = bytes(range(256)) * 40
+    await backend.blobs.put(f"{root}/src", data)
+    before = backend.calls()
+    await backend.blobs.copy(f"{root}/src", f"{root}/deeper/dst")
+    assert (backend.calls() - before)["s3.CopyObject"] == 1  # one request, server-side
+    assert await backend.blobs.get(f"{root}/deeper/dst") == data
+    assert await backend.blobs.size(f"{root}/deeper/dst") == len(data)
+    _, src_etag = await backend.blobs.get_with_etag(f"{root}/src")
+    _, dst_etag = await backend.blobs.get_with_etag(f"{root}/deeper/dst")
+    assert dst_etag == src_etag  # S3: a copied single-part object keeps its MD5 etag
+    assert [b.size for b in await backend.blobs.list(f"{root}/")] == [len(data), len(data)]
+    assert await backend.blobs.get(f"{root}/src") == data  # the source is untouched
+
+
+async def test_copy_over_an_existing_key_replaces_it(backend: Backend, folder: Folder) -> None:
+    root = folder()
+    await backend.blobs.put(f"{root}/src", b"new")
+    await backend.blobs.put(f"{root}/dst", b"an older and longer blob")
+    await backend.blobs.copy(f"{root}/src", f"{root}/dst")
+    assert await backend.blobs.get(f"{root}/dst") == b"new"
+    assert await backend.blobs.size(f"{root}/dst") == 3
+
+
+async def test_copy_of_an_empty_blob(backend: Backend, folder: Folder) -> None:
+    root = folder()
+    await backend.blobs.put(f"{root}/empty", b"")
+    await backend.blobs.copy(f"{root}/empty", f"{root}/empty-copy")
+    assert await backend.blobs.get(f"{root}/empty-copy") == b""
+    assert await backend.blobs.size(f"{root}/empty-copy") == 0
+
+
+async def test_copy_of_a_missing_source_changes_nothing(backend: Backend, folder: Folder) -> None:
+    root = folder()
+    await backend.blobs.put(f"{root}/dst", b"kept")
+    with pytest.raises(BlobMissing):
+        await backend.blobs.copy(f"{root}/missing", f"{root}/dst")
+    with pytest.raises(BlobMissing):
+        await backend.blobs.copy(f"{root}/missing", f"{root}/new")
+    assert await backend.blobs.get(f"{root}/dst") == b"kept"
+    assert [b.url for b in await backend.blobs.list(f"{root}/")] == [f"{root}/dst"]
+
+
 async def test_copy_and_delete(backend: Backend, folder: Folder) -> None:
     root = folder()
     await backend.blobs.put(f"{root}/src", b"payload")

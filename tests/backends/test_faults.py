@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import math
+import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,30 +17,33 @@ from typing import Any
 import pytest
 
 from cmr.backends import faults
-from cmr.backends.base import Backend, Present, Received
-from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
-from cmr.backends.faults import FaultPlan, FaultyBackend, FaultyQueues, FaultyTable, inject
+from cmr.backends.base import Backend, Present, Put, Queues, Received, Table, TxWrite, Update
+from cmr.backends.embedded import embedded_backend, file_url
+from cmr.backends.faults import FaultPlan, FaultyBackend, inject
+from cmr.backends.middleware import LayerBlobs, LayerQueues, LayerTable
 from cmr.errors import BackendError, ConditionFailed, Throttled, UsageError
 
 Make = Callable[[FaultPlan], FaultyBackend]
 
 
 def embedded(root: Path) -> Backend:
-    return Backend(
-        "embedded", EmbeddedQueues(), EmbeddedBlobs(), EmbeddedTable(), file_url(root / "scratch")
-    )
+    return embedded_backend(root / "scratch")
 
 
-def inner_queues(b: Backend) -> EmbeddedQueues:
-    assert isinstance(b.queues, FaultyQueues)
-    assert isinstance(b.queues.inner, EmbeddedQueues)
+def inner_queues(b: Backend) -> Queues:
+    """The queues beneath the fault injector (the embedded ones, counted)."""
+    assert isinstance(b.queues, LayerQueues)
     return b.queues.inner
 
 
-def inner_table(b: Backend) -> EmbeddedTable:
-    assert isinstance(b.table, FaultyTable)
-    assert isinstance(b.table.inner, EmbeddedTable)
+def inner_table(b: Backend) -> Table:
+    assert isinstance(b.table, LayerTable)
     return b.table.inner
+
+
+def fault_rng(b: Backend) -> random.Random:
+    assert isinstance(b, FaultyBackend)
+    return b.faults.rng
 
 
 def near(count: int, n: int, p: float) -> bool:
@@ -103,27 +108,29 @@ async def test_wrappers_share_counters_and_limits(tmp_path: Path) -> None:
     assert (b.name, b.scratch) == (raw.name, raw.scratch)
     inner = inner_queues(b)
     assert b.queues.calls is inner.calls
-    assert isinstance(b.blobs, faults.FaultyBlobs)
-    assert isinstance(b.table, FaultyTable)
+    assert isinstance(b.blobs, LayerBlobs)
     assert b.blobs.calls is b.blobs.inner.calls
     assert b.table.calls is inner_table(b).calls
     assert b.queues.max_message_bytes == inner.max_message_bytes
     b.queues.max_message_bytes = 1000
     assert inner.max_message_bytes == 1000
-    assert isinstance(b.queues, FaultyQueues)
-    assert faults.injected(b) is b.injected is b.queues.injected is b.table.injected
+    assert isinstance(b, FaultyBackend)
+    # One injector for the three services: one counter.
+    assert faults.injected(b) is b.injected is b.faults.injected
     assert faults.injected(raw) == Counter()
     await b.close()
 
 
-async def script(b: Backend, root: Path) -> list[Any]:
+async def script(
+    b: Backend, root: Path, errors: tuple[type[Exception], ...] = (BackendError,)
+) -> list[Any]:
     """Touch every method of every service once or more; the trace records every answer."""
     trace: list[Any] = []
 
     async def step(name: str, call: Awaitable[Any]) -> None:
         try:
             trace.append((name, await call))
-        except BackendError as exc:
+        except errors as exc:
             trace.append((name, type(exc).__name__))
 
     q = "jobs-q"
@@ -211,6 +218,244 @@ async def test_same_seed_same_faults(tmp_path: Path, make: Make) -> None:
     other = make(dataclasses.replace(plan, seed=8))
     (tmp_path / "r2").mkdir()
     assert await script(other, tmp_path / "r2") != runs[0][0]
+
+
+async def draw_script(b: Backend, root: Path) -> list[Any]:
+    """``script``, then the methods it leaves out; any failure is an answer (a blob whose put
+    failed cannot be uploaded from)."""
+    trace = await script(b, root, errors=(BackendError, OSError))
+
+    async def step(name: str, call: Awaitable[Any]) -> None:
+        try:
+            trace.append((name, await call))
+        except (BackendError, OSError) as exc:
+            trace.append((name, type(exc).__name__))
+
+    url = file_url(root / "more" / "y")
+    await step("put_if", b.blobs.put_if(url, b"one", etag=None))
+    await step("get_with_etag", b.blobs.get_with_etag(url))
+    await step("put_if again", b.blobs.put_if(url, b"two", etag="f" * 32))
+    await step("copy", b.blobs.copy(url, url + ".copy"))
+    await step("copy missing", b.blobs.copy(url + ".nope", url + ".copy2"))
+    await step("blob delete", b.blobs.delete([url, url + ".copy"]))
+    for i in range(4):
+        writes: list[TxWrite] = [Put("t", f"a{i}", {"v": i}), Update("t", "n", add={"n": 1})]
+        await step("transact", b.table.transact(writes, token=f"tok{i}"))
+        await step("tquery", b.table.query("t", consistent=False))
+        await step("tget", b.table.get("t", "n", consistent=False))
+    return trace
+
+
+# The seeded draw order, recorded by running draw_script (twice, identical) on the fault
+# injector as it was before the middleware seam (commit 4477b33, hand-written
+# FaultyQueues/Blobs/Table; the next number from its shared ``b.queues._chaos.rng``): per
+# seed, the faults injected by kind, the requests made, a digest of every answer, and the
+# injector's next random number (so every draw is accounted for). Lease cuts land at
+# wall-clock times, so that fault is off (its draws are still made).
+DRAWS: dict[int, tuple[dict[str, int], dict[str, int], str, float]] = {
+    1: (
+        {
+            "delay": 85,
+            "duplicate_delivery": 4,
+            "duplicate_send": 2,
+            "server_error_after": 1,
+            "stale_read": 1,
+            "throttle": 2,
+        },
+        {
+            "dynamodb.DeleteItem": 1,
+            "dynamodb.GetItem": 19,
+            "dynamodb.PutItem": 9,
+            "dynamodb.Query": 12,
+            "dynamodb.TransactWriteItems": 4,
+            "dynamodb.UpdateItem": 7,
+            "s3.CopyObject": 2,
+            "s3.DeleteObjects": 2,
+            "s3.GetObject": 4,
+            "s3.HeadObject": 1,
+            "s3.ListObjectsV2": 1,
+            "s3.PutObject": 4,
+            "sqs.ChangeMessageVisibilityBatch": 5,
+            "sqs.CreateQueue": 1,
+            "sqs.DeleteMessageBatch": 1,
+            "sqs.DeleteQueue": 1,
+            "sqs.GetQueueAttributes": 7,
+            "sqs.ListQueues": 1,
+            "sqs.ReceiveMessage": 7,
+            "sqs.SendMessageBatch": 6,
+        },
+        "58868b4d031f5da5",
+        0.5714150405846471,
+    ),
+    2: (
+        {
+            "delay": 85,
+            "duplicate_delivery": 4,
+            "duplicate_send": 2,
+            "empty_receive": 1,
+            "server_error_after": 3,
+            "server_error_before": 4,
+        },
+        {
+            "dynamodb.DeleteItem": 1,
+            "dynamodb.GetItem": 19,
+            "dynamodb.PutItem": 9,
+            "dynamodb.Query": 12,
+            "dynamodb.TransactWriteItems": 4,
+            "dynamodb.UpdateItem": 7,
+            "s3.CopyObject": 2,
+            "s3.DeleteObjects": 2,
+            "s3.GetObject": 4,
+            "s3.HeadObject": 1,
+            "s3.ListObjectsV2": 1,
+            "s3.PutObject": 4,
+            "sqs.ChangeMessageVisibilityBatch": 2,
+            "sqs.CreateQueue": 1,
+            "sqs.DeleteMessageBatch": 1,
+            "sqs.DeleteQueue": 1,
+            "sqs.GetQueueAttributes": 5,
+            "sqs.ListQueues": 1,
+            "sqs.ReceiveMessage": 7,
+            "sqs.SendMessageBatch": 6,
+        },
+        "c2e634dcab94acc7",
+        0.0950454098784631,
+    ),
+    3: (
+        {
+            "delay": 85,
+            "duplicate_delivery": 4,
+            "duplicate_send": 0,
+            "reorder": 1,
+            "server_error_before": 3,
+        },
+        {
+            "dynamodb.DeleteItem": 1,
+            "dynamodb.GetItem": 20,
+            "dynamodb.PutItem": 9,
+            "dynamodb.Query": 12,
+            "dynamodb.TransactWriteItems": 4,
+            "dynamodb.UpdateItem": 8,
+            "s3.CopyObject": 2,
+            "s3.DeleteObjects": 2,
+            "s3.GetObject": 4,
+            "s3.HeadObject": 1,
+            "s3.ListObjectsV2": 1,
+            "s3.PutObject": 3,
+            "sqs.ChangeMessageVisibilityBatch": 5,
+            "sqs.CreateQueue": 1,
+            "sqs.DeleteMessageBatch": 1,
+            "sqs.DeleteQueue": 1,
+            "sqs.GetQueueAttributes": 6,
+            "sqs.ReceiveMessage": 7,
+            "sqs.SendMessageBatch": 6,
+        },
+        "343c143dd58f5119",
+        0.7272893273241281,
+    ),
+    7: (
+        {
+            "delay": 85,
+            "duplicate_delivery": 0,
+            "duplicate_send": 6,
+            "empty_receive": 1,
+            "throttle": 5,
+        },
+        {
+            "dynamodb.DeleteItem": 1,
+            "dynamodb.GetItem": 20,
+            "dynamodb.PutItem": 9,
+            "dynamodb.Query": 11,
+            "dynamodb.TransactWriteItems": 4,
+            "dynamodb.UpdateItem": 7,
+            "s3.CopyObject": 2,
+            "s3.DeleteObjects": 2,
+            "s3.GetObject": 4,
+            "s3.HeadObject": 1,
+            "s3.ListObjectsV2": 1,
+            "s3.PutObject": 4,
+            "sqs.ChangeMessageVisibilityBatch": 1,
+            "sqs.CreateQueue": 1,
+            "sqs.DeleteMessageBatch": 1,
+            "sqs.DeleteQueue": 1,
+            "sqs.GetQueueAttributes": 4,
+            "sqs.ListQueues": 1,
+            "sqs.ReceiveMessage": 7,
+            "sqs.SendMessageBatch": 6,
+        },
+        "b9826489b7affd6c",
+        0.07747181951780069,
+    ),
+    42: (
+        {
+            "delay": 85,
+            "duplicate_send": 1,
+            "server_error_before": 1,
+            "stale_read": 1,
+            "throttle": 6,
+        },
+        {
+            "dynamodb.DeleteItem": 1,
+            "dynamodb.GetItem": 19,
+            "dynamodb.PutItem": 9,
+            "dynamodb.Query": 10,
+            "dynamodb.TransactWriteItems": 4,
+            "dynamodb.UpdateItem": 8,
+            "s3.CopyObject": 2,
+            "s3.DeleteObjects": 2,
+            "s3.GetObject": 4,
+            "s3.HeadObject": 1,
+            "s3.ListObjectsV2": 1,
+            "s3.PutObject": 3,
+            "sqs.DeleteQueue": 1,
+            "sqs.GetQueueAttributes": 7,
+            "sqs.ListQueues": 1,
+            "sqs.ReceiveMessage": 7,
+        },
+        "3ffb4f50c1145f6f",
+        0.47318618590932626,
+    ),
+    1234: (
+        {
+            "delay": 85,
+            "duplicate_send": 10,
+            "empty_receive": 1,
+            "server_error_before": 2,
+            "stale_read": 3,
+            "throttle": 1,
+        },
+        {
+            "dynamodb.DeleteItem": 1,
+            "dynamodb.GetItem": 18,
+            "dynamodb.PutItem": 9,
+            "dynamodb.Query": 12,
+            "dynamodb.TransactWriteItems": 4,
+            "dynamodb.UpdateItem": 8,
+            "s3.CopyObject": 2,
+            "s3.DeleteObjects": 2,
+            "s3.GetObject": 4,
+            "s3.HeadObject": 1,
+            "s3.ListObjectsV2": 1,
+            "s3.PutObject": 4,
+            "sqs.DeleteQueue": 1,
+            "sqs.GetQueueAttributes": 7,
+            "sqs.ListQueues": 1,
+            "sqs.ReceiveMessage": 7,
+        },
+        "0047677f165cb5fb",
+        0.315144257602774,
+    ),
+}
+
+
+@pytest.mark.parametrize("seed", sorted(DRAWS))
+async def test_seeded_draw_order_is_stable(tmp_path: Path, make: Make, seed: int) -> None:
+    b = make(dataclasses.replace(FaultPlan.random(seed), lease_loss=0.0))
+    (tmp_path / "run").mkdir()
+    trace = await draw_script(b, tmp_path / "run")
+    digest = hashlib.sha256(repr(trace).encode()).hexdigest()[:16]
+    got = (dict(faults.injected(b)), dict(b.calls()), digest, fault_rng(b).random())
+    assert got == DRAWS[seed]
 
 
 def every_call(b: Backend, root: Path) -> list[tuple[str, Callable[[], Awaitable[Any]]]]:

@@ -1,23 +1,18 @@
-"""benchmarks/fleet_sim.py: its latency wrapper really delays and counts calls, and the
-protocol really runs in parallel: with service latencies injected, 4 workers finish the
-map phase of a fixed job much sooner than 1, and both outputs are exact."""
+"""benchmarks/fleet_sim.py (the package benchmarks/fleetsim): its latency middleware really
+delays and counts calls, and the protocol really runs in parallel: with service latencies
+injected, 4 workers finish the map phase of a fixed job much sooner than 1, and both
+outputs are exact."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from benchmarks.fleet_sim import (
-    FleetJob,
-    Latency,
-    Meter,
-    key_kind,
-    make_input,
-    run_fleet,
-    with_latency,
-)
-from cmr.backends.base import Backend
-from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
+from benchmarks.fleetsim.job import FleetJob, make_input
+from benchmarks.fleetsim.latency import Latency, with_latency
+from benchmarks.fleetsim.meter import Meter, key_kind
+from benchmarks.fleetsim.run import run_fleet
+from cmr.backends.embedded import embedded_backend
 from cmr.testing import sequential
 
 
@@ -42,9 +37,7 @@ async def test_wrapper_delays_and_counts_every_call(tmp_path: Path) -> None:
         }
     )
     meter = Meter()
-    base = Backend(
-        "embedded", EmbeddedQueues(), EmbeddedBlobs(), EmbeddedTable(), file_url(tmp_path)
-    )
+    base = embedded_backend(tmp_path)
     be = with_latency(base, latency, meter)
     await be.queues.create("cmr-x-in", visibility_s=30)
 

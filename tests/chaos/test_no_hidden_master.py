@@ -8,6 +8,7 @@ behind (``result.leftovers``)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -138,7 +139,7 @@ async def test_a_lost_answer_to_the_final_state_change_leaves_no_running_listing
 
     def wrap(be: Backend) -> Backend:
         lossy.append(LoseAnswer(be.table, sets_succeeded))
-        return Backend(be.name, be.queues, be.blobs, lossy[0], be.scratch)
+        return dataclasses.replace(be, table=lossy[0])
 
     result = await clientless(data, tmp_path / "out", pool, wrap=wrap)
     assert lossy[0].lost == 1
@@ -203,7 +204,7 @@ async def test_a_write_the_store_rejects_fails_the_job_at_once(
     data, _ = corpus
 
     def wrap(be: Backend) -> Backend:
-        return Backend(be.name, be.queues, be.blobs, RejectMapCommits(be.table), be.scratch)
+        return dataclasses.replace(be, table=RejectMapCommits(be.table))
 
     result = await clientless(data, tmp_path / "out", pool, wrap=wrap)
     assert result.record["state"] == "failed"
@@ -459,7 +460,7 @@ async def test_a_map_holds_a_bounded_number_of_batches_while_sending(
 
     def wrap(be: Backend) -> Backend:
         slow.append(SlowSends(be.queues))
-        return Backend(be.name, slow[0], be.blobs, be.table, be.scratch)
+        return dataclasses.replace(be, queues=slow[0])
 
     settings = WorkerSettings(
         map_slots=1,

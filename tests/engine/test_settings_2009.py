@@ -14,7 +14,7 @@ import pytest
 from cmr import wire
 from cmr.api import run_on
 from cmr.backends.base import Backend, Item
-from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable, file_url
+from cmr.backends.embedded import EmbeddedQueues, EmbeddedTable, embedded_backend
 from cmr.errors import JobFailed, UsageError, WireError
 from cmr.settings import WorkerSettings
 
@@ -60,7 +60,7 @@ class RecordingQueues(EmbeddedQueues):
 def recording_backend(scratch: Path) -> tuple[Backend, RecordingQueues]:
     queues = RecordingQueues()
     scratch.mkdir(parents=True, exist_ok=True)
-    return Backend("embedded", queues, EmbeddedBlobs(), EmbeddedTable(), file_url(scratch)), queues
+    return embedded_backend(scratch, queues=queues), queues
 
 
 def corpus(root: Path) -> Path:
@@ -260,7 +260,7 @@ async def test_reducers_waiting_for_maps_poll_sparingly(tmp_path: Path) -> None:
     job.write_text(JOB_SLEEPY)
     queues, table = RecordingQueues(), CountingTable()
     (tmp_path / "scratch").mkdir()
-    be = Backend("embedded", queues, EmbeddedBlobs(), table, file_url(tmp_path / "scratch"))
+    be = embedded_backend(tmp_path / "scratch", queues=queues, table=table)
     result = await run_on(
         be,
         str(job),

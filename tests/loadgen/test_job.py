@@ -9,8 +9,7 @@ import msgpack
 import pytest
 
 from cmr.api import job_ref
-from cmr.backends.base import Backend
-from cmr.backends.embedded import EmbeddedBlobs, EmbeddedQueues, EmbeddedTable
+from cmr.backends.embedded import embedded_backend
 from cmr.client import list_input
 from cmr.loadgen.job import JOB, LoadJob, cleanup, prepare, run_load, visibility_for
 from cmr.loadgen.recorder import Measurement, jam_report
@@ -71,9 +70,7 @@ async def test_padded_task_files_make_one_map_task_each(tmp_path: Path) -> None:
     width = max(len(t) for t in texts)
     for i, text in enumerate(texts):
         (tmp_path / f"task-{i:05d}.json").write_text(text.ljust(width) + "\n")
-    backend = Backend(
-        "embedded", EmbeddedQueues(), EmbeddedBlobs(), EmbeddedTable(), "file:///unused"
-    )
+    backend = embedded_backend("/unused")
     inputs = await list_input(backend, str(tmp_path), "job")
     tasks = plan(inputs, width + 1)
     assert len(tasks) == 4 and all(len(t) == 1 for t in tasks)

@@ -24,7 +24,7 @@ from cmr.backends.aws.errors import translate as _translate
 from cmr.backends.aws.errors import translated as _translated
 from cmr.backends.aws.s3 import AwsBlobs
 from cmr.backends.aws.sqs import AwsQueues
-from cmr.backends.base import Backend
+from cmr.backends.base import REMOTE, Backend
 from cmr.errors import BackendError, BlobMissing, UsageError
 from cmr.settings import AwsSettings
 
@@ -157,4 +157,5 @@ async def open_aws(settings: AwsSettings) -> AsyncIterator[Backend]:
             blobs=AwsBlobs(clients["s3"]),
             table=AwsTable(clients["dynamodb"], settings.table),
             scratch=f"s3://{settings.bucket}/cmr",
+            capabilities=REMOTE,
         )

@@ -1,0 +1,226 @@
+"""A blob store of plain files under any local directory, addressed by ``file://`` URLs."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import fcntl
+import hashlib
+import os
+import secrets
+import shutil
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from cmr.backends.base import (
+    BlobInfo,
+)
+from cmr.errors import BlobMissing, ConditionFailed, UsageError
+
+INLINE_READ_BYTES = 256 * 1024  # reads this small run on the event loop itself
+
+
+def file_path(url: str) -> Path:
+    """The local path of a ``file://`` URL (plain paths are accepted too)."""
+    if url.startswith("file://"):
+        # surrogateescape: a file name that is not UTF-8 round-trips to the same bytes.
+        return Path(unquote(urlparse(url).path, errors="surrogateescape"))
+    if "://" in url:
+        raise UsageError(f"{url!r}: the embedded backend stores blobs in local files (file://)")
+    return Path(url)
+
+
+def prefix_path(url: str) -> str:
+    """A URL prefix as a local path string, keeping a trailing slash."""
+    path = str(file_path(url))
+    return path + "/" if url.endswith("/") and not path.endswith("/") else path
+
+
+def file_url(path: str | Path) -> str:
+    return Path(path).absolute().as_uri()
+
+
+def _into_dir(path: Path, write: Callable[[], object]) -> None:
+    """Write a blob file, making its directory. S3 has no directories: a PUT under a prefix
+    that a concurrent delete_prefix just removed still succeeds. Here that delete can remove
+    the directory between the mkdir and the write, so make it again and retry."""
+    for attempt in range(5):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            write()
+        except FileNotFoundError:
+            if attempt == 4 or path.parent.exists():
+                raise
+        else:
+            return
+
+
+class EmbeddedBlobs:
+    """Blobs as files under any local directory, addressed by ``file://`` URLs."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()  # charged by the Counting middleware
+
+    async def put(self, url: str, data: bytes) -> None:
+        path = file_path(url)
+
+        def write() -> None:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(data)}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)  # readers never see a half-written blob, as with S3
+
+        await asyncio.to_thread(_into_dir, path, write)
+
+    async def put_if(self, url: str, data: bytes, *, etag: str | None) -> str:
+        path = file_path(url)
+
+        def write() -> str:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # The compare and the swap under one lock on the directory, so that writers in
+            # other processes (two `cmr run` into one output) are serialised as S3 would.
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    current = _etag(path.read_bytes())
+                except FileNotFoundError:
+                    current = None
+                if current != etag:
+                    raise ConditionFailed(f"{url}: etag is {current}, not {etag}")
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(data)}.tmp")
+                tmp.write_bytes(data)
+                tmp.replace(path)
+            finally:
+                os.close(fd)  # closing the descriptor releases the lock
+            return _etag(data)
+
+        return await asyncio.to_thread(write)
+
+    async def get(self, url: str) -> bytes:
+        try:
+            return await asyncio.to_thread(file_path(url).read_bytes)
+        except (FileNotFoundError, IsADirectoryError):
+            raise BlobMissing(f"no blob at {url}") from None
+
+    async def get_with_etag(self, url: str) -> tuple[bytes, str]:
+        data = await self.get(url)
+        return data, _etag(data)
+
+    async def copy(self, src: str, dst: str) -> None:
+        source, target = file_path(src), file_path(dst)
+
+        def link() -> None:
+            # Blobs are immutable once written (puts replace whole files), so a hard link is
+            # a copy that costs no bytes; across file systems, a real copy.
+            tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+            try:
+                try:
+                    os.link(source, tmp)
+                except OSError as exc:
+                    if isinstance(exc, FileNotFoundError) and not source.exists():
+                        raise
+                    shutil.copyfile(source, tmp)
+                tmp.replace(target)
+            finally:
+                tmp.unlink(missing_ok=True)  # a failed copy leaves nothing behind
+
+        try:
+            await asyncio.to_thread(_into_dir, target, link)
+        except (FileNotFoundError, IsADirectoryError):
+            if not source.is_file():
+                raise BlobMissing(f"no blob at {src}") from None
+            raise
+
+    async def get_range(self, url: str, start: int, end: int) -> bytes:
+
+        def read() -> bytes:
+            with file_path(url).open("rb") as f:
+                f.seek(start)
+                return f.read(max(0, end - start))
+
+        try:
+            if end - start <= INLINE_READ_BYTES:
+                # A small read from the page cache takes microseconds, less than the hop to
+                # a thread and back: a task of 400 small files would spend more on hops.
+                return read()
+            return await asyncio.to_thread(read)
+        except (FileNotFoundError, IsADirectoryError):
+            raise BlobMissing(f"no blob at {url}") from None
+
+    async def size(self, url: str) -> int:
+        path = file_path(url)
+        if not path.is_file():
+            raise BlobMissing(f"no blob at {url}")
+        return path.stat().st_size
+
+    async def list(self, prefix: str) -> builtins.list[BlobInfo]:
+        return await asyncio.to_thread(self._under, prefix)
+
+    def _under(self, prefix: str) -> builtins.list[BlobInfo]:
+        """Files whose path starts with prefix *as a string*, as S3 lists keys: the prefix
+        ".../job-1" also matches ".../job-10/x", exactly as it would on S3."""
+        raw = prefix_path(prefix)
+        root = Path(raw) if raw.endswith("/") else Path(raw).parent
+        if not root.is_dir():
+            return []
+        found = []
+        for dirpath, _dirs, files in os.walk(root):
+            for f in files:
+                p = Path(dirpath, f)
+                if str(p).startswith(raw) and not f.endswith(".tmp"):
+                    found.append(BlobInfo(file_url(p), p.stat().st_size))
+        return sorted(found, key=lambda b: b.url)
+
+    async def delete_prefix(self, prefix: str) -> int:
+
+        def remove() -> int:
+            gone = self._under(prefix)
+            for blob in gone:
+                file_path(blob.url).unlink(missing_ok=True)
+            raw = prefix_path(prefix)
+            if raw.endswith("/"):
+                shutil.rmtree(raw, ignore_errors=True)  # empty directories are not blobs
+            return len(gone)
+
+        return await asyncio.to_thread(remove)
+
+    async def delete(self, urls: Sequence[str]) -> None:
+
+        def remove() -> None:
+            for url in urls:
+                file_path(url).unlink(missing_ok=True)
+
+        await asyncio.to_thread(remove)
+
+    async def upload_file(self, path: str, url: str) -> None:
+        dst = file_path(url)
+
+        if not os.path.isfile(path):
+            raise FileNotFoundError(path)
+
+        def write() -> None:
+            # Never in place: the old file may be hard-linked to a published copy.
+            tmp = dst.with_name(f".{dst.name}.{os.getpid()}.{id(dst)}.tmp")
+            shutil.copyfile(path, tmp)
+            tmp.replace(dst)
+
+        await asyncio.to_thread(_into_dir, dst, write)
+
+    async def download_file(self, url: str, path: str) -> None:
+        src = file_path(url)
+
+        def copy_file() -> None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, path)
+
+        try:
+            await asyncio.to_thread(copy_file)
+        except (FileNotFoundError, IsADirectoryError):
+            # Also when a concurrent delete wins the race mid-copy, as S3 would answer 404.
+            raise BlobMissing(f"no blob at {url}") from None
+
+
+def _etag(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()  # what S3 uses for a PUT
