@@ -1,5 +1,18 @@
 """cmr: a masterless Cloud MapReduce for Python.
 
+The engine, in the order a job goes (DESIGN.md's "the job, step by step"):
+
+    split      cut the input into record-aligned splits
+    submit     check, plan, create the queues, make the job exist (one transaction)
+    mapper     run a map task, send tagged batches, commit the attempt
+    claim      claim a partition: one owner, fenced by token and epoch
+    reducer    drain, keep the winners' batches, reduce, commit the partition
+    lifecycle  the job's state changes; janitor and publish: finishing duties any worker takes
+    watch      progress, waiting, fetching output home: only reads
+
+Around it: ``worker`` (the loop every worker runs), ``backends`` (the three services, the
+middleware seam), ``cli`` (the commands), ``fleet`` and ``loadgen``.
+
 Names load lazily: a job file's ``import cmr`` (in every pool process) pulls in only what
 ``cmr.Job`` needs, not the client, the SDKs or the terminal UI.
 """

@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from cmr import client, lifecycle, logs
+from cmr import lifecycle, logs, submit, watch
 from cmr.backends.base import Backend
 from cmr.backends.embedded import temporary_backend
 from cmr.backends.retry import with_retries
@@ -88,7 +88,7 @@ async def _until_done(waiter: asyncio.Task[Any], helpers: list[asyncio.Task[Any]
 class RunOptions:
     """Everything about one run but the job and its input and output, built once (by the CLI
     or from ``cmr.run``'s keywords). The job's own options are checked at submit
-    (:class:`cmr.client.JobOptions`); the rest says who runs it and who hears about it."""
+    (:class:`cmr.submit.JobOptions`); the rest says who runs it and who hears about it."""
 
     reducers: int | None = None  # partitions; None: the job class's ``reducers``
     workers: int = 1  # in-process workers, or `cmr worker` processes on aws; 0: a fleet's
@@ -102,7 +102,7 @@ class RunOptions:
     detach: bool = False  # submit only, and return at once
     aws: AwsSettings = field(default_factory=AwsSettings)  # queue prefix; where workers look
     worker_settings: WorkerSettings | None = None  # None: the defaults for the backend
-    on_progress: Callable[[client.Progress], None] | None = None
+    on_progress: Callable[[watch.Progress], None] | None = None
     on_submit: Callable[[str], None] | None = None
 
     @staticmethod
@@ -114,8 +114,8 @@ class RunOptions:
                 del overrides[name]
         return replace(base or RunOptions(), **overrides)
 
-    def job_options(self, ref: JobRef) -> client.JobOptions:
-        return client.JobOptions(
+    def job_options(self, ref: JobRef) -> submit.JobOptions:
+        return submit.JobOptions(
             partitions=self.reducers if self.reducers is not None else load_job_class(ref).reducers,
             visibility_s=self.visibility_timeout,
             max_task_failures=self.max_task_failures,
@@ -182,7 +182,7 @@ async def run_on(
     )
     started = time.monotonic()
     calls_before = be.calls()
-    spec = await client.submit(
+    spec = await submit.submit(
         be,
         ref,
         input,
@@ -205,7 +205,7 @@ async def run_on(
         record = await _run_in_process(be, spec, ws, workers, opts.on_progress)
     else:
         record = await _run_with_processes(be, spec, opts.aws, ws, workers, opts.on_progress)
-        await client.fetch_output(be, spec, record)
+        await watch.fetch_output(be, spec, record)
     return RunResult(
         spec.job_id,
         output,
@@ -218,8 +218,8 @@ async def run_on(
 
 async def published_parts(be: Backend, spec: JobSpec, output: str) -> list[str]:
     """The part files of the job's output, as its manifest lists them."""
-    if client.is_local(output):
-        return client.output_parts(output)
+    if submit.is_local(output):
+        return watch.output_parts(output)
     manifest, _ = await read_manifest(be.blobs, spec.output)
     return [spec.output + p.name for p in manifest.parts] if manifest is not None else []
 
@@ -245,12 +245,12 @@ async def _run_in_process(
     spec: JobSpec,
     ws: WorkerSettings,
     workers: int,
-    on_progress: Callable[[client.Progress], None] | None,
+    on_progress: Callable[[watch.Progress], None] | None,
 ) -> dict[str, Any]:
     with cpu_pool(ws.processes) as pool:
         fleet = [Worker(be, ws, pool, only_job=spec.job_id) for _ in range(workers)]
         tasks = [asyncio.create_task(w.run()) for w in fleet]
-        waiter = asyncio.create_task(client.wait(be, spec, on_progress, poll_s=0.05))
+        waiter = asyncio.create_task(watch.wait(be, spec, on_progress, poll_s=0.05))
         try:
             try:
                 return await _until_done(waiter, tasks)  # type: ignore[no-any-return]
@@ -277,9 +277,9 @@ async def _run_with_processes(
     aws: AwsSettings,
     ws: WorkerSettings,
     workers: int,
-    on_progress: Callable[[client.Progress], None] | None,
+    on_progress: Callable[[watch.Progress], None] | None,
 ) -> dict[str, Any]:
-    waiter = asyncio.create_task(client.wait(be, spec, on_progress, poll_s=0.5))
+    waiter = asyncio.create_task(watch.wait(be, spec, on_progress, poll_s=0.5))
     procs = [await _spawn_worker(spec.job_id, aws, ws, workers) for _ in range(workers)]
     try:
         try:

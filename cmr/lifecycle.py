@@ -37,7 +37,7 @@ from cmr.backends.base import (
     Update,
     item_absent,
 )
-from cmr.errors import BlobMissing, ConditionFailed, QueueGone, UsageError, WireError
+from cmr.errors import BlobMissing, ConditionFailed, NotFound, QueueGone, UsageError, WireError
 from cmr.plan import load_plan
 from cmr.publish import part_name, remove_parts
 from cmr.records import (
@@ -236,3 +236,11 @@ async def cleanup(backend: Backend, spec: JobSpec, state: JobState, step: Step =
     await step("cleanup.records", {"job": spec.job_id})
     await mark_cleaned(backend, spec)
     await step("cleanup.done", {"job": spec.job_id})
+
+
+async def load_spec(backend: Backend, job_id: str) -> tuple[JobSpec, dict[str, Any]]:
+    """A job's spec and record, as the table has them now."""
+    item = await backend.table.get(job_pk(job_id), "job")
+    if item is None:
+        raise NotFound(f"no job {job_id} in this backend's table (see `cmr status`)")
+    return JobSpec.from_item(job_id, item), item

@@ -27,13 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cmr import client
+from cmr import submit, watch
 from cmr.api import job_ref
 from cmr.backends.base import Backend
 from cmr.backends.embedded import temporary_backend
 from cmr.backends.faults import FaultPlan, inject
 from cmr.backends.retry import with_retries
-from cmr.client import JobOptions
 from cmr.compute import job_instance, sort_key
 from cmr.errors import JobFailed
 from cmr.job import Job
@@ -42,6 +41,7 @@ from cmr.publish import MANIFEST, Manifest
 from cmr.records import ACTIVE_PK, JOBS_PK, OUTPUTS_PK, JobSpec, job_pk
 from cmr.runtime import STEPS, Hook, Runtime, WorkerCrashed
 from cmr.settings import AwsSettings, WorkerSettings
+from cmr.submit import JobOptions
 from cmr.worker import Worker
 
 
@@ -232,7 +232,7 @@ async def chaos_run(
     of which crash. The record is then read from the table, and ``leftovers`` lists what the
     job left behind. Raises TimeoutError if the workers are not done within ``timeout_s``.
 
-    ``job_options`` are more :class:`~cmr.client.JobOptions` (``overwrite``,
+    ``job_options`` are more :class:`~cmr.submit.JobOptions` (``overwrite``,
     ``max_task_attempts``, ...); ``wrap`` wraps the faulty backend (inside the retries), to
     inject a fault of your own; ``after_submit`` runs between submitting and starting the
     workers.
@@ -254,7 +254,7 @@ async def chaos_run(
             params=dict(params or {}),
             **(job_options or {}),
         )
-        spec = await client.submit(
+        spec = await submit.submit(
             be,
             ref,
             str(input),
@@ -280,7 +280,7 @@ async def chaos_run(
 
         fleet = [start(i) for i in range(workers)]
         ended: set[asyncio.Task[None]] = set()
-        waiter = None if clientless else asyncio.create_task(client.wait(be, spec, poll_s=0.2))
+        waiter = None if clientless else asyncio.create_task(watch.wait(be, spec, poll_s=0.2))
         try:
             async with _explained_timeout(timeout_s, be, spec, fleet):
                 while any(not t.done() for _, t in fleet):

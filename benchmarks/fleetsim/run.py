@@ -15,7 +15,7 @@ from typing import Any
 from benchmarks.fleetsim.job import FleetJob, make_input
 from benchmarks.fleetsim.latency import Latency, with_latency
 from benchmarks.fleetsim.meter import Meter
-from cmr import client
+from cmr import submit, watch
 from cmr.api import job_ref
 from cmr.backends.base import Queues
 from cmr.backends.embedded import embedded_backend
@@ -126,12 +126,12 @@ async def run_fleet(
         client_meter = Meter()
         be = with_latency(base, latency, client_meter, snapshot)
         cpu0, t0 = time.process_time(), time.time()
-        spec = await client.submit(
+        spec = await submit.submit(
             be,
             job_ref(FleetJob),
             str(data),
             str(out),
-            client.JobOptions(partitions=reducers, params={"work_ms": str(work_ms)}),
+            submit.JobOptions(partitions=reducers, params={"work_ms": str(work_ms)}),
             queue_prefix="cmr-",
             parallelism=n_workers * map_slots,
             split_bytes=split_bytes,
@@ -161,7 +161,7 @@ async def run_fleet(
         tasks = [asyncio.create_task(w.run()) for w in fleet]
         try:
             async with asyncio.timeout(timeout_s):
-                record = await client.wait(be, spec, poll_s=0.05)
+                record = await watch.wait(be, spec, poll_s=0.05)
             ended = time.time()
             cpu = time.process_time() - cpu0
         finally:

@@ -19,8 +19,8 @@ from cmr.settings import BackendName
 
 if TYPE_CHECKING:
     from cmr.backends.base import Backend
-    from cmr.client import Progress
     from cmr.records import JobSpec
+    from cmr.watch import Progress
 
 T = TypeVar("T")
 JobId = Annotated[str, typer.Argument(help="the job id")]
@@ -42,10 +42,10 @@ def _on_job(
     """A coroutine function running ``body`` with the job's spec, on the opened store."""
 
     async def go() -> T:
-        from cmr import client
+        from cmr import lifecycle
 
         async with _opened(store) as be:
-            spec, _ = await client.load_spec(be, job)
+            spec, _ = await lifecycle.load_spec(be, job)
             return await body(be, spec)
 
     return go
@@ -87,7 +87,7 @@ def status(
     """Jobs and their map/reduce progress, or one job's record and duplicate counters."""
     from rich.table import Table
 
-    from cmr import client
+    from cmr import lifecycle, watch
 
     configure_logs(logging.WARNING - 10 * verbose)
     if store.resolve(BackendName.aws).backend != BackendName.aws:
@@ -99,9 +99,9 @@ def status(
         async with _opened(store) as be:
             if job is None:
                 rows = []
-                for row in await client.list_jobs(be):
-                    spec, rec = await client.load_spec(be, str(row["sk"]))
-                    rows.append((spec, rec, await client.progress(be, spec)))
+                for row in await watch.list_jobs(be):
+                    spec, rec = await lifecycle.load_spec(be, str(row["sk"]))
+                    rows.append((spec, rec, await watch.progress(be, spec)))
                 if as_json:
                     print(json.dumps([_record_json(*r) for r in rows], default=str))
                     return
@@ -119,8 +119,8 @@ def status(
                     )
                 out.print(t)
                 return
-            spec, rec = await client.load_spec(be, job)
-            p = await client.progress(be, spec)
+            spec, rec = await lifecycle.load_spec(be, job)
+            p = await watch.progress(be, spec)
             if as_json:
                 print(json.dumps(_record_json(spec, rec, p), default=str))
                 return
@@ -145,11 +145,11 @@ def status(
 def wait(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     """Wait until a job ends (fetching a local output); exit 0 only if it succeeded."""
     configure_logs(logging.WARNING - 10 * verbose)
-    from cmr import client
+    from cmr import watch
 
     async def body(be: Backend, spec: JobSpec) -> dict[str, Any]:
-        record = await client.wait(be, spec)
-        await client.fetch_output(be, spec, record)
+        record = await watch.wait(be, spec)
+        await watch.fetch_output(be, spec, record)
         return record
 
     try:

@@ -14,7 +14,7 @@ from cmr.cli.options import StoreFlags, Verbose, configure_logs, err, fail, key_
 from cmr.settings import BackendName, WorkerSettings
 
 if TYPE_CHECKING:
-    from cmr import client
+    from cmr import watch
 
 
 @shared("store", StoreFlags)
@@ -83,7 +83,7 @@ def run(
         submitted.append(job_id)
         err.print(f"submitted job [bold]{job_id}[/] ({where.backend} backend)", highlight=False)
 
-    def on_progress(p: client.Progress) -> None:
+    def on_progress(p: watch.Progress) -> None:
         if not ids:
             ids["map"] = bars.add_task("map", total=p.maps or 1, note="")
             ids["reduce"] = bars.add_task("reduce", total=p.reduces, note="")

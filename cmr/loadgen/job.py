@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from cmr.api import run_async
-from cmr.client import Progress
 from cmr.errors import UsageError, WireError
 from cmr.job import Job, Pair
 from cmr.loadgen.driver import run_task
@@ -26,6 +25,7 @@ from cmr.loadgen.recorder import Measurement
 from cmr.loadgen.spec import LoadTask
 from cmr.loadgen.targets import cleanup, prepare
 from cmr.settings import AwsSettings, WorkerSettings
+from cmr.watch import Progress
 
 __all__ = ["JOB", "LoadJob", "cleanup", "prepare", "run_load", "visibility_for"]
 

@@ -22,9 +22,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from cmr.client import Progress
 from cmr.loadgen.consistency import FreshnessBin, aggregate_bins
 from cmr.loadgen.targets import ERROR_CLASSES
+from cmr.watch import Progress
 
 __all__ = [
     "FRESHNESS_EDGES_MS",

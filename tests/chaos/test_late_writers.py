@@ -15,14 +15,16 @@ from typing import Any
 
 import pytest
 
-from cmr import client, failures, janitor, lifecycle
+from cmr import failures, janitor, lifecycle
+from cmr import submit as submission
 from cmr.api import job_ref, open_backend
 from cmr.backends.base import Backend
 from cmr.backends.faults import FaultPlan
-from cmr.client import JobOptions, load_spec
+from cmr.lifecycle import load_spec
 from cmr.records import JOBS_PK, JobState, job_pk
 from cmr.runtime import Runtime
 from cmr.settings import AwsSettings, WorkerSettings
+from cmr.submit import JobOptions
 from cmr.testing import backend_leftovers, chaos_run, diff_outputs, read_output, sequential
 
 WORDCOUNT = "examples/wordcount.py"
@@ -220,7 +222,7 @@ class Interrupted(Exception):
 
 
 async def submit(be: Backend, src: Path, out: Path) -> None:
-    await client.submit(
+    await submission.submit(
         be,
         job_ref(WORDCOUNT),
         str(src),

@@ -16,8 +16,8 @@ import pytest
 from cmr import lifecycle
 from cmr.api import run_on
 from cmr.backends.base import Backend
-from cmr.client import load_spec
 from cmr.errors import JobFailed, UsageError
+from cmr.lifecycle import load_spec
 from cmr.records import JobState, job_pk
 from cmr.settings import AwsSettings
 from tests.stack import remove_test_resources

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from cmr.api import run_on
 from cmr.backends.base import Backend
-from cmr.client import Progress
 from cmr.records import job_pk
+from cmr.watch import Progress
 
 COUNTING_JOB = """
 import time

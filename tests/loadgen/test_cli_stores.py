@@ -21,8 +21,8 @@ from botocore.exceptions import ClientError
 from typer.testing import CliRunner
 
 from cmr.cli import app
-from cmr.client import Progress
 from cmr.loadgen import report
+from cmr.watch import Progress
 from tests.stack import DYNAMODB_URL, LOCALSTACK_URL, remove_test_resources
 
 ERROR_KEYS = {"throttled", "unavailable", "timeout", "conditional_failed", "other"}

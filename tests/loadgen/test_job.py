@@ -10,11 +10,11 @@ import pytest
 
 from cmr.api import job_ref
 from cmr.backends.embedded import embedded_backend
-from cmr.client import list_input
 from cmr.loadgen.job import JOB, LoadJob, cleanup, prepare, run_load, visibility_for
 from cmr.loadgen.recorder import Measurement, jam_report
 from cmr.loadgen.spec import LoadTask
 from cmr.split import plan
+from cmr.submit import list_input
 
 FAST = {"read_median_ms": 2.0, "write_median_ms": 4.0}
 

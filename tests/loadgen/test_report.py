@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from cmr.client import Progress
 from cmr.loadgen import plots, report
+from cmr.watch import Progress
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ERR0 = {"throttled": 0, "unavailable": 0, "timeout": 0, "conditional_failed": 0, "other": 0}

@@ -1,10 +1,10 @@
-"""Submitting a job and watching it: the client is not a master, only a convenience.
+"""Submitting a job: the client is not a master, only a convenience.
 
 Submission checks the settings and the output place, lists and cuts the input, writes the
 plan, creates the job's queues, enqueues every task (pointers into the plan), and only then
 makes the job exist, in one transaction, so a worker that finds the job finds it complete.
-After that the client merely watches the table: it never finalizes or cleans up, so a job
-whose client died, or never waited, ends exactly as one whose client watched.
+What follows is watching (:mod:`cmr.watch`): the submitter never finalizes or cleans up, so
+a job whose client died, or never waited, ends exactly as one whose client watched.
 """
 
 from __future__ import annotations
@@ -12,31 +12,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cmr import wire
 from cmr.backends.base import Backend, BlobInfo, Blobs
-from cmr.backends.embedded import EmbeddedBlobs, file_path, file_url
-from cmr.backends.retry import transient
-from cmr.errors import BackendError, BlobMissing, JobFailed, NotFound, QueueGone, UsageError
+from cmr.backends.embedded import EmbeddedBlobs, file_url
+from cmr.errors import BackendError, BlobMissing, QueueGone, UsageError
 from cmr.job import JobRef
-from cmr.lifecycle import cleanup, end, job_scratch, record_submit
+from cmr.lifecycle import cleanup, end, job_scratch, load_spec, record_submit
 from cmr.plan import Plan, plan_url
 from cmr.publish import (
-    Manifest,
     OutputConflict,
-    Source,
     existing_parts,
-    publish,
     read_manifest,
-    remove_parts,
 )
 from cmr.records import (
-    FINAL_STATES,
-    JOBS_PK,
     OUTPUTS_PK,
     JobSpec,
     JobState,
@@ -49,16 +41,6 @@ STAGE_CONCURRENCY = 16
 MAX_PARTITIONS = 10_000  # one queue each: more is a mistake, not a job
 MAX_VISIBILITY_S = 12 * 3600  # SQS's longest visibility timeout
 MAX_REPLACED_LOCAL = 5_000  # part files a fetched local output may replace (kept in the record)
-
-
-@dataclass(frozen=True)
-class Progress:
-    maps_done: int
-    maps: int
-    reduces_done: int
-    reduces: int
-    state: str
-    stats: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -107,7 +89,7 @@ def is_local(path: str) -> bool:
     return "://" not in path or path.startswith("file://")
 
 
-def _local(path: str) -> Path:
+def local_path(path: str) -> Path:
     return Path(path.removeprefix("file://")).absolute()
 
 
@@ -170,7 +152,7 @@ async def list_input(backend: Backend, source: str, job_id: str) -> list[Input]:
     """The input's blobs: a file (or object) alone, or everything below a directory (or
     prefix, taken as a directory: ``s3://b/logs`` means ``s3://b/logs/``, not logs2/)."""
     if is_local(source):
-        path = _local(source)
+        path = local_path(source)
         if not path.exists():
             raise UsageError(f"input {source} does not exist")
         files = await asyncio.to_thread(_local_files, path)
@@ -217,7 +199,7 @@ async def _inspect(
 
 
 def _local_dir(output: str) -> Path:
-    path = _local(output)
+    path = local_path(output)
     if path.exists() and not path.is_dir():
         raise UsageError(f"output {output} is a file; give a directory")
     try:
@@ -365,136 +347,3 @@ async def _submit(
         extra["fetch"] = place.fetch
     await record_submit(backend, spec, extra)
     return spec
-
-
-async def progress(
-    backend: Backend, spec: JobSpec, *, reduces_known: int | None = None
-) -> Progress:
-    """Where the job stands. ``reduces_known``: skip the reduce-record query and report this
-    many reduces done (a caller polling often asks for them only when they can change)."""
-    pk = job_pk(spec.job_id)
-    if reduces_known is None:
-        reduces, job = await asyncio.gather(
-            backend.table.query(pk, prefix="reduce#"),
-            backend.table.get(pk, "job"),
-        )
-    else:
-        reduces, job = [], await backend.table.get(pk, "job")
-    job = job or {}
-    stats = {k: int(v) for k, v in job.items() if isinstance(v, int) and not isinstance(v, bool)}
-    state = str(job.get("state", "unknown"))
-    if state == JobState.SUCCEEDED.value:
-        return Progress(spec.maps, spec.maps, spec.partitions, spec.partitions, state, stats)
-    done = (
-        reduces_known
-        if reduces_known is not None
-        else sum(1 for r in reduces if r.get("state") == "committed")
-    )
-    return Progress(
-        min(spec.maps, stats.get("progress_maps", 0)),
-        spec.maps,
-        done,
-        spec.partitions,
-        state,
-        stats,
-    )
-
-
-REDUCE_QUERY_EVERY = 10
-
-
-async def wait(
-    backend: Backend,
-    spec: JobSpec,
-    on_progress: Callable[[Progress], None] | None = None,
-    poll_s: float = 0.5,
-) -> dict[str, Any]:
-    """Watch the job until it ends: the final job record; raises JobFailed. Only reads:
-    the workers finish and clean up the job whether or not anyone waits. Transient backend
-    errors only delay.
-
-    Each poll reads the job record; the reduce records (a query) too once the maps are
-    counted done, or after REDUCE_QUERY_EVERY polls in case a map counter was lost with its
-    worker: during the map phase a waiting client costs one request per poll, not two."""
-    reduces_done, polls, full = 0, 0, True
-    while True:
-        try:
-            polls += 1
-            p = await progress(backend, spec, reduces_known=None if full else reduces_done)
-            reduces_done = p.reduces_done
-            # Whether the next poll reads the reduce records too.
-            full = p.maps_done >= spec.maps or polls % REDUCE_QUERY_EVERY == 0
-            if on_progress is not None:
-                on_progress(p)
-            if p.state in FINAL_STATES:
-                job = await backend.table.get(job_pk(spec.job_id), "job") or {}
-                if p.state != JobState.SUCCEEDED.value:
-                    raise JobFailed(spec.job_id, str(job.get("error") or p.state))
-                return job
-        except BackendError as exc:
-            if not transient(exc):
-                raise
-        await asyncio.sleep(poll_s)
-
-
-async def fetch_output(backend: Backend, spec: JobSpec, record: dict[str, Any]) -> None:
-    """Bring a succeeded job's output into the local directory it was submitted with, when
-    its workers could not write there (aws backend): the same fenced publication, with the
-    local directory as the output place. Idempotent; the results are deleted from S3 after."""
-    fetch = record.get("fetch")
-    if not isinstance(fetch, dict):
-        return
-    local = EmbeddedBlobs()
-    dest = file_url(fetch["dir"]) + "/"
-    try:
-        manifest, _ = await read_manifest(backend.blobs, spec.output)
-    except OutputConflict as exc:
-        raise UsageError(f"the job's results at {spec.output} are damaged: {exc}") from None
-    if manifest is None:
-        mine, _ = await read_manifest(local, dest)
-        if mine is not None and mine.job == spec.job_id:
-            return  # fetched already
-        raise NotFound(
-            f"job {spec.job_id}'s results are no longer at {spec.output} (fetched and "
-            f"removed by another client?)"
-        )
-
-    async def download(src: str, dst: str) -> None:
-        await backend.blobs.download_file(src, str(file_path(dst)))
-
-    sources = [
-        Source(
-            int(part.name[5:10]), spec.output + part.name, part.records, part.bytes, part.attempt
-        )
-        for part in manifest.parts
-    ]
-    await publish(
-        local,
-        download,
-        job_id=spec.job_id,
-        output=dest,
-        sources=sources,
-        replaces=str(fetch.get("replaces") or "") or None,
-        finished=manifest.finished,
-    )
-    await remove_parts(local, dest, [str(n) for n in fetch.get("replaced", [])])
-    await backend.blobs.delete_prefix(spec.output)
-
-
-def output_parts(output: str) -> list[str]:
-    """The part files of a local output directory, as its manifest lists them."""
-    data = (_local(output) / "_SUCCESS").read_bytes()
-    manifest = Manifest.from_bytes(data)
-    return [str(_local(output) / p.name) for p in manifest.parts]
-
-
-async def load_spec(backend: Backend, job_id: str) -> tuple[JobSpec, dict[str, Any]]:
-    item = await backend.table.get(job_pk(job_id), "job")
-    if item is None:
-        raise NotFound(f"no job {job_id} in this backend's table (see `cmr status`)")
-    return JobSpec.from_item(job_id, item), item
-
-
-async def list_jobs(backend: Backend) -> list[dict[str, Any]]:
-    rows = await backend.table.query(JOBS_PK)
-    return sorted(rows, key=lambda r: float(r.get("created", 0)), reverse=True)
