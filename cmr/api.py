@@ -20,7 +20,7 @@ from cmr import lifecycle, logs, submit, watch
 from cmr.backends.base import Backend
 from cmr.backends.embedded import temporary_backend
 from cmr.backends.retry import with_retries
-from cmr.errors import UsageError
+from cmr.errors import UsageError, WorkersGone
 from cmr.job import Job, JobRef, load_job_class
 from cmr.pool import CpuPool, cpu_pool
 from cmr.publish import read_manifest
@@ -314,7 +314,7 @@ async def _until_done_or_workers_gone(
         with contextlib.suppress(TimeoutError):
             return await asyncio.wait_for(asyncio.shield(waiter), 5)
         codes = ", ".join(str(c) for c in exits.result())
-        raise UsageError(
+        raise WorkersGone(
             f"all {len(procs)} worker processes exited (codes {codes}) before job {job_id} "
             f"finished; see their messages above. Start workers with `cmr worker --backend "
             f"aws`, or remove the job with `cmr cleanup {job_id}`"

@@ -7,6 +7,8 @@
     │                             results, a load test's queue)
     ├── JobCodeError              loading or running the user's job class failed
     ├── JobFailed                 a job ended in the FAILED state (carries the recorded reason)
+    ├── WorkersGone               every worker process a command started exited before its
+    │                             job ended (the job itself may still be finished by others)
     ├── BackendError              a cloud service (or its embedded stand-in) failed; carries
     │   │                         ``service``, ``operation`` and the service's ``code``
     │   ├── Unreachable           endpoint down or no credentials: nothing we can retry
@@ -52,6 +54,10 @@ class UsageError(CmrError):
 
 class NotFound(CmrError):
     """Something the command names does not exist (any more) when it is looked up."""
+
+
+class WorkersGone(CmrError):
+    """The worker processes a command started have all exited while their job runs on."""
 
 
 class JobCodeError(CmrError):

@@ -16,7 +16,7 @@ import pytest
 from cmr import lifecycle
 from cmr.api import run_on
 from cmr.backends.base import Backend
-from cmr.errors import JobFailed, UsageError
+from cmr.errors import JobFailed, WorkersGone
 from cmr.lifecycle import load_spec
 from cmr.records import JobState, job_pk
 from cmr.settings import AwsSettings
@@ -294,7 +294,7 @@ async def test_client_reports_when_all_its_worker_processes_are_gone(
     )
     src = tmp_path / "in.txt"
     src.write_text("x\n")
-    with pytest.raises(UsageError, match="all 1 worker processes exited") as info:
+    with pytest.raises(WorkersGone, match="all 1 worker processes exited") as info:
         await run_on(
             be,
             str(job),
