@@ -260,9 +260,9 @@ class MeteredTable:
         self._write(top_size({**item, "pk": pk, "sk": sk}))
         await self._inner.put(pk, sk, item, **kwargs)
 
-    async def update(self, pk: str, sk: str, **kwargs: Any) -> Item:
+    async def update(self, write: Update) -> Item:
         try:
-            got: Item = await self._inner.update(pk, sk, **kwargs)
+            got: Item = await self._inner.update(write)
         except ConditionFailed:
             self._write(0)
             raise

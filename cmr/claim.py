@@ -58,7 +58,7 @@ class Claim:
     async def renew(self) -> bool:
         """Beat: tell watchers we are alive. False (and ``lost`` set) if we no longer hold it."""
         try:
-            await self.table.update(*self.key, add={"beat": 1}, condition=self._ours())
+            await self.table.update(Update(*self.key, add={"beat": 1}, condition=self._ours()))
         except ConditionFailed:
             # A retried beat that was applied the first time is refused the second time.
             held = await self._read_back()
@@ -123,7 +123,9 @@ class Claim:
         """Give the partition up at once (after a failure): the next contender takes it over
         without watching for a whole lease."""
         with contextlib.suppress(ConditionFailed):
-            await self.table.update(*self.key, set_={"state": "released"}, condition=self._ours())
+            await self.table.update(
+                Update(*self.key, set_={"state": "released"}, condition=self._ours())
+            )
 
 
 @dataclass(frozen=True)

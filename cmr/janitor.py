@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 from cmr import failures, wire
-from cmr.backends.base import AllOf, Condition, Eq, Missing, Present
+from cmr.backends.base import AllOf, Condition, Eq, Missing, Present, Update
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone
 from cmr.lease import in_background
 from cmr.lifecycle import begin_publishing, cleanup, end, job_scratch
@@ -89,7 +89,9 @@ async def finalize(rt: Runtime, spec: JobSpec) -> bool:
         # Publishing errors are bounded too: the finalizers that meet them count them on
         # the job record, and the job fails at once on a permanent one or once the count
         # passes the task attempts (otherwise the next finalizer tries again).
-        errors = await be.table.update(job_pk(spec.job_id), "job", add={"publish_errors": 1})
+        errors = await be.table.update(
+            Update(job_pk(spec.job_id), "job", add={"publish_errors": 1})
+        )
         if isinstance(exc, failures.PERMANENT) or int(errors.get("publish_errors", 0)) >= max(
             1, spec.max_task_attempts
         ):
@@ -141,10 +143,12 @@ async def take_cleanup(rt: Runtime, spec: JobSpec, token: str, seen: Seen | None
         free = AllOf((Eq("cleaner", seen[0]), Eq("cbeat", seen[1])))
     try:
         await rt.backend.table.update(
-            ACTIVE_PK,
-            spec.job_id,
-            set_={"cleaner": token, "cbeat": 0},
-            condition=AllOf((Present("pk"), free)),
+            Update(
+                ACTIVE_PK,
+                spec.job_id,
+                set_={"cleaner": token, "cbeat": 0},
+                condition=AllOf((Present("pk"), free)),
+            ),
         )
     except ConditionFailed:
         row = await rt.backend.table.get(ACTIVE_PK, spec.job_id, consistent=True)
@@ -160,10 +164,12 @@ async def _beating(rt: Runtime, spec: JobSpec, token: str) -> AsyncIterator[None
             await rt.awake.wait()
             try:
                 await rt.backend.table.update(
-                    ACTIVE_PK,
-                    spec.job_id,
-                    add={"cbeat": 1},
-                    condition=AllOf((Present("pk"), Eq("cleaner", token))),
+                    Update(
+                        ACTIVE_PK,
+                        spec.job_id,
+                        add={"cbeat": 1},
+                        condition=AllOf((Present("pk"), Eq("cleaner", token))),
+                    ),
                 )
             except ConditionFailed:
                 return  # cleaned, or taken over: cleanup is idempotent, we simply go on
@@ -220,10 +226,12 @@ async def repair(rt: Runtime, spec: JobSpec, before: int | None) -> int | None:
         return repairs
     try:
         await table.update(
-            pk,
-            "job",
-            add={"repairs": 1},
-            condition=Eq("repairs", repairs) if repairs else Missing("repairs"),
+            Update(
+                pk,
+                "job",
+                add={"repairs": 1},
+                condition=Eq("repairs", repairs) if repairs else Missing("repairs"),
+            ),
         )
     except ConditionFailed:
         return None  # another worker repairs it

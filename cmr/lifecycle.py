@@ -114,10 +114,12 @@ async def begin_publishing(backend: Backend, spec: JobSpec) -> float | None:
     now = time.time()
     try:
         await backend.table.update(
-            pk,
-            "job",
-            set_={"publishing": now},
-            condition=AllOf((Eq("state", JobState.RUNNING.value), Missing("publishing"))),
+            Update(
+                pk,
+                "job",
+                set_={"publishing": now},
+                condition=AllOf((Eq("state", JobState.RUNNING.value), Missing("publishing"))),
+            ),
         )
     except ConditionFailed:
         job = await backend.table.get(pk, "job", consistent=True)

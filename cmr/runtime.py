@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from cmr.backends.base import Backend
+from cmr.backends.base import Backend, Update
 from cmr.errors import BackendError, CmrError
 from cmr.plan import Plan, load_plan
 from cmr.records import STATS, JobSpec, job_pk
@@ -176,7 +176,7 @@ class Runtime:
         pending, self._pending_stats = self._pending_stats, {}
         for job_id, add in pending.items():
             try:
-                await self.backend.table.update(job_pk(job_id), "job", add=dict(add))
+                await self.backend.table.update(Update(job_pk(job_id), "job", add=dict(add)))
             except BackendError:
                 self._pending_stats.setdefault(job_id, Counter()).update(add)
                 if self._stats_flusher is None or self._stats_flusher.done():

@@ -24,7 +24,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 from cmr import failures, janitor, taskprogress, wire
-from cmr.backends.base import Backend, Item, Received
+from cmr.backends.base import Backend, Item, Received, Update
 from cmr.errors import BackendError, CmrError, QueueGone, Throttled, WireError
 from cmr.mapper import run_map_task
 from cmr.records import ACTIVE_PK, JobSpec, JobState, job_pk
@@ -361,9 +361,11 @@ class Worker:
             for job_id, counters in pending.items():
                 with contextlib.suppress(BackendError):
                     await self.rt.backend.table.update(
-                        job_pk(job_id),
-                        "job",
-                        add={taskprogress.PREFIX + k: v for k, v in counters.items()},
+                        Update(
+                            job_pk(job_id),
+                            "job",
+                            add={taskprogress.PREFIX + k: v for k, v in counters.items()},
+                        ),
                     )
             pending.clear()
 

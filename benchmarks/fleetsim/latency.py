@@ -191,7 +191,8 @@ class Latent(Middleware):
         raise AssertionError(f"not a table call: {call.method}")
 
     async def _update(self, call: Call, proceed: Proceed) -> Any:
-        pk, sk = call.args
+        write: Update = call.args[0]
+        pk, sk = write.pk, write.sk
         new: Item | None = None
         try:
             new = await self._timed(call, proceed)
@@ -199,7 +200,7 @@ class Latent(Middleware):
                 self.on_final is not None
                 and pk.startswith("job#")
                 and sk == "job"
-                and (call.kwargs["set_"] or {}).get("state") in FINAL_STATES
+                and (write.set_ or {}).get("state") in FINAL_STATES
             ):
                 self.on_final()
             return new

@@ -220,17 +220,9 @@ class Table(Protocol):
     async def query(self, pk: str, *, prefix: str = "", consistent: bool = True) -> list[Item]:
         """Items of partition pk whose sk starts with prefix, in sk order."""
 
-    async def update(
-        self,
-        pk: str,
-        sk: str,
-        *,
-        set_: Item | None = None,
-        add: dict[str, int] | None = None,
-        condition: Condition | None = None,
-    ) -> Item:
+    async def update(self, write: Update) -> Item:
         """Set attributes and add to counters (creating the item if absent); returns the new
-        item. Raises ConditionFailed."""
+        item. Raises ConditionFailed. The same ``Update`` a transaction takes."""
 
     async def delete(self, pk: str, sk: str, *, condition: Condition | None = None) -> None:
         """Delete the item (absent is fine unless a condition says otherwise)."""

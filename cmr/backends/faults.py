@@ -263,7 +263,7 @@ class Faults(Middleware):
                 pk, sk, item = call.args
                 self._record(pk, sk, {**item, "pk": pk, "sk": sk})
             case "update":
-                self._record(call.args[0], call.args[1], result)
+                self._record(call.args[0].pk, call.args[0].sk, result)
             case "delete":
                 self._record(call.args[0], call.args[1], None)
             case "transact":

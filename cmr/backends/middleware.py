@@ -33,6 +33,7 @@ from cmr.backends.base import (
     Received,
     Table,
     TxWrite,
+    Update,
 )
 
 Service = Literal["queues", "blobs", "table"]
@@ -271,26 +272,9 @@ class LayerTable:
         )
         return items
 
-    async def update(
-        self,
-        pk: str,
-        sk: str,
-        *,
-        set_: Item | None = None,
-        add: dict[str, int] | None = None,
-        condition: Condition | None = None,
-    ) -> Item:
-        new: Item = await self._run(
-            "update",
-            "dynamodb.UpdateItem",
-            f"{pk}/{sk}",
-            pk,
-            sk,
-            writes=True,
-            set_=set_,
-            add=add,
-            condition=condition,
-        )
+    async def update(self, write: Update) -> Item:
+        target = f"{write.pk}/{write.sk}"
+        new: Item = await self._run("update", "dynamodb.UpdateItem", target, write, writes=True)
         return new
 
     async def delete(self, pk: str, sk: str, *, condition: Condition | None = None) -> None:

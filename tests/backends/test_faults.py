@@ -165,7 +165,7 @@ async def script(
     await step("delete_prefix", b.blobs.delete_prefix(file_url(root / "blobs") + "/"))
     for i in range(8):
         await step("tput", b.table.put("p", f"s{i % 3}", {"v": i}))
-        await step("tupdate", b.table.update("p", "s0", add={"n": 1}))
+        await step("tupdate", b.table.update(Update("p", "s0", add={"n": 1})))
         await step("tget", b.table.get("p", f"s{i % 3}", consistent=i % 2 == 0))
         await step("tquery", b.table.query("p", consistent=i % 2 == 1))
     await step("tcond", b.table.put("p", "s0", {"v": 0}, condition=Present("nope")))
@@ -480,7 +480,7 @@ def every_call(b: Backend, root: Path) -> list[tuple[str, Callable[[], Awaitable
         ("table.put", lambda: b.table.put("p", "s", {"v": 1})),
         ("table.get", lambda: b.table.get("p", "s")),
         ("table.query", lambda: b.table.query("p")),
-        ("table.update", lambda: b.table.update("p", "s", add={"n": 1})),
+        ("table.update", lambda: b.table.update(Update("p", "s", add={"n": 1}))),
         ("table.delete", lambda: b.table.delete("p", "s")),
     ]
 
@@ -580,7 +580,7 @@ async def test_condition_failed_is_an_answer_not_a_fault(make: Make) -> None:
     quiet = make(FaultPlan(seed=6, stale_read=1.0, delay_max_s=0.001))
     await quiet.table.put("p", "s", {"v": 1})
     with pytest.raises(ConditionFailed):
-        await quiet.table.update("p", "s", set_={"v": 2}, condition=Present("nope"))
+        await quiet.table.update(Update("p", "s", set_={"v": 2}, condition=Present("nope")))
 
 
 async def test_duplicate_delivery_reaches_the_next_receiver(make: Make) -> None:
@@ -734,7 +734,7 @@ async def test_delays(make: Make) -> None:
 async def test_stale_reads_only_when_eventual(make: Make) -> None:
     b = make(FaultPlan(seed=18, stale_read=0.5))
     await b.table.put("p", "s", {"v": 1})
-    await b.table.update("p", "s", set_={"v": 2})
+    await b.table.update(Update("p", "s", set_={"v": 2}))
     await b.table.put("p", "s", {"v": 3})
     for _ in range(200):
         assert await b.table.get("p", "s") == {"pk": "p", "sk": "s", "v": 3}
@@ -753,8 +753,8 @@ async def test_stale_queries_see_one_earlier_point(make: Make) -> None:
     b = make(FaultPlan(seed=19, stale_read=1.0))
     await b.table.put("p", "a", {"v": 1})
     await b.table.put("p", "b", {"v": 1})
-    await b.table.update("p", "a", set_={"v": 2})
-    await b.table.update("p", "b", set_={"v": 2})
+    await b.table.update(Update("p", "a", set_={"v": 2}))
+    await b.table.update(Update("p", "b", set_={"v": 2}))
     await b.table.delete("p", "a")
     await b.table.put("other", "a", {"v": 9})
     history = [{}, {"a": 1}, {"a": 1, "b": 1}, {"a": 2, "b": 1}, {"a": 2, "b": 2}, {"b": 2}]

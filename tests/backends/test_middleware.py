@@ -63,7 +63,7 @@ async def count_script(be: Backend, root: Path) -> None:
     await quiet(t.put("p", "a", {"v": 1}, condition=Present("nope")))
     await t.get("p", "a")
     await t.query("p", prefix="a")
-    await t.update("p", "a", add={"n": 1})
+    await t.update(Update("p", "a", add={"n": 1}))
     await quiet(
         t.transact(
             [Put("p", "b", {}), Update("p", "a", set_={"w": 2}), Check("p", "c", Present("v"))],

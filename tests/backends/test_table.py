@@ -108,7 +108,7 @@ async def test_condition(
     await backend.table.put(pk, "it", ITEM)
     for sk, expected in [("it", on_item), ("absent", on_absent)]:
         try:
-            await backend.table.update(pk, sk, set_={"touched": True}, condition=condition)
+            await backend.table.update(Update(pk, sk, set_={"touched": True}, condition=condition))
             held = True
         except ConditionFailed:
             held = False
@@ -141,9 +141,9 @@ async def test_eq_does_not_equate_bool_and_number(
     pk = unique()
     await backend.table.put(pk, "a", {"one": 1, "yes": True})
     with pytest.raises(ConditionFailed):
-        await backend.table.update(pk, "a", set_={"x": 1}, condition=Eq("one", True))
+        await backend.table.update(Update(pk, "a", set_={"x": 1}, condition=Eq("one", True)))
     with pytest.raises(ConditionFailed):
-        await backend.table.update(pk, "a", set_={"x": 1}, condition=Eq("yes", 1))
+        await backend.table.update(Update(pk, "a", set_={"x": 1}, condition=Eq("yes", 1)))
 
 
 async def test_numbers_compare_across_int_and_float(
@@ -152,37 +152,39 @@ async def test_numbers_compare_across_int_and_float(
     # DynamoDB has one number type: an int attribute compares with a float value.
     pk = unique()
     await backend.table.put(pk, "a", {"at": 100, "t": 1.5})
-    await backend.table.update(pk, "a", set_={"x": 1}, condition=Lt("at", 100.5))
-    await backend.table.update(pk, "a", set_={"x": 2}, condition=Lt("t", 2))
-    await backend.table.update(pk, "a", set_={"x": 3}, condition=Eq("at", 100.0))
+    await backend.table.update(Update(pk, "a", set_={"x": 1}, condition=Lt("at", 100.5)))
+    await backend.table.update(Update(pk, "a", set_={"x": 2}, condition=Lt("t", 2)))
+    await backend.table.update(Update(pk, "a", set_={"x": 3}, condition=Eq("at", 100.0)))
 
 
 async def test_update_creates_and_adds(backend: Backend, unique: Callable[[], str]) -> None:
     pk = unique()
-    first = await backend.table.update(pk, "c", add={"n": 1})
+    first = await backend.table.update(Update(pk, "c", add={"n": 1}))
     assert first == {"pk": pk, "sk": "c", "n": 1}
-    second = await backend.table.update(pk, "c", set_={"state": "run"}, add={"n": 2, "m": -1})
+    second = await backend.table.update(
+        Update(pk, "c", set_={"state": "run"}, add={"n": 2, "m": -1})
+    )
     assert second == {"pk": pk, "sk": "c", "n": 3, "m": -1, "state": "run"}
     assert await backend.table.get(pk, "c") == second
-    third = await backend.table.update(pk, "c", set_={"state": "done", "extra": [1, "x"]})
+    third = await backend.table.update(Update(pk, "c", set_={"state": "done", "extra": [1, "x"]}))
     assert third == {"pk": pk, "sk": "c", "n": 3, "m": -1, "state": "done", "extra": [1, "x"]}
 
 
 async def test_update_with_only_a_condition(backend: Backend, unique: Callable[[], str]) -> None:
     pk = unique()
-    assert await backend.table.update(pk, "c") == {"pk": pk, "sk": "c"}
+    assert await backend.table.update(Update(pk, "c")) == {"pk": pk, "sk": "c"}
     with pytest.raises(ConditionFailed):
-        await backend.table.update(pk, "c", condition=item_absent())
+        await backend.table.update(Update(pk, "c", condition=item_absent()))
 
 
 async def test_update_condition_failure_changes_nothing(
     backend: Backend, unique: Callable[[], str]
 ) -> None:
     pk = unique()
-    await backend.table.update(pk, "c", set_={"epoch": 2}, add={"n": 1})
+    await backend.table.update(Update(pk, "c", set_={"epoch": 2}, add={"n": 1}))
     with pytest.raises(ConditionFailed):
         await backend.table.update(
-            pk, "c", set_={"epoch": 1}, add={"n": 1}, condition=Lt("epoch", 1)
+            Update(pk, "c", set_={"epoch": 1}, add={"n": 1}, condition=Lt("epoch", 1))
         )
     assert await backend.table.get(pk, "c") == {"pk": pk, "sk": "c", "epoch": 2, "n": 1}
 
@@ -271,7 +273,7 @@ async def test_values_roundtrip(backend: Backend, unique: Callable[[], str]) -> 
             assert type(got[key]) is type(value), key
     [queried] = await backend.table.query(pk)
     assert queried == got
-    updated = await backend.table.update(pk, "u", set_=VALUES)
+    updated = await backend.table.update(Update(pk, "u", set_=VALUES))
     assert updated == {"pk": pk, "sk": "u", **VALUES}
 
 
@@ -293,7 +295,7 @@ async def test_calls_are_counted(backend: Backend, unique: Callable[[], str]) ->
     await backend.table.put(pk, "a", {"v": 1})
     await backend.table.get(pk, "a")
     await backend.table.query(pk)
-    await backend.table.update(pk, "a", add={"v": 1})
+    await backend.table.update(Update(pk, "a", add={"v": 1}))
     await backend.table.delete(pk, "a")
     calls = backend.calls() - before
     assert {k: calls[k] for k in calls if k.startswith("dynamodb.")} == {
@@ -366,5 +368,5 @@ async def test_item_over_the_size_limit_is_rejected(
         await backend.table.put(pk, "big", {"v": "x" * 410_000})
     await backend.table.put(pk, "item", {"v": "x" * 300_000})
     with pytest.raises(Rejected):
-        await backend.table.update(pk, "item", set_={"w": "y" * 150_000})
+        await backend.table.update(Update(pk, "item", set_={"w": "y" * 150_000}))
     assert (await backend.table.get(pk, "item") or {}).get("w") is None

@@ -118,10 +118,10 @@ class LoseAnswer:
             self.lost += 1
             raise BackendError("500 InternalError (lost after it applied)")
 
-    async def update(self, pk: str, sk: str, **kwargs: Any) -> Any:
-        got = await self.inner.update(pk, sk, **kwargs)
+    async def update(self, write: Update) -> Any:
+        got = await self.inner.update(write)
         # The old code's first write of a final state: update(job record, state=...).
-        if not self.lost and (kwargs.get("set_") or {}).get("state") == "succeeded":
+        if not self.lost and (write.set_ or {}).get("state") == "succeeded":
             self.lost += 1
             raise BackendError("500 InternalError (lost after it applied)")
         return got

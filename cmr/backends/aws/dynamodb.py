@@ -178,15 +178,8 @@ class AwsTable:
                 return items
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
-    async def update(
-        self,
-        pk: str,
-        sk: str,
-        *,
-        set_: Item | None = None,
-        add: dict[str, int] | None = None,
-        condition: Condition | None = None,
-    ) -> Item:
+    async def update(self, write: Update) -> Item:
+        pk, sk, set_, add, condition = write.pk, write.sk, write.set_, write.add, write.condition
         expr = _Expr()
         # The key attributes cannot be updated; they are already what the caller names.
         sets = [

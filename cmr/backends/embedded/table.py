@@ -114,19 +114,12 @@ class EmbeddedTable:
         part = self._parts.get(pk, {})
         return [copy.deepcopy(part[sk]) for sk in sorted(part) if sk.startswith(prefix)]
 
-    async def update(
-        self,
-        pk: str,
-        sk: str,
-        *,
-        set_: Item | None = None,
-        add: dict[str, int] | None = None,
-        condition: Condition | None = None,
-    ) -> Item:
+    async def update(self, write: Update) -> Item:
+        pk, sk = write.pk, write.sk
         cur = self._parts.get(pk, {}).get(sk)
-        if not holds(condition, cur):
+        if not holds(write.condition, cur):
             raise ConditionFailed(f"condition failed on {pk}/{sk}")
-        new = _updated(pk, sk, cur, set_, add)
+        new = _updated(pk, sk, cur, write.set_, write.add)
         self._store(pk, sk, new)
         return copy.deepcopy(new)
 
