@@ -202,9 +202,9 @@ async def run_on(
             spec.job_id, output, [], time.monotonic() - started, record, be.calls() - calls_before
         )
     if be.capabilities.in_process:
-        record = await _run_in_process(be, spec, ws, workers, opts.on_progress)
+        record = await _run_in_process(be, spec, ws, opts)
     else:
-        record = await _run_with_processes(be, spec, opts.aws, ws, workers, opts.on_progress)
+        record = await _run_with_processes(be, spec, ws, opts)
         await watch.fetch_output(be, spec, record)
     return RunResult(
         spec.job_id,
@@ -241,16 +241,12 @@ SETTLE_S = 60.0  # how long workers we started get to finish a job's cleanup and
 
 
 async def _run_in_process(
-    be: Backend,
-    spec: JobSpec,
-    ws: WorkerSettings,
-    workers: int,
-    on_progress: Callable[[watch.Progress], None] | None,
+    be: Backend, spec: JobSpec, ws: WorkerSettings, opts: RunOptions
 ) -> dict[str, Any]:
     with cpu_pool(ws.processes) as pool:
-        fleet = [Worker(be, ws, pool, only_job=spec.job_id) for _ in range(workers)]
+        fleet = [Worker(be, ws, pool, only_job=spec.job_id) for _ in range(opts.workers)]
         tasks = [asyncio.create_task(w.run()) for w in fleet]
-        waiter = asyncio.create_task(watch.wait(be, spec, on_progress, poll_s=0.05))
+        waiter = asyncio.create_task(watch.wait(be, spec, opts.on_progress, poll_s=0.05))
         try:
             try:
                 return await _until_done(waiter, tasks)  # type: ignore[no-any-return]
@@ -272,15 +268,12 @@ async def _run_in_process(
 
 
 async def _run_with_processes(
-    be: Backend,
-    spec: JobSpec,
-    aws: AwsSettings,
-    ws: WorkerSettings,
-    workers: int,
-    on_progress: Callable[[watch.Progress], None] | None,
+    be: Backend, spec: JobSpec, ws: WorkerSettings, opts: RunOptions
 ) -> dict[str, Any]:
-    waiter = asyncio.create_task(watch.wait(be, spec, on_progress, poll_s=0.5))
-    procs = [await _spawn_worker(spec.job_id, aws, ws, workers) for _ in range(workers)]
+    waiter = asyncio.create_task(watch.wait(be, spec, opts.on_progress, poll_s=0.5))
+    procs = [
+        await _spawn_worker(spec.job_id, opts.aws, ws, opts.workers) for _ in range(opts.workers)
+    ]
     try:
         try:
             return await _until_done_or_workers_gone(waiter, procs, spec.job_id)  # type: ignore[no-any-return]

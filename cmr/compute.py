@@ -203,20 +203,28 @@ def _pieces(data: bytes, size: int) -> Iterator[bytes]:
     yield data[start:] if start else data  # no copy when one piece is all of it
 
 
+@contextlib.contextmanager
+def _reported(result: MapResult | ReduceResult, limit_s: float, what: str) -> Iterator[None]:
+    """Run a task's body under its time limit; whatever it raises becomes ``result.error``
+    (the user's traceback, or the time limit's message), never an exception out of the pool."""
+    try:
+        with time_limit(limit_s, what):
+            yield
+    except TimeLimitExceeded as exc:
+        result.error = _timed_out(exc)
+    except Exception:
+        result.error = _user_error()
+
+
 def run_map(
     ref: JobRef, params: dict[str, str], chunks: list[tuple[str, bytes]], spec: MapSpec
 ) -> MapResult:
     taskprogress.running(spec.job)
     result = MapResult(records_in=0, bytes_in=sum(len(d) for _, d in chunks))
     fd, path = tempfile.mkstemp(prefix="map-", suffix=".spool", dir=spec.spool_dir)
-    try:
-        with time_limit(spec.limit_s, f"map task {spec.task}"):
-            _map_into(ref, params, chunks, spec, fd, result)
+    with _reported(result, spec.limit_s, f"map task {spec.task}"):
+        _map_into(ref, params, chunks, spec, fd, result)
         result.spool = path
-    except TimeLimitExceeded as exc:
-        result.error = _timed_out(exc)
-    except Exception:
-        result.error = _user_error()
     if result.error:
         os.unlink(path)
     return result
@@ -349,82 +357,62 @@ def run_reduce(
     reduce over keys in sorted order, and write the partition's output lines. With
     ``use_combiner`` (and a job that has combine) long value lists are combined as they grow."""
     result = ReduceResult()
-    runs: list[str] = []
+    runs: list[str] = []  # sorted runs spilled to disk: removed however the task ends
     try:
-        with time_limit(limit_s, what):
-            _reduce_into(
-                ref, params, spools, out_path, memory_bytes, spill_dir, use_combiner, result, runs
-            )
-    except TimeLimitExceeded as exc:
-        result.error = _timed_out(exc)
-    except Exception:
-        result.error = _user_error()
+        with _reported(result, limit_s, what):
+            job = job_instance(ref, params)
+            combine = job.combine if use_combiner else None
+            groups: dict[Any, list[Any]] = {}
+            held = 0
+            for spool in spools:
+                with open(spool, "rb") as f:
+                    unpacker = msgpack.Unpacker(
+                        f,
+                        raw=False,
+                        use_list=False,
+                        strict_map_key=False,
+                        max_buffer_size=wire.MAX_DECODED,
+                    )
+                    for key, value in unpacker:
+                        vals = groups.get(key)
+                        if vals is None:
+                            groups[key] = [value]
+                            held += KEY_COST + sys.getsizeof(key) + sys.getsizeof(value)
+                        else:
+                            vals.append(value)
+                            held += VALUE_COST + sys.getsizeof(value)
+                            if combine is not None and len(vals) >= REDUCE_COMBINE_AT:
+                                groups[key] = [v for _, v in combine(key, iter(vals))]
+                        if held >= memory_bytes:
+                            runs.append(_write_run(groups, spill_dir))
+                            groups, held = {}, 0
+            if runs:
+                if groups:
+                    runs.append(_write_run(groups, spill_dir))
+                groups = {}
+                result.spills = len(runs)
+                # Each open run holds a read buffer: merge at most MERGE_FANIN at once, so the
+                # buffers stay within the budget however many runs the partition needed.
+                read_size = max(16 * 1024, min(1 << 20, memory_bytes // (2 * MERGE_FANIN)))
+                while len(runs) > MERGE_FANIN:
+                    merged_run = _merge_runs(runs[:MERGE_FANIN], spill_dir, read_size)
+                    runs[:] = [*runs[MERGE_FANIN:], merged_run]  # in place: the caller removes them
+                merged = _merged(runs, read_size)
+                keyed: Iterator[tuple[Any, Iterator[Any]]] = (
+                    (k, itertools.chain.from_iterable(vs for _, vs in grp))
+                    for k, grp in itertools.groupby(merged, key=lambda kv: kv[0])
+                )
+            else:
+                keyed = ((k, iter(groups[k])) for k in _sorted_keys(groups))
+            with open(out_path, "w", encoding="utf-8", newline="\n") as out:
+                for key, values in keyed:
+                    result.keys += 1
+                    for k, v in job.reduce(key, values):
+                        out.write(job.format(k, v))
+                        out.write("\n")
+                        result.records_out += 1
     finally:
         for r in runs:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(r)
     return result
-
-
-def _reduce_into(
-    ref: JobRef,
-    params: dict[str, str],
-    spools: list[str],
-    out_path: str,
-    memory_bytes: int,
-    spill_dir: str,
-    use_combiner: bool,
-    result: ReduceResult,
-    runs: list[str],
-) -> None:
-    job = job_instance(ref, params)
-    combine = job.combine if use_combiner else None
-    groups: dict[Any, list[Any]] = {}
-    held = 0
-    for spool in spools:
-        with open(spool, "rb") as f:
-            unpacker = msgpack.Unpacker(
-                f,
-                raw=False,
-                use_list=False,
-                strict_map_key=False,
-                max_buffer_size=wire.MAX_DECODED,
-            )
-            for key, value in unpacker:
-                vals = groups.get(key)
-                if vals is None:
-                    groups[key] = [value]
-                    held += KEY_COST + sys.getsizeof(key) + sys.getsizeof(value)
-                else:
-                    vals.append(value)
-                    held += VALUE_COST + sys.getsizeof(value)
-                    if combine is not None and len(vals) >= REDUCE_COMBINE_AT:
-                        groups[key] = [v for _, v in combine(key, iter(vals))]
-                if held >= memory_bytes:
-                    runs.append(_write_run(groups, spill_dir))
-                    groups, held = {}, 0
-    if runs:
-        if groups:
-            runs.append(_write_run(groups, spill_dir))
-        groups = {}
-        result.spills = len(runs)
-        # Each open run holds a read buffer: merge at most MERGE_FANIN at once, so the
-        # buffers stay within the budget however many runs the partition needed.
-        read_size = max(16 * 1024, min(1 << 20, memory_bytes // (2 * MERGE_FANIN)))
-        while len(runs) > MERGE_FANIN:
-            merged_run = _merge_runs(runs[:MERGE_FANIN], spill_dir, read_size)
-            runs[:] = [*runs[MERGE_FANIN:], merged_run]  # in place: the caller removes them
-        merged = _merged(runs, read_size)
-        keyed: Iterator[tuple[Any, Iterator[Any]]] = (
-            (k, itertools.chain.from_iterable(vs for _, vs in grp))
-            for k, grp in itertools.groupby(merged, key=lambda kv: kv[0])
-        )
-    else:
-        keyed = ((k, iter(groups[k])) for k in _sorted_keys(groups))
-    with open(out_path, "w", encoding="utf-8", newline="\n") as out:
-        for key, values in keyed:
-            result.keys += 1
-            for k, v in job.reduce(key, values):
-                out.write(job.format(k, v))
-                out.write("\n")
-                result.records_out += 1

@@ -279,23 +279,37 @@ class Worker:
 
     async def _map(self, spec: JobSpec, m: Received) -> None:
         in_q = spec.queues()[0]
-        task = self._decode(spec, m, wire.MapTask)
-        if task is None or task.task >= spec.maps:
-            await self._reject(spec, in_q, m)
-            return
-        work = run_map_task(self.rt, spec, m, task)
-        await failures.guarded(self.rt, spec, failures.TaskRef.map(task.task), in_q, m, work)
+        task = await self._accept(spec, in_q, m, wire.MapTask, lambda t: t.task, spec.maps)
+        if task is not None:
+            work = run_map_task(self.rt, spec, m, task)
+            await failures.guarded(self.rt, spec, failures.TaskRef.map(task.task), in_q, m, work)
 
     async def _reduce(self, spec: JobSpec, m: Received) -> None:
         reduce_q = spec.queues()[1]
-        task = self._decode(spec, m, wire.ReduceTask)
-        if task is None or task.partition >= spec.partitions:
-            await self._reject(spec, reduce_q, m)
-            return
-        ref = failures.TaskRef.reduce(task.partition)
-        await failures.guarded(
-            self.rt, spec, ref, reduce_q, m, run_reduce_task(self.rt, spec, m, task)
+        task = await self._accept(
+            spec, reduce_q, m, wire.ReduceTask, lambda t: t.partition, spec.partitions
         )
+        if task is not None:
+            ref = failures.TaskRef.reduce(task.partition)
+            work = run_reduce_task(self.rt, spec, m, task)
+            await failures.guarded(self.rt, spec, ref, reduce_q, m, work)
+
+    async def _accept(
+        self,
+        spec: JobSpec,
+        queue: str,
+        m: Received,
+        kind: type[T],
+        index: Callable[[T], int],
+        count: int,
+    ) -> T | None:
+        """The task a message carries, or None once a stranger's, corrupt or out-of-plan
+        message is rejected (task messages are pointers into the plan: nothing else runs)."""
+        task = self._decode(spec, m, kind)
+        if task is None or index(task) >= count:
+            await self._reject(spec, queue, m)
+            return None
+        return task
 
     async def _reject(self, spec: JobSpec, queue: str, m: Received) -> None:
         """A stranger's or a corrupt message: log it (in _decode), count it, drop it."""
