@@ -259,13 +259,13 @@ def warnings_of(points: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def jam_report(m: Measurement, target: str, task_list: list[LoadTask]) -> dict[str, Any]:
-    from cmr.loadgen import recorder
+    from cmr.loadgen import summary
 
     # duration defaults to the longest task's load phase: job start-up is not load
-    return recorder.jam_report(m, target, len(task_list))
+    return summary.jam_report(m, target, len(task_list))
 
 
 def staleness_report(m: Measurement) -> dict[str, Any]:
-    from cmr.loadgen import recorder
+    from cmr.loadgen import summary
 
-    return recorder.staleness_report(m)
+    return summary.staleness_report(m)

@@ -47,12 +47,12 @@ from cmr.loadgen.consistency import (
     Read,
     Write,
     freshness,
-    gamma_per_key,
     monotonic_read_violations,
     read_your_writes_violations,
     stale_reads,
     successive_reads,
 )
+from cmr.loadgen.gamma import gamma_per_key
 from cmr.loadgen.recorder import Measurement, Staleness
 from cmr.loadgen.spec import LoadTask
 from cmr.loadgen.targets import OpFailed, Reply, Target, make_target

@@ -16,8 +16,9 @@ from cmr.errors import UsageError
 from cmr.loadgen import driver
 from cmr.loadgen.consistency import aggregate_bins
 from cmr.loadgen.driver import run_task
-from cmr.loadgen.recorder import Measurement, jam_report, latency_ms, staleness_report
+from cmr.loadgen.recorder import Measurement
 from cmr.loadgen.spec import LoadTask
+from cmr.loadgen.summary import jam_report, latency_ms, staleness_report
 from cmr.loadgen.targets import ERROR_CLASSES, cleanup, prepare
 
 FAST = {"read_median_ms": 2.0, "write_median_ms": 4.0}

@@ -11,8 +11,9 @@ import pytest
 from cmr.api import job_ref
 from cmr.backends.embedded import embedded_backend
 from cmr.loadgen.job import JOB, LoadJob, cleanup, prepare, run_load, visibility_for
-from cmr.loadgen.recorder import Measurement, jam_report
+from cmr.loadgen.recorder import Measurement
 from cmr.loadgen.spec import LoadTask
+from cmr.loadgen.summary import jam_report
 from cmr.split import plan
 from cmr.submit import list_input
 

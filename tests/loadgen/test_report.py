@@ -51,7 +51,7 @@ def _bins(fresh_at: Any) -> list[dict[str, Any]]:
     ]
 
 
-# shaped like recorder.staleness_report's output
+# shaped like summary.staleness_report's output
 STALENESS: dict[str, Any] = {
     "target": "sim",
     "freshness": {

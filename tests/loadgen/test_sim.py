@@ -25,13 +25,12 @@ from cmr.loadgen.consistency import (
     Write,
     aggregate_bins,
     freshness,
-    gamma,
-    gamma_per_value,
     monotonic_read_violations,
     read_your_writes_violations,
     stale_reads,
     successive_reads,
 )
+from cmr.loadgen.gamma import gamma, gamma_per_value
 from cmr.loadgen.sim import (
     ConditionalCheckFailed,
     ServiceUnavailable,

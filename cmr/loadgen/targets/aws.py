@@ -1,0 +1,112 @@
+"""The AWS targets' common client: one aioboto3 client per target, calls translated.
+
+Endpoints and credentials come only from the standard AWS settings (``AWS_ENDPOINT_URL``,
+``AWS_ENDPOINT_URL_<SERVICE>``, ``AWS_PROFILE``, ...). botocore names SimpleDB's variable
+``AWS_ENDPOINT_URL_SIMPLEDB``; ``AWS_ENDPOINT_URL_SDB`` is accepted as an alias.
+SDK retries follow ``LoadTask.retries``: ``off`` is one attempt, ``standard``/``adaptive`` are
+botocore's modes, and the attempts botocore added (``ResponseMetadata.RetryAttempts``) are
+reported with each reply or failure.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from typing import Any, ClassVar
+
+from cmr.errors import UsageError
+from cmr.loadgen.spec import Retries
+from cmr.loadgen.targets.base import _failed
+
+
+def retry_config(retries: Retries) -> dict[str, Any]:
+    """botocore's ``retries`` setting for a task's retry choice."""
+    if retries == "off":
+        return {"mode": "standard", "total_max_attempts": 1}
+    return {"mode": retries}
+
+
+def _endpoint(service: str) -> str | None:
+    """An explicit endpoint only for the SDB alias; botocore reads every other variable."""
+    if service == "sdb" and not os.environ.get("AWS_ENDPOINT_URL_SIMPLEDB"):
+        return os.environ.get("AWS_ENDPOINT_URL_SDB") or None
+    return None
+
+
+def _need(resources: Mapping[str, str], name: str, target: str) -> str:
+    value = resources.get(name)
+    if not value:
+        raise UsageError(f"target {target} needs resources[{name!r}]: run prepare() first")
+    return value
+
+
+class _AwsTarget:
+    """One aioboto3 client for the life of the target; calls translated by ``_call``."""
+
+    service: ClassVar[str]
+    name: str
+    consistent_reads = False
+    conditional_writes = False
+    time_scale = 1.0
+
+    def __init__(
+        self,
+        resources: Mapping[str, str],
+        *,
+        retries: Retries = "off",
+        connections: int = 10,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 30.0,
+    ) -> None:
+        self.resources = dict(resources)
+        self._retries = retries
+        self._connections = max(1, connections)
+        self._timeouts = (connect_timeout, read_timeout)
+        self._stack = AsyncExitStack()
+        self._client: Any = None
+
+    def _extra_config(self) -> dict[str, Any]:
+        return {}
+
+    async def setup(self) -> None:
+        import aioboto3
+        from aiobotocore.config import AioConfig
+
+        session = aioboto3.Session(region_name=self.resources.get("region") or None)
+        config = AioConfig(
+            retries=retry_config(self._retries),
+            connect_timeout=self._timeouts[0],
+            read_timeout=self._timeouts[1],
+            # one pooled connection per concurrent operator, or requests queue in the client
+            max_pool_connections=self._connections,
+            **self._extra_config(),
+        )
+        try:
+            self._client = await self._stack.enter_async_context(
+                session.client(
+                    self.service,
+                    region_name=session.region_name or "us-east-1",
+                    config=config,
+                    endpoint_url=_endpoint(self.service),
+                )
+            )
+        except Exception as exc:
+            raise UsageError(f"cannot open a {self.service} client: {exc}") from exc
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+
+    async def _call(self, op: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            response: dict[str, Any] = await getattr(self._client, op)(**kwargs)
+        except Exception as exc:
+            raise _failed(exc, self.service) from exc
+        return response
+
+
+def _s3_config() -> dict[str, Any]:
+    if os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3"):
+        # a local endpoint cannot route virtual-hosted bucket names on a plain host:port
+        return {"s3": {"addressing_style": "path"}}
+    return {}
