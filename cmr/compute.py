@@ -7,6 +7,9 @@ by its buffers, not by its output.
 
 User exceptions are caught here and returned as text (type, message, traceback): they are
 recorded in the job, never re-raised across the process boundary.
+
+Kept whole (past ~400 lines): it is all that pool processes run, so a pool child imports
+one module, and the map and reduce halves share the spool format and error capture.
 """
 
 from __future__ import annotations

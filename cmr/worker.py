@@ -7,6 +7,9 @@ Besides tasks it performs the duties any worker may (``cmr.janitor``): cleaning 
 job whose cleaner is gone, and repairing a job that lost task messages. A worker serving one
 job (``only_job``) stops once that job has ended *and* been cleaned up, so it never leaves
 its own job's cleanup half-done.
+
+Kept whole (past ~400 lines): the slots, the watcher and the duties share one worker's
+state (its jobs, busy count, idle clock); apart, they would pass it all around.
 """
 
 from __future__ import annotations
