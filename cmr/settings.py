@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, get_args, get_type_hints
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from cmr.errors import UsageError
 
@@ -62,21 +62,25 @@ class Store:
         text = text.strip()
         if text == BackendName.embedded:
             return Store(BackendName.embedded)
-        url = urlsplit("aws://" if text == BackendName.aws else text)
-        if url.scheme != BackendName.aws:
+        if text != BackendName.aws and not text.startswith("aws://"):
             raise UsageError(
                 f"store {text!r}: use embedded, or aws://BUCKET/TABLE?prefix=P&region=R&profile=N"
             )
+        url = urlsplit("aws://" if text == BackendName.aws else text)
         parts: dict[str, Any] = {}
         if url.netloc:
-            parts["bucket"] = url.netloc
+            parts["bucket"] = unquote(url.netloc)
         if url.path.strip("/"):
-            parts["table"] = url.path.strip("/")
+            parts["table"] = unquote(url.path.strip("/"))
         for key, value in parse_qsl(url.query, keep_blank_values=True):
             if key not in _STORE_QUERY:
                 raise UsageError(
                     f"store {text!r}: unknown setting {key!r}; known: {', '.join(_STORE_QUERY)}"
                 )
+            if _STORE_QUERY[key] in parts:
+                raise UsageError(f"store {text!r}: {key} is given twice")
+            if not value:
+                raise UsageError(f"store {text!r}: {key} is empty (leave it out for the default)")
             parts[_STORE_QUERY[key]] = value
         return Store(BackendName.aws, AwsSettings(**parts))
 
@@ -115,6 +119,21 @@ class WorkerSettings:
     use_combiner: bool = True  # run the job's combine (if it has one) in map and reduce
 
     def __post_init__(self) -> None:
+        # Settings cross a process boundary as JSON (`cmr worker --settings-json`): every
+        # value is checked here, once, whoever built them.
+        for name in ("map_slots", "reduce_slots", "processes"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name} must be at least 1; got {getattr(self, name)}")
+        if self.memory_mb < 0:
+            raise UsageError(
+                f"memory_mb must be 0 (spill everything) or more; got {self.memory_mb}"
+            )
+        for name in ("poll_s", "janitor_s", "idle_poll_s"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < float("inf"):
+                raise UsageError(f"{name} must be a positive number of seconds; got {value}")
+        if self.idle_exit_s is not None and not 0 <= self.idle_exit_s < float("inf"):
+            raise UsageError(f"idle_exit_s must be 0 seconds or more; got {self.idle_exit_s}")
         if self.message_bytes is not None and self.message_bytes < MIN_MESSAGE_BYTES:
             raise UsageError(
                 f"message_bytes must be at least {MIN_MESSAGE_BYTES} (a batch's tag and "
@@ -149,7 +168,9 @@ class WorkerSettings:
             if key not in hints:
                 raise UsageError(f"worker settings: unknown field {key!r}")
             if not any(_is(value, t) for t in get_args(hints[key]) or (hints[key],)):
-                raise UsageError(f"worker settings: {key}={value!r} is not {hints[key]}")
+                kind = hints[key] if isinstance(hints[key], type) else str(hints[key])
+                name = getattr(kind, "__name__", kind)
+                raise UsageError(f"worker settings: {key}={value!r} is not of type {name}")
         return WorkerSettings(**data)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import shutil
 import tempfile
@@ -28,7 +29,7 @@ from typing import Any, TypeVar
 
 from cmr import failures, janitor, taskprogress, wire
 from cmr.backends.base import Backend, Item, Received, Update
-from cmr.errors import BackendError, CmrError, QueueGone, Throttled, WireError
+from cmr.errors import BackendError, CmrError, QueueGone, Throttled, UsageError, WireError
 from cmr.mapper import run_map_task
 from cmr.records import ACTIVE_PK, JobSpec, JobState, job_pk
 from cmr.reducer import run_reduce_task
@@ -55,6 +56,8 @@ class Worker:
     ) -> None:
         self.only_job = only_job
         spool = settings.spill_dir or tempfile.gettempdir()
+        if not os.path.isdir(spool):
+            raise UsageError(f"spill directory {spool} does not exist: create it, or name another")
         self.rt = Runtime(
             backend, settings, pool, tempfile.mkdtemp(prefix="cmr-", dir=spool), hook=hook
         )

@@ -16,6 +16,7 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 import typer
+from rich.markup import escape
 
 # typer vendors click and re-exports only some of its exceptions; usage errors are these
 from typer._click.exceptions import ClickException
@@ -58,7 +59,7 @@ def exit_codes(meta: dict[str, Any]) -> Iterator[None]:
         if meta.get("cmr.verbose"):
             raise
         err.print(
-            f"[bold red]error:[/] unexpected {type(exc).__name__}: {exc}\n"
+            f"[bold red]error:[/] unexpected {escape(f'{type(exc).__name__}: {exc}')}\n"
             "(a bug in cmr: run again with -v for the traceback, and report it)",
             highlight=False,
         )

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from rich.markup import escape
 
 from cmr.cli.exits import Interrupted, ended, interruptible
 from cmr.cli.options import StoreFlags, Verbose, configure_logs, err, fail, out, shared
@@ -107,7 +108,7 @@ def status(
                     return
                 t = Table("job", "state", "created", "maps", "reduces", "input")
                 for spec, rec, p in rows:
-                    t.add_row(
+                    cells = (
                         spec.job_id,
                         p.state,
                         time.strftime(
@@ -117,6 +118,7 @@ def status(
                         f"{p.reduces_done}/{p.reduces}",
                         str(rec.get("input", "")),
                     )
+                    t.add_row(*map(escape, cells))  # the table's text is data, not markup
                 out.print(t)
                 return
             spec, rec = await lifecycle.load_spec(be, job)
@@ -124,19 +126,25 @@ def status(
             if as_json:
                 print(json.dumps(_record_json(spec, rec, p), default=str))
                 return
+            fields = [
+                ("job", spec.job_id),
+                ("state", p.state),
+                ("code", spec.ref.target),
+                ("maps", f"{p.maps_done}/{p.maps} committed"),
+                ("reduces", f"{p.reduces_done}/{p.reduces} committed"),
+                ("output", str(rec.get("user_output", spec.output))),
+                *(
+                    (k, str(p.stats[k]))
+                    for k in sorted(p.stats)
+                    if k not in ("maps", "partitions", "visibility_s", "max_task_failures")
+                ),
+            ]
             t = Table("field", "value", show_header=False)
-            t.add_row("job", spec.job_id)
-            t.add_row("state", p.state)
-            t.add_row("code", spec.ref.target)
-            t.add_row("maps", f"{p.maps_done}/{p.maps} committed")
-            t.add_row("reduces", f"{p.reduces_done}/{p.reduces} committed")
-            t.add_row("output", str(rec.get("user_output", spec.output)))
-            for k in sorted(p.stats):
-                if k not in ("maps", "partitions", "visibility_s", "max_task_failures"):
-                    t.add_row(k, str(p.stats[k]))
+            for field_, value in fields:
+                t.add_row(escape(field_), escape(value))  # data, not markup
             out.print(t)
             if rec.get("error"):
-                out.print("[bold red]error:[/]", str(rec["error"]), highlight=False)
+                out.print("[bold red]error:[/]", escape(str(rec["error"])), highlight=False)
 
     asyncio.run(show())
 
@@ -159,8 +167,8 @@ def wait(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     except JobFailed as exc:
         fail(f"job {exc.job_id} ended {ended(exc)}.\n{exc.reason}")
     err.print(
-        f"job {job} [green]succeeded[/]: {record.get('records_out', 0)} records out under "
-        f"{record.get('user_output', '?')}",
+        f"job {escape(job)} [green]succeeded[/]: {record.get('records_out', 0)} records out "
+        f"under {escape(str(record.get('user_output', '?')))}",
         highlight=False,
     )
 
@@ -177,7 +185,7 @@ def cancel(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
 
     if not asyncio.run(_on_job(store, job, body)()):
         fail(f"job {job} had ended already (`cmr status {job}`)")
-    err.print(f"job {job} cancelled; its workers clean it up", highlight=False)
+    err.print(f"job {job} cancelled; its workers clean it up", highlight=False, markup=False)
 
 
 @shared("store", StoreFlags)
@@ -193,4 +201,4 @@ def cleanup(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
         await lifecycle.cleanup(be, spec, JobState(str(rec.get("state", "cancelled"))))
 
     asyncio.run(_on_job(store, job, body)())
-    err.print(f"job {job}: queues, scratch data and task records removed")
+    err.print(f"job {job}: queues, scratch data and task records removed", markup=False)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from rich.markup import escape
 
 from cmr.cli.options import (
     StoreFlags,
@@ -202,7 +203,7 @@ def run(engine: Engine, label: str, body: Callable[[Measure], Awaitable[T]]) -> 
             if engine.keep:
                 kept = ", ".join(f"{k} {v}" for k, v in resources.items() if k in RESOURCE.values())
                 if kept:
-                    err.print(f"kept {engine.target} {kept}", highlight=False)
+                    err.print(f"kept {engine.target} {kept}", highlight=False, markup=False)
             else:
                 status.phase(f"cleaning up {engine.target}")
                 await cleanup(engine.target, resources, engine.store.aws)
@@ -216,7 +217,7 @@ def run(engine: Engine, label: str, body: Callable[[Measure], Awaitable[T]]) -> 
         fail(f"load job {exc.job_id} failed: {lines[-1] if lines else 'no reason recorded'}")
     except KeyboardInterrupt:
         # asyncio.run cancelled the job and ran the target's cleanup on the way out
-        err.print(f"{label}: interrupted", highlight=False)
+        err.print(f"{label}: interrupted", highlight=False, markup=False)
         raise typer.Exit(130) from None
 
 
@@ -231,10 +232,10 @@ def finish(load: LoadFlags, kind: str, data: Mapping[str, Any], tables: Sequence
         out.print(t)
     out.file.flush()  # the tables before the stderr lines below, even when piped
     for warning in data.get("warnings") or []:
-        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
-    err.print(f"results: {load.json_path}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+    err.print(f"results: {load.json_path}", highlight=False, markup=False)
     if load.plots_dir is not None:
-        err.print("figures: " + _plot(load.plots_dir, kind, data), highlight=False)
+        err.print("figures: " + _plot(load.plots_dir, kind, data), highlight=False, markup=False)
 
 
 def _plot(directory: Path, kind: str, data: Mapping[str, Any]) -> str:

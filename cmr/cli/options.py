@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -19,6 +20,7 @@ from typing import Annotated, Any, NoReturn, TypeVar, get_type_hints
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from cmr.errors import UsageError
 from cmr.settings import AwsSettings, BackendName, Store
@@ -33,7 +35,8 @@ _AWS = AwsSettings()  # the defaults, shown in help texts
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print one ``error:`` line (no traceback) and exit with ``code``."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    # Text from services, user code and paths may hold "[...]": shown as it is, never as markup.
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -82,6 +85,15 @@ def choice_option(kind: type[Enum], flag: str, help: str, **extra: Any) -> Any:
     return typer.Option(flag, parser=choice(kind, flag), metavar=metavar, help=help, **extra)
 
 
+def _parse_store(text: str) -> Store:
+    try:
+        return Store.parse(text)
+    except UsageError as exc:
+        if os.environ.get(STORE_ENV) == text:  # say where a value nobody typed came from
+            raise UsageError(f"{exc} (from ${STORE_ENV})") from None
+        raise
+
+
 @dataclass(frozen=True)
 class StoreFlags:
     """``--store`` (or $CMR_STORE), and the older flags that name one part of it: they stay,
@@ -90,7 +102,7 @@ class StoreFlags:
     store: Annotated[
         Store | None,
         typer.Option(
-            parser=Store.parse,
+            parser=_parse_store,
             envvar=STORE_ENV,
             metavar="STORE",
             help="embedded (in-process), or aws://BUCKET/TABLE?prefix=P&region=R&profile=N; "

@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from cmr.cli.exits import Interrupted, interruptible
 from cmr.cli.options import StoreFlags, Verbose, configure_logs, err, fail, key_values, out, shared
@@ -35,6 +36,9 @@ def run(
             help="a task's time limit, seconds (default 0: 300 s plus 1 s per 64 KiB it reads)"
         ),
     ] = 0,
+    max_task_attempts: Annotated[
+        int, typer.Option(help="runs of one task that raise before the job fails")
+    ] = 10,
     param: Annotated[list[str], typer.Option("--param", "-p", help="KEY=VALUE for the job")] = [],  # noqa: B006
     memory_mb: Annotated[int, typer.Option(help="reducer memory before spilling")] = 512,
     overwrite: Annotated[
@@ -99,6 +103,7 @@ def run(
         params=key_values(param, "--param"),
         visibility_timeout=visibility_timeout,
         task_timeout=task_timeout,
+        max_task_attempts=max_task_attempts,
         overwrite=overwrite,
         detach=detach,
         aws=where.aws,
@@ -132,6 +137,6 @@ def run(
         f"job {result.job_id} [green]succeeded[/] in {secs:.1f} s: "
         f"{rec.get('bytes_in', 0) / 1e6:.1f} MB in ({rec.get('bytes_in', 0) / 1e6 / secs:.2f} "
         f"MB/s), {rec.get('records_out', 0)} records out in {len(result.parts)} parts under "
-        f"{output}",
+        f"{escape(output)}",
         highlight=False,
     )

@@ -72,3 +72,92 @@ def test_cmr_run_imports_neither_the_sdk_nor_the_other_sub_apps() -> None:
     assert "run" in proc.stdout
     for heavy in ("boto3", "botocore", "aioboto3", "cmr.fleet", "cmr.cli.loadgen"):
         assert heavy not in modules
+
+
+def _cmr(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cmr", *args],
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_brackets_in_errors_and_paths_are_printed_as_they_are(tmp_path: Path) -> None:
+    """Rich markup used to eat `words[i]` from a failed job's traceback and crash on `[/x]`
+    (a MarkupError traceback instead of the one `error:` line)."""
+    job = tmp_path / "brackets.py"
+    job.write_text(
+        "import cmr\n"
+        "class Brackets(cmr.Job):\n"
+        "    def map(self, key, line):\n"
+        "        words = line.split()\n"
+        "        raise ValueError(f'bad [/x] [bold]input[/bold] {words[0]}')\n"
+        "        yield words[0], 1\n"
+        "    def reduce(self, key, values):\n"
+        "        yield key, sum(values)\n"
+    )
+    src = tmp_path / "in.txt"
+    src.write_text("hello world\n")
+    ok = tmp_path / "o[/x]k"
+    wc = ROOT / "examples" / "wordcount.py"
+    got = _cmr("run", str(wc), "-i", str(src), "-o", str(ok), cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    assert "o[/x]k" in got.stderr
+    assert (ok / "_SUCCESS").exists()
+
+    got = _cmr(
+        "run",
+        str(job),
+        "-i",
+        str(src),
+        "-o",
+        str(tmp_path / "out"),
+        "--max-task-attempts",
+        "1",
+        cwd=tmp_path,
+    )
+    assert got.returncode == 1, got.stderr
+    assert "MarkupError" not in got.stderr
+    assert "bad [/x] [bold]input[/bold] hello" in got.stderr
+    assert "words[0]" in got.stderr  # the traceback's source line, brackets kept
+
+
+def test_worker_settings_out_of_range_are_refused_with_the_field_named() -> None:
+    for bad, field_ in [
+        ('{"map_slots": 0}', "map_slots"),
+        ('{"processes": 0}', "processes"),
+        ('{"reduce_slots": -1}', "reduce_slots"),
+        ('{"memory_mb": -5}', "memory_mb"),
+        ('{"poll_s": -1}', "poll_s"),
+        ('{"idle_exit_s": -1}', "idle_exit_s"),
+        ('{"janitor_s": 0}', "janitor_s"),
+    ]:
+        with pytest.raises(UsageError, match=field_):
+            WorkerSettings.from_json(bad)
+    with pytest.raises(UsageError, match="is not of type int"):
+        WorkerSettings.from_json('{"map_slots": "2"}')
+    assert WorkerSettings(memory_mb=0, idle_exit_s=0).memory_mb == 0  # spill all; exit at once
+
+
+@pytest.mark.parametrize(
+    "text", ["aws:b", "aws://b/t?prefix=a&prefix=b", "aws://b/t?profile=", "aws://b/t?region="]
+)
+def test_a_store_url_that_says_something_odd_is_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="store"):
+        Store.parse(text)
+
+
+def test_a_bad_store_from_the_environment_says_where_it_came_from(tmp_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "CMR_STORE": "bogus"}
+    got = _cmr("status", cwd=tmp_path, env=env)
+    assert got.returncode == 1
+    assert "store 'bogus'" in got.stderr and "$CMR_STORE" in got.stderr
+    assert "Traceback" not in got.stderr
