@@ -15,7 +15,7 @@ from rich.console import Console
 
 from cmr.cli.options import Profile, Region, fail
 from cmr.errors import CmrError, FleetError
-from cmr.fleet.params import UpOptions
+from cmr.fleet.params import DEFAULT_STACK, DEFAULTS, UpOptions
 from cmr.settings import AwsSettings
 
 fleet_app = typer.Typer(
@@ -50,7 +50,7 @@ def up(
     count: Annotated[
         int | None, typer.Option(help="instances (default: 1, or the current)")
     ] = None,
-    stack: StackName = "cmr-fleet",
+    stack: StackName = DEFAULT_STACK,
     bucket: Annotated[
         str | None, typer.Option(help="bucket (default: cmr-<account>-<region>)")
     ] = None,
@@ -60,16 +60,25 @@ def up(
     queue_prefix: Annotated[
         str | None, typer.Option(help=f"prefix of cmr's queues [{AwsSettings.queue_prefix}]")
     ] = None,
-    instance_type: Annotated[str | None, typer.Option(help="EC2 type [c7i.large]")] = None,
+    instance_type: Annotated[
+        str | None, typer.Option(help=f"EC2 type [{DEFAULTS['InstanceType']}]")
+    ] = None,
     spot: Annotated[
         bool | None, typer.Option(help="instances above the on-demand base as spot [no]")
     ] = None,
     on_demand_base: Annotated[int | None, typer.Option(help="always on-demand [0]")] = None,
-    max_count: Annotated[int | None, typer.Option("--max", help="group bound [20]")] = None,
-    processes: Annotated[int | None, typer.Option(help="worker processes per instance [2]")] = None,
+    max_count: Annotated[
+        int | None, typer.Option("--max", help=f"group bound [{DEFAULTS['MaxCount']}]")
+    ] = None,
+    processes: Annotated[
+        int | None, typer.Option(help=f"worker processes per instance [{DEFAULTS['Processes']}]")
+    ] = None,
     idle_exit: Annotated[
         int | None,
-        typer.Option(help="idle seconds before a worker exits; the fleet then scales to 0 [300]"),
+        typer.Option(
+            help="idle seconds before a worker exits; the fleet then scales to 0 "
+            f"[{DEFAULTS['IdleExitSeconds']}]"
+        ),
     ] = None,
     subnet: Annotated[
         list[str], typer.Option(help="subnet id (repeat); default: the default VPC's")
@@ -128,7 +137,7 @@ def up(
 @fleet_app.command()
 def scale(
     count: Annotated[int, typer.Argument(help="desired number of instances")],
-    stack: StackName = "cmr-fleet",
+    stack: StackName = DEFAULT_STACK,
     region: Region = None,
     profile: Profile = None,
 ) -> None:
@@ -158,7 +167,7 @@ def scale(
 
 @fleet_app.command()
 def status(
-    stack: StackName = "cmr-fleet",
+    stack: StackName = DEFAULT_STACK,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     region: Region = None,
     profile: Profile = None,
@@ -177,7 +186,7 @@ def status(
 
 @fleet_app.command()
 def logs(
-    stack: StackName = "cmr-fleet",
+    stack: StackName = DEFAULT_STACK,
     lines: Annotated[int, typer.Option("--lines", "-n", help="lines per instance")] = 50,
     region: Region = None,
     profile: Profile = None,
@@ -196,7 +205,7 @@ def logs(
 
 @fleet_app.command()
 def down(
-    stack: StackName = "cmr-fleet",
+    stack: StackName = DEFAULT_STACK,
     keep_data: Annotated[
         bool, typer.Option(help="keep the bucket, the table and the queues")
     ] = False,

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from cmr.errors import FleetError
 from cmr.settings import AwsSettings
 
+DEFAULT_STACK = "cmr-fleet"  # the CloudFormation stack every fleet command works on
+
 # What `up` uses when neither the command line nor the existing stack says otherwise.
 DEFAULTS = {
     "TableName": AwsSettings.table,  # the same table and queue names as a plain `cmr run`

@@ -135,7 +135,8 @@ def _judged(service: str, exc: BaseException, subject: str) -> tuple[type[Backen
     """The class and the one-line message of our error for a botocore failure."""
     about = f" ({subject})" if subject else ""
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):
-        return Unreachable, f"no usable AWS credentials for {service}: {_CREDENTIALS_HINT}"
+        whose = f" for {service}" if service != "aws" else ""  # fleet's calls span services
+        return Unreachable, f"no usable AWS credentials{whose}: {_CREDENTIALS_HINT}"
     if isinstance(exc, EndpointConnectionError):
         url = str(exc.kwargs.get("endpoint_url", "?"))
         hint = "; start it with `scripts/stack.sh start`" if _is_loopback(url) else ""
