@@ -161,8 +161,28 @@ def _job_id(doc: dict[Any, Any]) -> str:
     return job
 
 
+def _brief(value: Any) -> str:
+    """A stranger's value in an error text: bounded, and never a repr of its nesting (the
+    repr of a tuple nested 1,000 deep raises RecursionError)."""
+    if isinstance(value, str):
+        return repr(value[:32]) + ("..." if len(value) > 32 else "")
+    if isinstance(value, int | float | bool) or value is None:
+        return repr(value)[:32]
+    return f"a {type(value).__name__}"
+
+
 def decode(body: bytes) -> Message:
-    """Parse and validate a queue body. Raises WireError for anything that is not ours."""
+    """Parse and validate a queue body. Raises WireError for anything that is not ours, and
+    only WireError: the decoder's own failure on hostile bytes is a rejection too."""
+    try:
+        return _decode(body)
+    except WireError:
+        raise
+    except Exception as exc:  # RecursionError, MemoryError, ...: whatever the bytes provoke
+        raise WireError(f"undecodable body ({type(exc).__name__})") from None
+
+
+def _decode(body: bytes) -> Message:
     if not body.startswith(MAGIC):
         raise WireError("body does not start with the cmr magic bytes")
     rest = body[len(MAGIC) :]
@@ -195,7 +215,7 @@ def decode(body: bytes) -> Message:
             _field(doc, "pairs", bytes),
             _field(doc, "spill", str),
         )
-    raise WireError(f"unknown message kind {kind!r}")
+    raise WireError(f"unknown message kind {_brief(kind)}")
 
 
 def iter_pairs(stream: bytes) -> Any:
@@ -206,8 +226,8 @@ def iter_pairs(stream: bytes) -> Any:
         strict_map_key=False,
         max_buffer_size=MAX_DECODED,
     )
-    unpacker.feed(stream)
     try:
+        unpacker.feed(stream)  # BufferFull past MAX_DECODED: a rejection like any other
         for item in unpacker:
             if not isinstance(item, tuple) or len(item) != 2:
                 raise WireError("a batch record is not a [key, value] pair")

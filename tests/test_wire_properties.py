@@ -118,3 +118,23 @@ def test_pair_streams_yield_pairs_or_reject(stream: bytes) -> None:
 def test_malformed_commit_records_are_rejected(counts: object, attempt: str) -> None:
     with contextlib.suppress(WireError):
         MapCommit.from_item({"attempt": attempt, "counts": wire.pack(counts)})
+
+
+def test_a_kind_nested_a_thousand_deep_is_rejected_not_a_crash() -> None:
+    """Issue 12's first repro: ~1 KB whose `k` is a tuple nested ~1,000 deep made the
+    decoder's own error text (`{kind!r}`) raise RecursionError, which escaped the reducer."""
+    for depth in (1000, 5000):
+        body = wire.MAGIC + b"\x81\xa1k" + b"\x91" * depth + b"\xc0"
+        with pytest.raises(WireError) as info:
+            wire.decode(body)
+        assert len(str(info.value)) < 200
+    long_kind = wire.MAGIC + wire.pack({"k": "x" * 100_000})
+    with pytest.raises(WireError) as info:
+        wire.decode(long_kind)
+    assert len(str(info.value)) < 200  # a stranger's text is not echoed whole into the logs
+
+
+def test_a_pair_stream_past_the_buffer_limit_is_rejected() -> None:
+    """iter_pairs raised msgpack's BufferFull (not a WireError) for a stream past its limit."""
+    with pytest.raises(WireError):
+        list(wire.iter_pairs(b"\xc0" * (wire.MAX_DECODED + 1)))
