@@ -77,8 +77,11 @@ async def test_worker_stopped_at_a_step(
     assert len(published) == REDUCERS
     ctx = once.context
     if step == "map.partly_sent":
-        # The stopped attempt never committed (or lost): its batches were thrown away.
-        assert rec.get("batches_filtered", 0) >= 1
+        # The stopped attempt never committed: its task ran again, and the exact output above
+        # shows its batch was not counted. Whether a reducer saw that batch (and counted it
+        # in batches_filtered) depends on delivery order: a reducer whose counts were met
+        # first leaves it to be deleted with the queue, so that counter is not asserted.
+        assert rec.get("tasks_restarted", 0) + rec.get("tasks_retried", 0) >= 1
     elif step == "map.committed":
         assert ctx["won"]
         # Its commit stands (the job may end before its message is delivered again; if it
