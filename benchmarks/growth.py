@@ -406,7 +406,7 @@ def replay_main(args: argparse.Namespace) -> int:
     from cmr.job import JobRef
 
     ref = JobRef.parse(JOB)
-    compute.job_instance(ref, {})
+    compute.job_instance("growth", ref, {})
     spools = sorted(str(p) for p in args.replay.iterdir())
     budget = max(REDUCE_FLOOR, args.memory_mb * MIB)
     work = tempfile.mkdtemp(prefix="cmr-replay-")
@@ -414,7 +414,7 @@ def replay_main(args: argparse.Namespace) -> int:
         baseline = _status(os.getpid()).get("VmHWM", 0)
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
         started = time.perf_counter()
-        r = compute.run_reduce(ref, {}, spools, os.path.join(work, "out"), budget, work)
+        r = compute.run_reduce("growth", ref, {}, spools, os.path.join(work, "out"), budget, work)
         seconds = time.perf_counter() - started
         peak = _status(os.getpid()).get("VmHWM", 0)
     finally:

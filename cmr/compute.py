@@ -14,6 +14,7 @@ one module, and the map and reduce halves share the spool format and error captu
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import heapq
 import itertools
@@ -84,17 +85,25 @@ class ReduceResult:
     error: str = ""
 
 
-_instances: dict[tuple[JobRef, tuple[tuple[str, str], ...]], Job] = {}
+# Set-up instances by job id: two jobs running the same code with the same params still get
+# an instance each, so state one job's tasks keep on ``self`` never reaches the other's.
+_instances: collections.OrderedDict[str, tuple[JobRef, dict[str, str], Job]] = (
+    collections.OrderedDict()
+)
+INSTANCES_KEPT = 8  # jobs whose instance a pool process keeps (a fleet worker serves many)
 
 
-def job_instance(ref: JobRef, params: dict[str, str]) -> Job:
+def job_instance(job_id: str, ref: JobRef, params: dict[str, str]) -> Job:
     """One set-up instance per job per process (``setup`` runs once, not per task)."""
-    key = (ref, tuple(sorted(params.items())))
-    inst = _instances.get(key)
-    if inst is None:
-        inst = load_job_class(ref)(params)
-        inst.setup()
-        _instances[key] = inst
+    kept = _instances.get(job_id)
+    if kept is not None and kept[0] == ref and kept[1] == params:
+        _instances.move_to_end(job_id)
+        return kept[2]
+    inst = load_job_class(ref)(params)
+    inst.setup()
+    _instances[job_id] = (ref, dict(params), inst)
+    while len(_instances) > INSTANCES_KEPT:
+        _instances.popitem(last=False)  # the job served least recently: likely ended
     return inst
 
 
@@ -222,10 +231,9 @@ def _reported(result: MapResult | ReduceResult, limit_s: float, what: str) -> It
 def run_map(
     ref: JobRef, params: dict[str, str], chunks: list[tuple[str, bytes]], spec: MapSpec
 ) -> MapResult:
-    taskprogress.running(spec.job)
     result = MapResult(records_in=0, bytes_in=sum(len(d) for _, d in chunks))
     fd, path = tempfile.mkstemp(prefix="map-", suffix=".spool", dir=spec.spool_dir)
-    with _reported(result, spec.limit_s, f"map task {spec.task}"):
+    with taskprogress.running(spec.job), _reported(result, spec.limit_s, f"map task {spec.task}"):
         _map_into(ref, params, chunks, spec, fd, result)
         result.spool = path
     if result.error:
@@ -241,7 +249,7 @@ def _map_into(
     fd: int,
     result: MapResult,
 ) -> None:
-    job = job_instance(ref, params)
+    job = job_instance(spec.job, ref, params)
     with os.fdopen(fd, "wb") as out:
         shuffle = _Shuffle(spec, out)
         part = job.partition
@@ -346,6 +354,7 @@ def _merge_runs(runs: list[str], spill_dir: str, read_size: int) -> str:
 
 
 def run_reduce(
+    job_id: str,
     ref: JobRef,
     params: dict[str, str],
     spools: list[str],
@@ -362,8 +371,8 @@ def run_reduce(
     result = ReduceResult()
     runs: list[str] = []  # sorted runs spilled to disk: removed however the task ends
     try:
-        with _reported(result, limit_s, what):
-            job = job_instance(ref, params)
+        with taskprogress.running(job_id), _reported(result, limit_s, what):
+            job = job_instance(job_id, ref, params)
             combine = job.combine if use_combiner else None
             groups: dict[Any, list[Any]] = {}
             held = 0

@@ -328,6 +328,7 @@ async def _reduce_and_commit(
     limit = task_limit(spec.task_timeout_s, drain.spooled)
     result = await rt.cpu(
         compute.run_reduce,
+        spec.job_id,
         spec.ref,
         spec.params,
         drain.winner_spools(),

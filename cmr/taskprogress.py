@@ -9,7 +9,9 @@ counters are for watching a job, never for deciding anything.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from typing import Any
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
@@ -24,9 +26,17 @@ def attach(channel: Any) -> None:
     _channel = channel
 
 
-def running(job_id: str | None) -> None:
+@contextlib.contextmanager
+def running(job_id: str) -> Iterator[None]:
+    """Counters reported inside go to ``job_id``, and to no job once the task is over: a
+    process that ran another job's task before must never credit that job (a pool process
+    runs one task at a time, of whichever job)."""
     global _job  # noqa: PLW0603 - a pool process runs one task at a time
     _job = job_id
+    try:
+        yield
+    finally:
+        _job = None
 
 
 def report(**counters: int) -> None:

@@ -56,7 +56,7 @@ def sequential(
 ) -> list[str]:
     """The job's output computed sequentially: one string per part, as cmr writes it."""
     ref = job_ref(job)
-    inst = job_instance(ref, dict(params or {}))
+    inst = job_instance("sequential", ref, dict(params or {}))
     groups: list[dict[Any, list[Any]]] = [defaultdict(list) for _ in range(reducers)]
     for name, path in _inputs(Path(input)):
         data = path.read_bytes()

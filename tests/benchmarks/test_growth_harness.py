@@ -132,7 +132,9 @@ def _reduce(
     monkeypatch.setattr(compute, "_write_run", observed)
     (tmp_path / "spill").mkdir()
     out = tmp_path / "out"
-    result = compute.run_reduce(WORDCOUNT, {}, spools, str(out), budget, str(tmp_path / "spill"))
+    result = compute.run_reduce(
+        "growth", WORDCOUNT, {}, spools, str(out), budget, str(tmp_path / "spill")
+    )
     assert result.error == ""
     assert os.listdir(tmp_path / "spill") == []  # runs are removed after the merge
     assert growth.compare(want, [str(out)]) == []
