@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 
 from cmr import lifecycle, logs, submit, watch
+from cmr.admission import serving_own_job
 from cmr.backends.base import Backend
 from cmr.backends.embedded import temporary_backend
 from cmr.backends.retry import with_retries
@@ -243,6 +244,7 @@ SETTLE_S = 60.0  # how long workers we started get to finish a job's cleanup and
 async def _run_in_process(
     be: Backend, spec: JobSpec, ws: WorkerSettings, opts: RunOptions
 ) -> dict[str, Any]:
+    ws = serving_own_job(ws, spec)
     with cpu_pool(ws.processes) as pool:
         fleet = [Worker(be, ws, pool, only_job=spec.job_id) for _ in range(opts.workers)]
         tasks = [asyncio.create_task(w.run()) for w in fleet]
@@ -271,6 +273,7 @@ async def _run_with_processes(
     be: Backend, spec: JobSpec, ws: WorkerSettings, opts: RunOptions
 ) -> dict[str, Any]:
     waiter = asyncio.create_task(watch.wait(be, spec, opts.on_progress, poll_s=0.5))
+    ws = serving_own_job(ws, spec)
     procs = [
         await _spawn_worker(spec.job_id, opts.aws, ws, opts.workers) for _ in range(opts.workers)
     ]

@@ -25,6 +25,8 @@
     ├── FleetError                ``cmr fleet`` cannot go on (a stack in a bad state, no
     │                             default VPC, the wheel did not build)
     ├── WireError                 a message or record failed validation (never a crash)
+    ├── JobRefused                a worker will not serve a job whose record asks for what its
+    │                             configuration does not allow (code, output, scratch)
     ├── TaskError                 a task cannot succeed however often it is retried (its input
     │                             vanished or is unreadable): the job fails at once
     ├── publish.OutputConflict    the output place holds something that is not ours
@@ -115,6 +117,11 @@ class Rejected(BackendError):
 
 class FleetError(CmrError):
     """``cmr fleet`` cannot go on; the message is meant for the user."""
+
+
+class JobRefused(CmrError):
+    """A worker will not serve a job: its code, output or scratch lies outside what the
+    worker was configured to run (``cmr worker --jobs-from``, ``--outputs-under``)."""
 
 
 class WireError(CmrError):

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator
 
 from cmr import failures, wire
 from cmr.backends.base import AllOf, Condition, Eq, Missing, Present, Update
-from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone
+from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, WireError
 from cmr.lease import in_background
 from cmr.lifecycle import begin_publishing, cleanup, end, job_scratch
 from cmr.publish import OutputConflict, Source, publish
@@ -35,22 +36,54 @@ WATCH_LEASES = 1.5  # a cleaner silent this many leases (on the watcher's clock)
 
 
 async def committed_parts(rt: Runtime, spec: JobSpec) -> list[Source] | None:
-    """Every partition's committed output, or None while any is uncommitted."""
+    """Every partition's committed output, or None while any is uncommitted. WireError when
+    a commit record names anything but one of this job's own attempt outputs: publication
+    copies what the records name into the output, so a record written by someone else must
+    not make it publish another job's data or any object the worker can read."""
     items = await rt.backend.table.query(job_pk(spec.job_id), prefix="reduce#")
     done = [i for i in items if i.get("state") == "committed"]
     if len(done) != spec.partitions:
         return None
-    return [
-        Source(task_of(str(i["sk"])), str(i["output"]), int(i["records"]), int(i.get("bytes", 0)))
-        for i in done
-    ]
+    own = f"{job_scratch(spec.scratch, spec.job_id)}out/"
+    sources = []
+    for item in done:
+        try:
+            source = Source(
+                task_of(str(item["sk"])),
+                str(item["output"]),
+                int(item["records"]),
+                int(item.get("bytes", 0)),
+            )
+        except (KeyError, TypeError, ValueError, OverflowError):
+            raise WireError(f"the commit record {item.get('sk')!r} is malformed") from None
+        name = source.url.removeprefix(own)
+        if (
+            not source.url.startswith(own)
+            or not _OWN_PART.fullmatch(name)
+            or not name.startswith(f"p{source.partition:05d}-")
+        ):
+            raise WireError(
+                f"the commit record of partition {source.partition} names "
+                f"{source.url[:200]!r}, not one of the job's own reduce outputs"
+            )
+        sources.append(source)
+    if sorted(s.partition for s in sources) != list(range(spec.partitions)):
+        raise WireError("the job's commit records do not name each partition once")
+    return sources
+
+
+_OWN_PART = re.compile(r"p\d{5}-e\d+-[0-9a-f]{1,64}")  # what cmr.reducer names its output
 
 
 async def finalize(rt: Runtime, spec: JobSpec) -> bool:
     """Publish a job whose partitions are all committed, and mark it succeeded. True once it
     has succeeded (whoever did it); False while it cannot, or if it ended otherwise."""
     be = rt.backend
-    sources = await committed_parts(rt, spec)
+    try:
+        sources = await committed_parts(rt, spec)
+    except WireError as exc:
+        await failures.fail_job(rt, spec, f"the job cannot be published: {exc}", publisher=True)
+        return False
     if sources is None:
         return False
     await rt.step("finalize.begin", job=spec.job_id)
@@ -219,7 +252,11 @@ async def repair(rt: Runtime, spec: JobSpec, before: int | None) -> int | None:
     pk = job_pk(spec.job_id)
     job = await table.get(pk, "job", consistent=True) or {}
     repairs = int(job.get("repairs", 0))
-    if await committed_parts(rt, spec) is not None:
+    try:
+        ready = await committed_parts(rt, spec) is not None
+    except WireError:
+        ready = True  # forged commit records: finalize fails the job with the reason
+    if ready:
         await finalize(rt, spec)
         return repairs
     if before != repairs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import json
 import sys
@@ -113,13 +114,48 @@ def _source_path(target: str) -> Path:
         if not path.is_file():
             raise JobCodeError(f"job file {where} does not exist")
         return path
-    try:
-        spec = importlib.util.find_spec(where)
-    except (ImportError, ValueError) as exc:
-        raise JobCodeError(f"cannot import job module {where}: {exc}") from None
-    if spec is None or spec.origin is None:
-        raise JobCodeError(f"job {where!r} is neither a .py file nor an importable module")
+    return module_source(where)
+
+
+def module_source(name: str) -> Path:
+    """The source file of module ``name``, found without importing anything.
+
+    ``importlib.util.find_spec("a.b")`` imports ``a`` to find ``b``, which would run a
+    package's code before the worker has checked the job's digest or whether it may run it at
+    all; here each level is looked up on the path its parent *would* have."""
+    parts = name.split(".")
+    if not name or len(name) > 200 or not all(p.isidentifier() for p in parts):
+        raise JobCodeError(f"job {name!r} is neither a .py file nor a dotted module name")
+    path: list[str] | None = None  # sys.path for the top level
+    spec = None
+    for i in range(len(parts)):
+        qualified = ".".join(parts[: i + 1])
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(qualified, path)
+        except (ImportError, ValueError, OSError) as exc:
+            raise JobCodeError(f"cannot find job module {name}: {exc}") from None
+        if spec is None:
+            raise JobCodeError(
+                f"job {name!r} is neither a .py file nor an importable module "
+                f"({qualified} not found)"
+            )
+        if i < len(parts) - 1:
+            if spec.submodule_search_locations is None:
+                raise JobCodeError(f"cannot find job module {name}: {qualified} is not a package")
+            path = list(spec.submodule_search_locations)
+    if spec is None or not spec.has_location or spec.origin is None:
+        raise JobCodeError(f"job module {name} has no source file")
     return Path(spec.origin)
+
+
+def location(target: str) -> str:
+    """The file or module a job target names, without its ``:Class``."""
+    return _split(target)[0]
+
+
+def source_path(ref: JobRef) -> Path:
+    """The file a job reference names (resolved, nothing imported)."""
+    return _source_path(ref.target)
 
 
 _loaded: dict[JobRef, type[Job]] = {}

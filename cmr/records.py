@@ -17,6 +17,7 @@ state changes together with its index rows, in one transaction (``cmr.lifecycle`
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -133,26 +134,97 @@ class JobSpec:
 
     @staticmethod
     def from_item(job_id: str, item: Item) -> JobSpec:
-        try:
-            params = item["params"]
-            return JobSpec(
-                job_id,
-                JobRef(str(item["job"]), str(item["digest"])),
-                {str(k): str(v) for k, v in params.items()},
-                int(item["maps"]),
-                int(item["partitions"]),
-                str(item["output"]),
-                str(item["scratch"]),
-                str(item["queue_prefix"]),
-                int(item["visibility_s"]),
-                int(item["max_task_failures"]),
-                int(item.get("max_task_attempts", 10)),
-                int(item.get("task_timeout_s", 0)),
-                str(item.get("plan_digest", "")),
-                str(item.get("replaces", "")),
+        """Read a job record as what it is, input from the table: whoever can write the table
+        must not be able to make a worker allocate without limit or misread a field, so
+        every field is type- and range-checked here (where it points is the worker's
+        admission's to judge: cmr.admission)."""
+        fields = _Fields(job_id, item)
+        if not _JOB_ID.fullmatch(job_id):
+            raise WireError(f"job record {job_id[:80]!r}: not a job id")
+        params = item.get("params")
+        if not isinstance(params, dict) or len(params) > MAX_PARAMS:
+            raise WireError(f"job record {job_id}: params must be a map of at most {MAX_PARAMS}")
+        for k, v in params.items():
+            if not (isinstance(k, str) and isinstance(v, str)) or len(k) + len(v) > MAX_PARAM:
+                raise WireError(f"job record {job_id}: params must map short strings to strings")
+        digest = fields.text("digest", 64)
+        plan_digest = fields.text("plan_digest", 64, default="")
+        if not _SHA256.fullmatch(digest) or (plan_digest and not _SHA256.fullmatch(plan_digest)):
+            raise WireError(f"job record {job_id}: a digest is not a sha256")
+        queue_prefix = fields.text("queue_prefix", 40)
+        if not _QUEUE_PREFIX.fullmatch(queue_prefix):
+            raise WireError(f"job record {job_id}: queue_prefix is not a queue name prefix")
+        return JobSpec(
+            job_id,
+            JobRef(fields.text("job", MAX_URL), digest),
+            dict(params),
+            fields.number("maps", 0, MAX_MAPS),
+            fields.number("partitions", 1, MAX_PARTITIONS),
+            fields.url("output"),
+            fields.url("scratch"),
+            queue_prefix,
+            fields.number("visibility_s", 1, MAX_VISIBILITY_S),
+            fields.number("max_task_failures", 1, MAX_TASK_TRIES),
+            fields.number("max_task_attempts", 1, MAX_TASK_TRIES, default=10),
+            fields.number("task_timeout_s", 0, MAX_TASK_TIMEOUT_S, default=0),
+            plan_digest,
+            fields.text("replaces", 200, default=""),
+        )
+
+
+MAX_MAPS = 1_000_000  # map tasks a job may have (a task is ~64 MiB: 60 TiB of input)
+MAX_PARTITIONS = 10_000  # one queue each: more is a mistake, not a job
+MAX_VISIBILITY_S = 12 * 3600  # SQS's longest visibility timeout
+MAX_TASK_TRIES = 1_000  # max_task_failures and max_task_attempts
+MAX_TASK_TIMEOUT_S = 7 * 24 * 3600
+MAX_PARAMS = 256
+MAX_PARAM = 64 * 1024  # a parameter's name and value together
+MAX_URL = 1024  # S3 keys are at most 1,024 bytes; local paths are shorter in practice
+_JOB_ID = re.compile(r"[0-9A-Za-z-]{1,64}")  # what wire.py accepts in a message
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_QUEUE_PREFIX = re.compile(r"[0-9A-Za-z_-]{0,40}")  # SQS queue names: 80 of these characters
+_URL = re.compile(r"(s3|file)://[^\x00-\x1f\x7f]+")
+
+
+class _Fields:
+    """Typed reads of one record's fields: a wrong type or a value out of range is a
+    WireError naming the field, never a TypeError, OverflowError or a silent coercion."""
+
+    def __init__(self, job_id: str, item: Item) -> None:
+        self.job_id = job_id[:80]
+        self.item = item
+
+    def _get(self, name: str, default: Any) -> Any:
+        value = self.item.get(name, default)
+        if value is None:
+            raise WireError(f"job record {self.job_id}: field {name!r} is missing")
+        return value
+
+    def number(self, name: str, low: int, high: int, default: int | None = None) -> int:
+        value = self._get(name, default)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise WireError(
+                f"job record {self.job_id}: field {name!r} must be a whole number from {low} "
+                f"to {high}"
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise WireError(f"job record {job_id} is malformed: {exc}") from None
+        return value
+
+    def text(self, name: str, limit: int, default: str | None = None) -> str:
+        value = self._get(name, default)
+        if not isinstance(value, str) or len(value) > limit or "\x00" in value:
+            raise WireError(
+                f"job record {self.job_id}: field {name!r} must be a string of at most "
+                f"{limit} characters"
+            )
+        return value
+
+    def url(self, name: str) -> str:
+        value = self.text(name, MAX_URL)
+        if not _URL.fullmatch(value) or "/../" in value or value.endswith("/.."):
+            raise WireError(
+                f"job record {self.job_id}: field {name!r} is not an s3:// or file:// URL"
+            )
+        return value
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,11 @@ from cmr.claim import Claim, Refusal, claim
 from cmr.errors import BackendError, BlobMissing, QueueGone, WireError
 from cmr.lease import in_background, message_lease
 from cmr.lifecycle import job_scratch
-from cmr.records import JobSpec, MapCommit, job_pk, task_of
+from cmr.records import MAX_VISIBILITY_S, JobSpec, MapCommit, job_pk, task_of
 from cmr.runtime import Runtime, WorkerCrashed
 from cmr.timelimit import task_limit
 
 CONFLICT_CHECK_S = 2.0  # silence, with batches missing, before we ask who else reads
-MAX_VISIBILITY_S = 12 * 3600  # SQS's longest visibility timeout
 
 
 class Drain:

@@ -117,6 +117,11 @@ class WorkerSettings:
     message_bytes: int | None = None  # largest shuffle message; None: the queue's own limit
     compress: bool = True  # zstd-compress shuffle batches (off: plain msgpack bodies)
     use_combiner: bool = True  # run the job's combine (if it has one) in map and reduce
+    # What jobs this worker serves (cmr.admission): directories and module names its job
+    # code may come from (empty: the current directory), and URL prefixes its outputs may
+    # lie under (empty: the bucket of its own store).
+    jobs_from: tuple[str, ...] = ()
+    outputs_under: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Settings cross a process boundary as JSON (`cmr worker --settings-json`): every
@@ -167,6 +172,11 @@ class WorkerSettings:
         for key, value in data.items():
             if key not in hints:
                 raise UsageError(f"worker settings: unknown field {key!r}")
+            if hints[key] == tuple[str, ...]:
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise UsageError(f"worker settings: {key} must be a list of strings")
+                data[key] = tuple(value)
+                continue
             if not any(_is(value, t) for t in get_args(hints[key]) or (hints[key],)):
                 kind = hints[key] if isinstance(hints[key], type) else str(hints[key])
                 name = getattr(kind, "__name__", kind)

@@ -29,6 +29,8 @@ from cmr.publish import (
     read_manifest,
 )
 from cmr.records import (
+    MAX_PARTITIONS,
+    MAX_VISIBILITY_S,
     OUTPUTS_PK,
     JobSpec,
     JobState,
@@ -38,8 +40,6 @@ from cmr.records import (
 from cmr.split import Input, choose_split_bytes, input_name, plan
 
 STAGE_CONCURRENCY = 16
-MAX_PARTITIONS = 10_000  # one queue each: more is a mistake, not a job
-MAX_VISIBILITY_S = 12 * 3600  # SQS's longest visibility timeout
 MAX_REPLACED_LOCAL = 5_000  # part files a fetched local output may replace (kept in the record)
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cmr import submit, watch
+from cmr.admission import serving_own_job
 from cmr.api import job_ref
 from cmr.backends.base import Backend
 from cmr.backends.embedded import temporary_backend
@@ -267,7 +268,9 @@ async def chaos_run(
         result = ChaosResult(spec.job_id, {}, faulty.injected)
         if after_submit is not None:
             await after_submit(be, spec)
-        ws = settings or WorkerSettings(map_slots=2, reduce_slots=2, processes=1, memory_mb=1)
+        ws = serving_own_job(
+            settings or WorkerSettings(map_slots=2, reduce_slots=2, processes=1, memory_mb=1), spec
+        )
 
         def start(i: int) -> tuple[Worker, asyncio.Task[None]]:
             if hooks is not None and i < len(hooks):

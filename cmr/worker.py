@@ -28,8 +28,17 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 from cmr import failures, janitor, taskprogress, wire
+from cmr.admission import Admission
 from cmr.backends.base import Backend, Item, Received, Update
-from cmr.errors import BackendError, CmrError, QueueGone, Throttled, UsageError, WireError
+from cmr.errors import (
+    BackendError,
+    CmrError,
+    JobRefused,
+    QueueGone,
+    Throttled,
+    UsageError,
+    WireError,
+)
 from cmr.mapper import run_map_task
 from cmr.records import ACTIVE_PK, JobSpec, JobState, job_pk
 from cmr.reducer import run_reduce_task
@@ -62,12 +71,15 @@ class Worker:
             backend, settings, pool, tempfile.mkdtemp(prefix="cmr-", dir=spool), hook=hook
         )
         self.rt.on_job_ended = self._job_ended
+        self.admission = Admission.of(settings.jobs_from, settings.outputs_under, backend.scratch)
+        self._refused: set[str] = set()  # jobs not ours to serve (said once, then ignored)
         self.jobs: list[JobSpec] = []
         self._specs: dict[str, JobSpec] = {}
         self._turn = 0
         self.last_work = time.monotonic()
         self.busy = 0
         self.broken = False
+        self.refused = ""  # why this worker's only job was refused
         self._finished = False
         self._idle = asyncio.Event()  # set while no slot runs a task
         self._idle.set()
@@ -84,18 +96,33 @@ class Worker:
     async def _spec(self, job_id: str) -> JobSpec | None:
         spec = self._specs.get(job_id)
         if spec is None:
+            if job_id in self._refused:
+                return None
             item = await self.rt.backend.table.get(job_pk(job_id), "job")
             if item is None:
                 return None
             try:
                 spec = JobSpec.from_item(job_id, item)
             except WireError as exc:
-                self.rt.log.warning("skipping a malformed job record", job=job_id, error=str(exc))
+                self._refuse(job_id, str(exc)[:300])
+                return None
+            reason = self.admission.refusal(spec)
+            if reason is not None:
+                self._refuse(job_id, reason)
                 return None
             self._specs[job_id] = spec
             self._last_task.setdefault(job_id, time.monotonic())
             self.last_work = time.monotonic()  # a new job is work to come, not idleness
         return spec
+
+    def _refuse(self, job_id: str, reason: str) -> None:
+        """A job this worker will not serve: say why, once. A worker told to serve only this
+        job has nothing else to do, so it stops with the reason."""
+        self._refused.add(job_id)
+        self.rt.log.warning("not serving a job", job=job_id[:80], reason=reason)
+        if self.only_job == job_id:
+            self.refused = f"job {job_id}: not serving it: {reason}"
+            self.done.set()
 
     async def refresh_jobs(self) -> None:
         table = self.rt.backend.table
@@ -116,6 +143,7 @@ class Worker:
             else:
                 self._consider_cleanup(spec, row)
         listed = {str(r["sk"]) for r in rows}
+        self._refused &= listed
         for job_id in list(self._specs):
             if job_id not in listed:  # cleaned up: nothing left to do for it
                 self._forget(job_id)
@@ -433,6 +461,8 @@ class Worker:
         # Only now: the slots (and the spool files they read) are all finished.
         await self.rt.close_stats()
         shutil.rmtree(self.rt.spool_dir, ignore_errors=True)
+        if self.refused:
+            raise JobRefused(self.refused)
         if self.broken:
             raise CmrError(
                 "a CPU pool process of this worker died (killed, out of memory, or the job's "

@@ -42,6 +42,24 @@ def worker(
         int | None, typer.Option(help="reducer memory before spilling", show_default="512")
     ] = None,
     create: Annotated[bool, typer.Option(help="create the bucket and table if missing")] = True,
+    jobs_from: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--jobs-from",
+            help="a directory or module name job code may come from (repeatable); a job "
+            "whose code lies elsewhere is not served",
+            show_default="the current directory",
+        ),
+    ] = None,
+    outputs_under: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--outputs-under",
+            help="a URL prefix job outputs may lie under (repeatable); a job whose output "
+            "lies elsewhere is not served",
+            show_default="the store's bucket",
+        ),
+    ] = None,
     settings_json: Annotated[
         str | None,
         typer.Option(
@@ -66,6 +84,8 @@ def worker(
         "reduce_slots": reduce_slots,
         "memory_mb": memory_mb,
         "idle_exit_s": idle_exit,
+        "jobs_from": tuple(jobs_from) if jobs_from else None,
+        "outputs_under": tuple(outputs_under) if outputs_under else None,
     }
     base = WorkerSettings.from_json(settings_json) if settings_json else WorkerSettings()
     ws = replace(base, **{k: v for k, v in given.items() if v is not None})

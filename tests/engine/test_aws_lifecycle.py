@@ -136,7 +136,10 @@ async def test_wait_exits_non_zero_unless_the_job_succeeded(
     )  # fmt: skip
     assert code == 0, err
     job_id = out.strip().splitlines()[-1]
-    worker = cmr("worker", "--backend", "aws", "--job", job_id, "--processes", "1", *names(s))
+    worker = cmr(
+        "worker", "--backend", "aws", "--job", job_id, "--processes", "1",
+        "--jobs-from", str(tmp_path), *names(s),
+    )  # fmt: skip
     code, _, err = finish(cmr("wait", job_id, *names(s)))
     assert code == 1
     assert "failed" in err and "RuntimeError: no thanks" in err
