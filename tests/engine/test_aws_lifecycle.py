@@ -229,3 +229,35 @@ async def test_job_queues_keep_messages_fourteen_days(
     attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["MessageRetentionPeriod"])
     assert attrs["Attributes"]["MessageRetentionPeriod"] == str(14 * 24 * 3600)
     await be.queues.delete(f"{s.queue_prefix}retention")
+
+
+async def test_a_worker_refuses_a_job_whose_code_is_outside_jobs_from(
+    aws: tuple[Backend, AwsSettings], tmp_path: Path
+) -> None:
+    """`cmr worker` takes job code only from --jobs-from (default: its current directory): a
+    job naming a file elsewhere is refused with the reason, and its code never runs."""
+    be, s = aws
+    marker = tmp_path / "ran"
+    job = tmp_path / "elsewhere.py"
+    job.write_text(
+        f"import pathlib\nimport cmr\npathlib.Path({str(marker)!r}).touch()\n"
+        "class Elsewhere(cmr.Job):\n    def map(self, k, line):\n        yield line, 1\n"
+        "    def reduce(self, k, vs):\n        yield k, sum(vs)\n"
+    )
+    (tmp_path / "in.txt").write_text("a\n")
+    detached = await run_on(
+        be, str(job), str(tmp_path / "in.txt"), f"s3://{s.bucket}/out/x/", reducers=1, aws=s,
+        workers=0, detach=True,
+    )  # fmt: skip
+    marker.unlink()  # the client imported it to submit: the worker is what is tested
+    code, _, err = finish(cmr("worker", "--backend", "aws", "--job", detached.job_id, *names(s)))
+    assert code == 1
+    assert "not serving it" in err and "--jobs-from" in err and "Traceback" not in err
+    assert not marker.exists()
+    # Told where the code lives, a worker runs it.
+    worker = cmr(
+        "worker", "--backend", "aws", "--job", detached.job_id, "--jobs-from", str(tmp_path),
+        *names(s),
+    )  # fmt: skip
+    assert finish(worker)[0] == 0
+    assert status_json(s, detached.job_id)["state"] == "succeeded"

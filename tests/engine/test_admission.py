@@ -1,0 +1,245 @@
+"""Whoever can write one item to the table must not decide what a worker imports or where
+it writes (issue 12, item 4): job records are validated as untrusted input, and a worker
+serves only jobs whose code, scratch and output lie where it was told to take them."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cmr import submit, watch
+from cmr.admission import Admission
+from cmr.api import job_ref
+from cmr.backends.base import Backend, Update
+from cmr.errors import JobCodeError, UsageError, WireError
+from cmr.job import JobRef, load_job_class, module_source
+from cmr.lifecycle import record_submit
+from cmr.pool import cpu_pool
+from cmr.records import JobSpec, job_pk, new_job_id, reduce_sk
+from cmr.settings import WorkerSettings
+from cmr.submit import JobOptions
+from cmr.worker import Worker
+
+REPO = Path(__file__).resolve().parents[2]
+WORDCOUNT = str(REPO / "examples" / "wordcount.py")
+
+MARKER_JOB = """
+import pathlib
+import cmr
+pathlib.Path({marker!r}).write_text("imported")
+
+class Evil(cmr.Job):
+    def map(self, key, line):
+        yield line, 1
+
+    def reduce(self, key, values):
+        yield key, sum(values)
+"""
+
+
+def _spec(**changes: Any) -> JobSpec:
+    base = JobSpec(
+        new_job_id(),
+        JobRef(WORDCOUNT, "0" * 64),
+        {},
+        3,
+        2,
+        "s3://cmr-data/out/",
+        "s3://cmr-data/cmr/",
+        "cmr-",
+        60,
+        3,
+        plan_digest="1" * 64,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+# --- the record itself ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("partitions", 10**9),  # every worker would allocate a billion queue names
+        ("partitions", 0),
+        ("maps", -1),
+        ("maps", 10**12),
+        ("maps", True),
+        ("visibility_s", float("inf")),
+        ("visibility_s", "60"),
+        ("max_task_attempts", 10**9),
+        ("digest", "not-a-sha"),
+        ("plan_digest", "../../etc"),
+        ("output", "http://evil.example/"),
+        ("output", "s3://cmr-data/out/../../other/"),
+        ("scratch", "s3://cmr-data/\x00"),
+        ("queue_prefix", "cmr-;rm -rf"),
+        ("params", {"k" * 70_000: "v"}),
+        ("params", {str(i): "v" for i in range(1_000)}),
+        ("params", ["not", "a", "map"]),
+        ("job", "x" * 5_000),
+    ],
+)
+def test_a_hostile_job_record_is_refused_field_by_field(field: str, value: Any) -> None:
+    item = _spec().to_item()
+    item[field] = value
+    with pytest.raises(WireError, match=f"field {field!r}|params|digest|queue_prefix"):
+        JobSpec.from_item(_spec().job_id, item)
+
+
+def test_a_valid_record_reads_back_as_written() -> None:
+    spec = _spec(params={"a": "1"}, task_timeout_s=30, replaces="etag-1")
+    assert JobSpec.from_item(spec.job_id, spec.to_item()) == spec
+
+
+def test_a_record_under_a_foreign_job_id_is_refused() -> None:
+    with pytest.raises(WireError, match="not a job id"):
+        JobSpec.from_item("../../x", _spec().to_item())
+
+
+# --- job code: nothing imported before the checks ---------------------------------------
+
+
+def _package_with_marker(root: Path, marker: Path) -> None:
+    pkg = root / "evilpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n")
+    (pkg / "job.py").write_text(MARKER_JOB.format(marker=str(marker) + ".job"))
+
+
+def test_finding_a_dotted_module_imports_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``importlib.util.find_spec("a.b")`` runs ``a/__init__.py``: the old resolver imported a
+    package named by the table before comparing any digest."""
+    marker = tmp_path / "imported"
+    _package_with_marker(tmp_path, marker)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert module_source("evilpkg.job") == tmp_path / "evilpkg" / "job.py"
+    with pytest.raises(JobCodeError, match="differs"):
+        load_job_class(JobRef("evilpkg.job", "0" * 64))
+    assert not marker.exists()
+    assert "evilpkg" not in sys.modules
+
+
+def test_jobs_from_allows_directories_and_modules_only(tmp_path: Path) -> None:
+    allowed = tmp_path / "jobs"
+    allowed.mkdir()
+    (allowed / "ok.py").write_text("")
+    outside = tmp_path / "outside.py"
+    outside.write_text("")
+    (allowed / "link.py").symlink_to(outside)  # a link inside that leads out
+    adm = Admission.of([str(allowed), "examples_pkg.sub"], [], "s3://b/cmr")
+    assert adm.code_refusal(JobRef(str(allowed / "ok.py"), "")) is None
+    assert adm.code_refusal(JobRef(str(allowed / "ok.py") + ":Job", "")) is None
+    assert "--jobs-from" in (adm.code_refusal(JobRef(str(outside), "")) or "")
+    assert "--jobs-from" in (adm.code_refusal(JobRef(str(allowed / "link.py"), "")) or "")
+    # A module inside an allowed package is allowed by name; a sibling with a shared prefix
+    # is not.
+    assert adm.code_refusal(JobRef("examples_pkg.sub.wc", "")) is None
+    assert adm.code_refusal(JobRef("examples_pkg.subway", "")) is not None
+    assert adm.code_refusal(JobRef("json.decoder", "")) is not None
+    with pytest.raises(UsageError, match="neither a directory nor a module"):
+        Admission.of(["/no/such/dir"], [], "s3://b/cmr")
+
+
+def test_outputs_and_scratch_are_confined() -> None:
+    adm = Admission.of([str(REPO / "examples")], [], "s3://cmr-data/cmr/")
+    ok = _spec(output="s3://cmr-data/out/", scratch="s3://cmr-data/cmr/")
+    assert adm.refusal(ok) is None
+    assert "outside" in (adm.refusal(_spec(output="s3://victim-bucket/x/")) or "")
+    assert "scratch" in (adm.refusal(_spec(scratch="s3://cmr-data/other/")) or "")
+    narrow = Admission.of([str(REPO / "examples")], ["s3://cmr-data/out"], "s3://cmr-data/cmr")
+    assert narrow.refusal(ok) is None
+    assert narrow.refusal(_spec(output="s3://cmr-data/out2/")) is not None
+    assert narrow.refusal(_spec(output="s3://cmr-data/cmr/")) is not None
+
+
+# --- end to end: a worker serving every job meets a forged one ---------------------------
+
+
+async def test_a_worker_never_imports_a_forged_jobs_code(embedded: Backend, tmp_path: Path) -> None:
+    """A record written straight into the table names code outside --jobs-from, with a
+    matching digest: the worker refuses it without importing it, and serves the real job."""
+    (tmp_path / "in.txt").write_text("a b\nb\n")
+    real = await submit.submit(
+        embedded,
+        job_ref(WORDCOUNT),
+        str(tmp_path / "in.txt"),
+        str(tmp_path / "out"),
+        JobOptions(partitions=2),
+        queue_prefix="cmr-",
+        parallelism=1,
+    )
+    marker = tmp_path / "evil-ran"
+    evil = tmp_path / "evil.py"
+    evil.write_text(MARKER_JOB.format(marker=str(marker)))
+    forged = dataclasses.replace(
+        real,
+        job_id=new_job_id(),
+        ref=JobRef(str(evil), hashlib.sha256(evil.read_bytes()).hexdigest()),
+        output=f"file://{tmp_path}/forged-out/",
+    )
+    await record_submit(embedded, forged, {})
+    ws = WorkerSettings(processes=1, poll_s=0.1, jobs_from=(str(REPO / "examples"),))
+    with cpu_pool(1) as pool:
+        worker = Worker(embedded, ws, pool)
+        run = asyncio.create_task(worker.run())
+        try:
+            record = await asyncio.wait_for(watch.wait(embedded, real, poll_s=0.1), 120)
+        finally:
+            worker.done.set()
+            await run
+    assert record["state"] == "succeeded"
+    assert (tmp_path / "out" / "_SUCCESS").exists()
+    assert not marker.exists()
+    assert forged.job_id in worker._refused
+    job = await embedded.table.get(job_pk(forged.job_id), "job")
+    assert job is not None and job["state"] == "running"  # refused, not failed: not ours
+
+
+async def test_forged_commit_records_fail_the_job_instead_of_publishing(
+    embedded: Backend, tmp_path: Path
+) -> None:
+    """A commit record that names another object (here: another file the worker can read)
+    would have been copied into the output; the finalizer fails the job with the reason."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not publish\n")
+    (tmp_path / "in.txt").write_text("a\n")
+    spec = await submit.submit(
+        embedded,
+        job_ref(WORDCOUNT),
+        str(tmp_path / "in.txt"),
+        str(tmp_path / "out"),
+        JobOptions(partitions=1),
+        queue_prefix="cmr-",
+        parallelism=1,
+    )
+    await embedded.table.update(
+        Update(
+            job_pk(spec.job_id),
+            reduce_sk(0),
+            set_={
+                "state": "committed",
+                "output": f"file://{secret}",
+                "records": 1,
+                "bytes": secret.stat().st_size,
+            },
+        )
+    )
+    ws = WorkerSettings(processes=1, poll_s=0.1, janitor_s=0.2, jobs_from=(str(REPO),))
+    with cpu_pool(1) as pool:
+        worker = Worker(embedded, ws, pool, only_job=spec.job_id)
+        await asyncio.wait_for(worker.run(), 120)
+    job = await embedded.table.get(job_pk(spec.job_id), "job")
+    assert job is not None and job["state"] == "failed"
+    assert "not one of the job's own reduce outputs" in str(job["error"])
+    out = tmp_path / "out"
+    assert not any("do not publish" in p.read_text() for p in out.glob("part-*"))
+    assert not (out / "_SUCCESS").exists()
