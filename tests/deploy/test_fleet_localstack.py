@@ -34,6 +34,7 @@ def test_up_status_down_on_localstack(
             "to s3,sqs,cloudformation,cloudwatch,ec2,iam,ssm,sts and run scripts/stack.sh restart"
         )
     monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("UV_OFFLINE", "1")  # `up` locks the dependencies from uv's cache
     ec2 = boto3.client("ec2")
     groups_before = {g["GroupId"] for g in ec2.describe_security_groups()["SecurityGroups"]}
     tag = uuid.uuid4().hex[:8]
@@ -86,7 +87,7 @@ def test_up_status_down_on_localstack(
     assert report["running_jobs"] == [] and report["hourly_cost_usd"] == 0
     assert "no instances" in fleet("logs", "--stack", stack)
 
-    fleet("down", "--stack", stack)
+    fleet("down", "--stack", stack, "--yes")
     live = [
         s["StackName"]
         for s in cfn.list_stacks()["StackSummaries"]

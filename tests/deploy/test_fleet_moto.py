@@ -141,7 +141,7 @@ def test_up_scale_status_logs_down(moto_env: dict[str, str]) -> None:
     }
     assert (params["IdleExitSeconds"], params["IdlePeriods"]) == ("601", "3")
 
-    fleet("down", *names)
+    fleet("down", *names, "--yes")
     assert leftovers(stack, bucket, table) == NOTHING
 
 
@@ -162,7 +162,7 @@ def test_down_keep_data_keeps_bucket_and_table(moto_env: dict[str, str]) -> None
     }
     assert params["CreateBucket"] == "false" and params["CreateTable"] == "false"
     assert len(fleet_status(stack)["instances"]) == 1
-    fleet("down", "--stack", stack)
+    fleet("down", "--stack", stack, "--yes")
     # The stack did not create them this time, so down leaves them: remove them here.
     s3 = boto3.client("s3")
     for obj in s3.list_objects_v2(Bucket=bucket).get("Contents", []):
@@ -183,7 +183,7 @@ def test_scale_beyond_max_is_refused(moto_env: dict[str, str]) -> None:
           "--table", f"cmr-{tag}")  # fmt: skip
     result = CliRunner().invoke(app, ["fleet", "scale", "3", "--stack", stack])
     assert result.exit_code == 1 and "outside 0..2" in result.output
-    fleet("down", "--stack", stack)
+    fleet("down", "--stack", stack, "--yes")
 
 
 def test_hourly_cost_uses_the_price_table() -> None:
