@@ -44,7 +44,7 @@ class Front:
 @contextmanager
 def owner_front(upstream: str, owners: dict[str, str] | None = None) -> Iterator[Front]:
     """A front on a free loopback port for the duration of the block (path-style URLs)."""
-    owners = owners or {}
+    owned = owners or {}
     target = urlparse(upstream)
     front = Front("")
     lock = threading.Lock()
@@ -62,7 +62,7 @@ def owner_front(upstream: str, owners: dict[str, str] | None = None) -> Iterator
             with lock:
                 front.seen.append(Seen(self.command, self.path, owner))
             bucket = urlparse(self.path).path.lstrip("/").split("/", 1)[0]
-            if owner is not None and owner != owners.get(bucket, LOCAL_ACCOUNT):
+            if owner is not None and owner != owned.get(bucket, LOCAL_ACCOUNT):
                 payload = b"" if self.command == "HEAD" else _DENIED
                 self.send_response(403)
                 self.send_header("Content-Type", "application/xml")
