@@ -131,15 +131,18 @@ def up(
     )
 
     def body() -> None:
+        from cmr.fleet.params import store_url
         from cmr.fleet.stack import session
         from cmr.fleet.up import bring_up
 
-        params = bring_up(session(region, profile), stack, opts, wheel, timeout, lock)
+        aws = session(region, profile)
+        params = bring_up(aws, stack, opts, wheel, timeout, lock)
         spot_note = " (spot)" if params["Spot"] == "true" else ""
         out.print(
             f"fleet {stack} up: {params['DesiredCount']} x {params['InstanceType']}{spot_note}, "
             f"bucket {params['BucketName']}, table {params['TableName']}, "
-            f"queues {params['QueuePrefix']}*",
+            f"queues {params['QueuePrefix']}*\n"
+            f"submit with: cmr run ... --workers 0 --store '{store_url(params, aws.account())}'",
             highlight=False,
         )
 

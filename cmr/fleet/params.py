@@ -131,6 +131,15 @@ def bucket_name(
     return f"cmr-{account}-{region}-{suffix}"
 
 
+def store_url(params: Mapping[str, str], account: str) -> str:
+    """The ``--store`` that submits to the fleet: its bucket (which must be ``account``'s),
+    table and queue prefix."""
+    return (
+        f"aws://{params['BucketName']}/{params['TableName']}"
+        f"?prefix={params['QueuePrefix']}&owner={account}"
+    )
+
+
 def validate(params: Mapping[str, str]) -> None:
     """Refuse any parameter the template's user data would put in its shell unless it is of
     the template's own pattern."""

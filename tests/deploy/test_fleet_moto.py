@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from cmr.cli import app
 from cmr.fleet import hourly_cost
+from cmr.settings import Store
 from tests.deploy.conftest import ROOT, fleet, fleet_status
 
 
@@ -96,6 +97,10 @@ def test_up_scale_status_logs_down(moto_env: dict[str, str]) -> None:
     assert {i["lifecycle"] for i in report["instances"]} == {"InService"}
     assert report["running_jobs"] == []
     assert report["hourly_cost_usd"] == pytest.approx(2 * 0.08925)
+    # What to submit with: the fleet's bucket, which must be this account's, table and prefix.
+    store = Store.parse(report["store"])
+    assert (store.aws.bucket, store.aws.table) == (bucket, table)
+    assert (store.aws.queue_prefix, store.aws.owner) == (prefix, "123456789012")
 
     # The wheel the workers install is in the bucket, under the key the stack was given.
     params = {
