@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, get_args, get_type_hints
@@ -41,10 +42,27 @@ class AwsSettings:
     retries: str = "standard"  # botocore retry mode: legacy | standard | adaptive
     max_attempts: int = 6
     create: bool = True  # create the bucket and table when missing
+    # The account that must own every bucket cmr touches: S3 refuses a request whose bucket
+    # another account owns (ExpectedBucketOwner), so a bucket name taken by a stranger is
+    # never read or written. None: not checked (local endpoints; the fleet always sets it).
+    owner: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.owner is not None and not _ACCOUNT.fullmatch(self.owner):
+            raise UsageError(
+                f"owner {self.owner!r} is not an AWS account id: give the 12 digits of the "
+                "account that owns the bucket"
+            )
 
 
+_ACCOUNT = re.compile(r"[0-9]{12}")
 # The store URL's query keys, each an AwsSettings field.
-_STORE_QUERY = {"prefix": "queue_prefix", "region": "region", "profile": "profile"}
+_STORE_QUERY = {
+    "prefix": "queue_prefix",
+    "region": "region",
+    "profile": "profile",
+    "owner": "owner",
+}
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ up      build the project's wheel, upload it to the bucket, create or update the
 scale   set the Auto Scaling group's desired capacity
 status  instances and their states, running jobs, an hourly cost estimate
 logs    recent worker output (EC2 console output: the unit writes to journald and console)
-down    delete the stack; the bucket and table go too unless --keep-data
+down    delete the stack; then, once confirmed (or --yes), the data it made, unless --keep-data
 
 Endpoints and credentials come from the standard AWS settings (AWS_ENDPOINT_URL*,
 AWS_PROFILE, AWS_REGION ...), as for the aws backend, so LocalStack and moto need no flags.
@@ -15,8 +15,9 @@ up            lookups, resolution, wheel upload, stack create or update
 stack         the boto3 session and the CloudFormation stack and its group
 lookups       network, bucket, table, instances, running jobs, the idle alarm
 status        ``status`` and ``logs``
-teardown      ``down``: the stack, then the bucket, table and queues
+teardown      ``down``: the stack, then the bucket, table and queues it made, once confirmed
 cost, wheel   the hourly estimate; the project's wheel and its key
+lock          the wheel's dependencies pinned with hashes, which instances install
 """
 
 from __future__ import annotations

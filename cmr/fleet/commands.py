@@ -6,6 +6,7 @@ boto3 and botocore load inside the commands, never at import: ``cmr`` imports
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -52,7 +53,11 @@ def up(
     ] = None,
     stack: StackName = DEFAULT_STACK,
     bucket: Annotated[
-        str | None, typer.Option(help="bucket (default: cmr-<account>-<region>)")
+        str | None,
+        typer.Option(
+            help="bucket (default: a new cmr-<account>-<region>-<random>); one that exists "
+            "must be your account's"
+        ),
     ] = None,
     table: Annotated[
         str | None, typer.Option("--table", help=f"DynamoDB table [{AwsSettings.table}]")
@@ -95,6 +100,13 @@ def up(
     wheel: Annotated[
         Path | None, typer.Option(help="a built wheel (default: build the project)")
     ] = None,
+    lock: Annotated[
+        Path | None,
+        typer.Option(
+            help="the wheel's dependencies, pinned with hashes (pip --require-hashes); "
+            "default: locked now with uv, at the versions installed here"
+        ),
+    ] = None,
     timeout: Timeout = 1800,
     region: Region = None,
     profile: Profile = None,
@@ -119,15 +131,18 @@ def up(
     )
 
     def body() -> None:
+        from cmr.fleet.params import store_url
         from cmr.fleet.stack import session
         from cmr.fleet.up import bring_up
 
-        params = bring_up(session(region, profile), stack, opts, wheel, timeout)
+        aws = session(region, profile)
+        params = bring_up(aws, stack, opts, wheel, timeout, lock)
         spot_note = " (spot)" if params["Spot"] == "true" else ""
         out.print(
             f"fleet {stack} up: {params['DesiredCount']} x {params['InstanceType']}{spot_note}, "
             f"bucket {params['BucketName']}, table {params['TableName']}, "
-            f"queues {params['QueuePrefix']}*",
+            f"queues {params['QueuePrefix']}*\n"
+            f"submit with: cmr run ... --workers 0 --store '{store_url(params, aws.account())}'",
             highlight=False,
         )
 
@@ -209,16 +224,26 @@ def down(
     keep_data: Annotated[
         bool, typer.Option(help="keep the bucket, the table and the queues")
     ] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="delete the data without asking")
+    ] = False,
     timeout: Timeout = 1800,
     region: Region = None,
     profile: Profile = None,
 ) -> None:
-    """Delete the stack (instances, group, role ...); then the bucket, table and queues."""
+    """Delete the stack (instances, group, role ...); then, once you confirm, the bucket and
+    table it made and its jobs' queues (only those: each must carry the stack's tag or belong
+    to a job in its table)."""
 
     def body() -> None:
         from cmr.fleet.stack import session
         from cmr.fleet.teardown import take_down
 
-        take_down(out, session(region, profile), stack, keep_data, timeout)
+        confirm: Callable[[str], bool] | None = None
+        if yes:
+            confirm = lambda _question: True  # noqa: E731 -- the user said yes already
+        elif sys.stdin.isatty():
+            confirm = lambda question: typer.confirm(question, default=False)  # noqa: E731
+        take_down(out, session(region, profile), stack, keep_data, timeout, confirm)
 
     _run(body)

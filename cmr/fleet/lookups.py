@@ -8,6 +8,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from cmr.backends.aws.errors import error_code
+from cmr.backends.aws.owner import DENIED_CODES, not_owned
 from cmr.errors import FleetError
 from cmr.fleet.stack import Aws
 from cmr.records import ACTIVE_PK, JobState
@@ -34,14 +35,44 @@ def default_network(ec2: Any, subnets: list[str], vpc: str | None) -> tuple[str,
     return vpc, sorted(str(s["SubnetId"]) for s in got)
 
 
-def bucket_exists(s3: Any, bucket: str) -> bool:
+def bucket_exists(s3: Any, bucket: str, account: str) -> bool:
+    """Whether the bucket exists; one of another account is refused (the fleet's clients send
+    ExpectedBucketOwner, see :meth:`cmr.fleet.stack.Aws.client`)."""
     try:
         s3.head_bucket(Bucket=bucket)
     except ClientError as exc:
         if error_code(exc) in ("404", "NoSuchBucket", "NotFound"):
             return False
+        if error_code(exc) in DENIED_CODES:
+            raise FleetError(not_owned(bucket, account) + "; or pass another --bucket") from exc
         raise
     return True
+
+
+def stack_tagged(tags: list[dict[str, Any]], stack: str) -> bool:
+    """The resource carries the tag the template gives everything it makes for ``stack``."""
+    return any(t.get("Key") == "cmr:fleet" and t.get("Value") == stack for t in tags)
+
+
+def bucket_tags(s3: Any, bucket: str) -> list[dict[str, Any]]:
+    try:
+        return list(s3.get_bucket_tagging(Bucket=bucket).get("TagSet", []))
+    except ClientError as exc:
+        if error_code(exc) == "NoSuchTagSet":
+            return []
+        raise
+
+
+def table_tags(db: Any, table: str) -> list[dict[str, Any]]:
+    arn = db.describe_table(TableName=table)["Table"]["TableArn"]
+    tags: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"ResourceArn": arn}
+    while True:
+        page = db.list_tags_of_resource(**kwargs)
+        tags += page.get("Tags", [])
+        if not page.get("NextToken"):
+            return tags
+        kwargs["NextToken"] = page["NextToken"]
 
 
 def table_exists(db: Any, table: str) -> bool:

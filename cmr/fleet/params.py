@@ -31,6 +31,31 @@ DEFAULTS = {
 
 ALARM_PERIOD_S = 300  # EC2's basic monitoring: one CPU figure per instance every 5 minutes
 
+# The template's AllowedPattern of each parameter its user data puts into a shell script
+# (tests/deploy/test_template.py holds the two equal): checked here first, so that a value
+# that could end a quote or start a command is one clear error before anything is made.
+PATTERNS = {
+    "BucketName": r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]",
+    "TableName": r"[A-Za-z0-9_.-]{3,255}",
+    "QueuePrefix": r"[A-Za-z0-9_-]{1,40}",
+    "WheelKey": r"fleet/wheels/[0-9a-f]{64}/[A-Za-z0-9_.+-]{1,200}[.]whl",
+    "LockKey": r"fleet/locks/[0-9a-f]{64}/requirements[.]txt",
+    "InstanceType": r"[a-z0-9-]{1,20}[.][a-z0-9-]{1,20}",
+    "Processes": r"[1-9][0-9]{0,3}",
+    "IdleExitSeconds": r"[1-9][0-9]{0,6}",
+}
+_FLAGS = {
+    "BucketName": "--bucket",
+    "TableName": "--table",
+    "QueuePrefix": "--queue-prefix",
+    "WheelKey": "the wheel's key",
+    "LockKey": "the lock's key",
+    "InstanceType": "--instance-type",
+    "Processes": "--processes",
+    "IdleExitSeconds": "--idle-exit",
+}
+_SHOWN = 80  # characters of a refused value the error repeats
+
 
 def idle_periods(idle_exit_s: int) -> int:
     """5-minute periods of an all-idle fleet before its alarm scales it to zero: the workers'
@@ -65,8 +90,10 @@ class Found:
 
     region: str
     wheel_key: str
+    lock_key: str = ""
     previous: Mapping[str, str] = field(default_factory=dict)  # the stack's; {}: no stack
     account: str = ""  # needed only when no bucket is named anywhere
+    suffix: str = ""  # random: a new default bucket name cannot be guessed and taken first
     network: tuple[str, Sequence[str]] | None = None  # the VPC and subnets looked up
     bucket_exists: bool = False  # a new stack's bucket is there already
     table_exists: bool = False  # a new stack's table is there already
@@ -89,13 +116,41 @@ def needs_network(opts: UpOptions, previous: Mapping[str, str]) -> bool:
     return bool(opts.subnets or opts.vpc or not previous)
 
 
-def bucket_name(opts: UpOptions, previous: Mapping[str, str], account: str, region: str) -> str:
+def bucket_name(
+    opts: UpOptions, previous: Mapping[str, str], account: str, region: str, suffix: str
+) -> str:
+    """The named bucket, the stack's, or a new ``cmr-<account>-<region>-<random>``: bucket
+    names are global, and a predictable one can be created by a stranger before us."""
     name = opts.bucket or previous.get("BucketName")
     if name:
         return name
     if not account:
         raise FleetError("no bucket given and no account id to name one: pass --bucket")
-    return f"cmr-{account}-{region}"
+    if not re.fullmatch(r"[0-9a-f]{8,}", suffix):
+        raise FleetError("no random suffix for a new bucket name: pass --bucket")
+    return f"cmr-{account}-{region}-{suffix}"
+
+
+def store_url(params: Mapping[str, str], account: str) -> str:
+    """The ``--store`` that submits to the fleet: its bucket (which must be ``account``'s),
+    table and queue prefix."""
+    return (
+        f"aws://{params['BucketName']}/{params['TableName']}"
+        f"?prefix={params['QueuePrefix']}&owner={account}"
+    )
+
+
+def validate(params: Mapping[str, str]) -> None:
+    """Refuse any parameter the template's user data would put in its shell unless it is of
+    the template's own pattern."""
+    for key, pattern in PATTERNS.items():
+        value = params.get(key)
+        if value is not None and not re.fullmatch(pattern, value):
+            shown = value if len(value) <= _SHOWN else value[:_SHOWN] + "..."
+            raise FleetError(
+                f"{_FLAGS[key]} {shown!r} is not allowed: the fleet's {key} must match "
+                f"{pattern} (letters, digits and ._- only reach the instances' shell)"
+            )
 
 
 def resolve(opts: UpOptions, found: Found) -> dict[str, str]:
@@ -141,16 +196,18 @@ def resolve(opts: UpOptions, found: Found) -> dict[str, str]:
         desired = 1
     params.update(
         {
-            "BucketName": bucket_name(opts, prev, found.account, found.region),
+            "BucketName": bucket_name(opts, prev, found.account, found.region, found.suffix),
             "CreateBucket": str(make_bucket).lower(),
             "CreateTable": str(make_table).lower(),
             "WheelKey": found.wheel_key,
+            "LockKey": found.lock_key,
             "DesiredCount": str(desired),
             "MaxCount": str(max(int(params["MaxCount"]), desired)),
             "VpcId": vpc_id,
             "SubnetIds": ",".join(subnets),
         }
     )
+    validate(params)
     params["IdlePeriods"] = str(idle_periods(int(params["IdleExitSeconds"])))
     if opts.image:
         params["ImageId"] = opts.image

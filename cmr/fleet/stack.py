@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
@@ -18,6 +18,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from cmr.backends.aws.errors import error_code
+from cmr.backends.aws.owner import expect_owner
 from cmr.errors import FleetError
 
 POLL_S = 2.0
@@ -29,6 +30,7 @@ _FAILED_SUFFIXES = ("_FAILED", "ROLLBACK_COMPLETE")
 class Aws:
     session: Any
     region: str
+    _account: str = field(default="", repr=False)
 
     def client(self, service: str) -> Any:
         extra: dict[str, Any] = {}
@@ -38,7 +40,19 @@ class Aws:
             # Local endpoints cannot route virtual-hosted bucket names on host:port.
             extra["s3"] = {"addressing_style": "path"}
         config = Config(retries={"mode": "standard", "max_attempts": 6}, **extra)
-        return self.session.client(service, region_name=self.region, config=config)
+        client = self.session.client(service, region_name=self.region, config=config)
+        if service == "s3":
+            # The fleet's bucket is the caller's account's, always: a bucket of the same name
+            # in another account is never read, written or emptied.
+            expect_owner(client, self.account())
+        return client
+
+    def account(self) -> str:
+        """The caller's account id (one STS call, remembered)."""
+        if not self._account:
+            got = self.client("sts").get_caller_identity()
+            self._account = str(got["Account"])
+        return self._account
 
 
 def session(region: str | None, profile: str | None) -> Aws:
@@ -50,7 +64,7 @@ def session(region: str | None, profile: str | None) -> Aws:
 
 
 def account(aws: Aws) -> str:
-    return str(aws.client("sts").get_caller_identity()["Account"])
+    return aws.account()
 
 
 def describe_stack(cfn: Any, stack: str) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ from rich.table import Table
 from cmr.errors import FleetError
 from cmr.fleet.cost import PRICES, hourly_cost, load_prices
 from cmr.fleet.lookups import fleet_instances, idle_alarm, running_jobs
-from cmr.fleet.params import DEFAULTS
+from cmr.fleet.params import DEFAULTS, store_url
 from cmr.fleet.stack import Aws, describe_stack, find_group, group_name, stack_outputs, stack_params
 
 
@@ -30,6 +30,7 @@ def report(aws: Aws, stack: str) -> dict[str, Any]:
     return {
         "stack": stack,
         "stack_status": got["StackStatus"],
+        "store": store_url(params, aws.account()) if "BucketName" in params else None,
         "group": outputs["GroupName"],
         "group_missing": why or None,
         "desired": int(group["DesiredCapacity"]) if group else None,
@@ -63,6 +64,8 @@ def show(out: Console, report: dict[str, Any]) -> None:
         f"stack {stack} {report['stack_status']}  group {report['group']}  {sizes}",
         highlight=False,
     )
+    if report.get("store"):
+        out.print(f"submit with: --store '{report['store']}'", highlight=False, markup=False)
     t = Table("instance", "type", "market", "state", "lifecycle", "health", "zone")
     t.columns[0].no_wrap = True
     for i in report["instances"]:

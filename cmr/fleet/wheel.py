@@ -38,7 +38,12 @@ def build_wheel(root: Path, outdir: Path) -> Path:
     return wheels[-1]
 
 
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def wheel_key(wheel: Path) -> str:
-    """Content-addressed key: a changed wheel is a new key, so the stack update rolls it out."""
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()[:16]
-    return f"{WHEEL_PREFIX}/{digest}/{wheel.name}"
+    """Content-addressed key: a changed wheel is a new key, so the stack update rolls it out,
+    and the whole sha256 in it is what every instance checks the wheel against before it
+    installs it."""
+    return f"{WHEEL_PREFIX}/{sha256_of(wheel)}/{wheel.name}"

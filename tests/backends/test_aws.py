@@ -3,15 +3,18 @@ read what others put on its queues."""
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aioboto3
 import pytest
 from botocore.exceptions import ClientError
 
 from cmr.backends.aws import _translated, open_aws
+from cmr.backends.aws.s3 import PART_BYTES
 from cmr.backends.base import Backend, Missing
 from cmr.errors import (
     BackendError,
@@ -23,8 +26,10 @@ from cmr.errors import (
     Unreachable,
     UsageError,
 )
-from cmr.settings import AwsSettings
+from cmr.settings import AwsSettings, Store
 from tests.backends.conftest import AwsNames
+from tests.deploy.owner_front import LOCAL_ACCOUNT, owner_front
+from tests.stack import LOCALSTACK_URL
 
 
 @pytest.fixture
@@ -192,3 +197,83 @@ def test_error_translation(service: str, code: str, status: int, expected: type)
     if expected is BackendError:
         assert f"{service}.DoIt" in str(err)
         assert f"says {code}" in str(err)
+
+
+def test_owner_is_an_account_id_in_the_store_url() -> None:
+    store = Store.parse(f"aws://b/t?owner={LOCAL_ACCOUNT}")
+    assert store.aws.owner == LOCAL_ACCOUNT
+    assert Store.parse(store.url) == store
+    with pytest.raises(UsageError, match="not an AWS account id"):
+        Store.parse("aws://b/t?owner=me")
+    with pytest.raises(UsageError, match="not an AWS account id"):
+        AwsSettings(owner="12345678901")
+
+
+@pytest.mark.usefixtures("aws_stack")
+async def test_every_s3_request_names_the_expected_owner(
+    monkeypatch: pytest.MonkeyPatch, aws_names: AwsNames, tmp_path: Path
+) -> None:
+    """Every S3 request the backend sends carries ExpectedBucketOwner (seen on the wire, by
+    an S3 front before LocalStack, which does not check the header itself)."""
+    aws_names.used = True
+    key = uuid.uuid4().hex[:12]
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(PART_BYTES + 1024))  # a multipart upload, and its parts
+    with owner_front(LOCALSTACK_URL) as front:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", front.url)
+        settings = AwsSettings(bucket=aws_names.bucket, table=aws_names.table, owner=LOCAL_ACCOUNT)
+        async with open_aws(settings) as be:
+            base = f"s3://{aws_names.bucket}/owner-{key}/"
+            await be.blobs.put(base + "a", b"abc")
+            etag = await be.blobs.put_if(base + "b", b"x", etag=None)
+            await be.blobs.put_if(base + "b", b"y", etag=etag)
+            assert await be.blobs.get(base + "a") == b"abc"
+            assert await be.blobs.get_range(base + "a", 1, 3) == b"bc"
+            assert await be.blobs.size(base + "a") == 3
+            await be.blobs.copy(base + "a", base + "c")
+            await be.blobs.upload_file(str(big), base + "big")
+            await be.blobs.download_file(base + "big", str(tmp_path / "back"))
+            assert (tmp_path / "back").read_bytes() == big.read_bytes()
+            await be.blobs.delete([base + "c"])
+            assert await be.blobs.delete_prefix(base) == 3
+    # CreateBucket alone has no such parameter: the bucket it makes is the caller's own.
+    created = [s for s in front.seen if s.method == "PUT" and s.path == f"/{aws_names.bucket}"]
+    others = [s for s in front.seen if s not in created]
+    assert len(others) >= 14
+    assert [s for s in others if s.owner != LOCAL_ACCOUNT] == []
+
+
+@pytest.mark.usefixtures("aws_stack")
+async def test_a_bucket_of_another_account_is_refused_at_open(
+    monkeypatch: pytest.MonkeyPatch, aws_names: AwsNames
+) -> None:
+    aws_names.used = True
+    async with open_aws(AwsSettings(bucket=aws_names.bucket, table=aws_names.table)):
+        pass  # the bucket exists, LocalStack's account owns it
+    with owner_front(LOCALSTACK_URL) as front:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", front.url)
+        stranger = "111111111111"
+        settings = AwsSettings(bucket=aws_names.bucket, table=aws_names.table, owner=stranger)
+        with pytest.raises(UsageError, match=f"not owned by account {stranger}") as err:
+            async with open_aws(settings):
+                pass
+    assert "owner=" in str(err.value) and "\n" not in str(err.value)
+    assert {s.owner for s in front.seen} == {stranger}
+    # Nothing was read or written: the refusal came before the bucket was used.
+    assert {s.method for s in front.seen} == {"HEAD"}
+
+
+@pytest.mark.usefixtures("aws_stack")
+async def test_a_call_on_a_bucket_of_another_account_says_so(
+    monkeypatch: pytest.MonkeyPatch, aws_names: AwsNames
+) -> None:
+    aws_names.used = True
+    with owner_front(LOCALSTACK_URL, {"someone-elses-bucket": "222222222222"}) as front:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", front.url)
+        settings = AwsSettings(bucket=aws_names.bucket, table=aws_names.table, owner=LOCAL_ACCOUNT)
+        async with open_aws(settings) as be:
+            # Another account's bucket named in a URL (a record, a job's output ...).
+            with pytest.raises(Unreachable, match="owner= account") as err:
+                await be.blobs.get("s3://someone-elses-bucket/key")
+    assert err.value.code == "AccessDenied"
+    assert front.seen[-1].owner == LOCAL_ACCOUNT

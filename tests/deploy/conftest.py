@@ -90,6 +90,8 @@ def moto_env(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         "AWS_ACCESS_KEY_ID": "test",
         "AWS_SECRET_ACCESS_KEY": "test",
         "AWS_DEFAULT_REGION": MOTO_REGION,
+        # `up` locks the wheel's dependencies from uv's cache: no network in tests.
+        "UV_OFFLINE": "1",
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)

@@ -1,32 +1,43 @@
 """The launch template's user data is a real script: render it as CloudFormation would, run
-it here in a scratch root (systemctl and pip replaced through its CMR_* variables)
-against LocalStack and DynamoDB Local, and check that the worker it starts serves a job."""
+it here in a scratch root (systemctl, the AWS CLI and pip replaced through its CMR_*
+variables) against LocalStack and DynamoDB Local, and check that the worker it starts serves
+a job; and that a wheel or a lock that is not the one its key names is never installed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import pwd
 import signal
+import stat
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
+import pytest
 
 from cmr.api import run_async
 from cmr.fleet import build_wheel, wheel_key
+from cmr.fleet.lock import compile_lock, lock_key
 from cmr.settings import AwsSettings
 from tests.deploy.conftest import ROOT, load_template, render_user_data
+from tests.deploy.owner_front import LOCAL_ACCOUNT, owner_front
 from tests.engine.reference import counts_from_parts, word_count
-from tests.stack import remove_test_resources
+from tests.stack import LOCALSTACK_URL, remove_test_resources
 
 # Stands in for systemd: `enable --now` runs the unit's ExecStart detached like a service and
-# records its exit status where systemd would keep it.
+# records its exit status where systemd would keep it. (It runs it as the test's user: the
+# unit's User= and sandbox are checked as text here, and by systemd-analyze in
+# test_template.py.)
 FAKE_SYSTEMCTL = r"""#!/bin/bash
 set -e
+echo "$@" >>"$CMR_ROOT/systemctl.calls"
 [ "$1" = enable ] || exit 0
 unit="$CMR_ROOT/etc/systemd/system/$3"
 start=$(sed -n 's/^ExecStart=//p' "$unit")
@@ -35,12 +46,52 @@ setsid bash -c '"$1"; echo $? >"$2"' _ "$start" "$CMR_ROOT/worker.exit" \
 echo $! >"$CMR_ROOT/worker.pid"
 """
 
+# Stands in for Amazon Linux 2023's AWS CLI, the one command the user data runs with it.
+FAKE_AWS = """#!{python}
+import argparse, sys
+import boto3
+from botocore.config import Config
+
+p = argparse.ArgumentParser()
+p.add_argument("service", choices=["s3api"])
+p.add_argument("op", choices=["get-object"])
+p.add_argument("--bucket", required=True)
+p.add_argument("--key", required=True)
+p.add_argument("--expected-bucket-owner", required=True)
+p.add_argument("outfile")
+a = p.parse_args()
+s3 = boto3.client("s3", config=Config(s3={{"addressing_style": "path"}}))
+try:
+    got = s3.get_object(Bucket=a.bucket, Key=a.key, ExpectedBucketOwner=a.expected_bucket_owner)
+except Exception as exc:
+    sys.exit(f"aws: {{exc}}")
+with open(a.outfile, "wb") as f:
+    f.write(got["Body"].read())
+"""
+
 IDLE_EXIT_S = 8
 TEXT = [
     "the quick brown fox jumps over the lazy dog\n" * 40,
     "ünï κόσμε the dog\n\n  spaces   and\ttabs the\n" * 25,
     "a b c d e f g a b c a\n" * 60,
 ]
+WORKER_USER = pwd.getpwuid(os.getuid()).pw_name  # the unit's User=, here: no useradd
+
+
+@dataclass(frozen=True)
+class Built:
+    wheel: Path
+    lock: Path
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
+    """The project's wheel and its lock, as `cmr fleet up` makes them (from uv's cache)."""
+    out = tmp_path_factory.mktemp("dist")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("UV_OFFLINE", "1")
+        wheel = build_wheel(ROOT, out)
+        yield Built(wheel, compile_lock(wheel, out))
 
 
 def stop_worker(root: Path) -> None:
@@ -51,17 +102,8 @@ def stop_worker(root: Path) -> None:
             os.killpg(pid, signal.SIGTERM)  # the session fake systemctl started
 
 
-def test_user_data_installs_wheel_and_worker_serves_a_job(
-    aws_stack: dict[str, str], tmp_path: Path
-) -> None:
-    tag = uuid.uuid4().hex[:8]
-    bucket, table, prefix = f"cmr-boot-{tag}", f"cmr-boot-{tag}", f"cmrboot{tag}-"
-    root = tmp_path / "instance"
-    root.mkdir()
-    s3, db = boto3.client("s3"), boto3.client("dynamodb")
-    # What the stack provides before any instance boots: bucket, table, wheel.
-    s3.create_bucket(Bucket=bucket)
-    db.create_table(
+def make_table(table: str) -> None:
+    boto3.client("dynamodb").create_table(
         TableName=table,
         AttributeDefinitions=[
             {"AttributeName": "pk", "AttributeType": "S"},
@@ -73,27 +115,36 @@ def test_user_data_installs_wheel_and_worker_serves_a_job(
         ],
         BillingMode="PAY_PER_REQUEST",
     )
-    wheel = build_wheel(ROOT, tmp_path / "dist")
-    key = wheel_key(wheel)
-    s3.upload_file(str(wheel), bucket, key)
 
+
+def boot(
+    tmp_path: Path, bucket: str, table: str, prefix: str, wheel: str, lock: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run the user data, rendered for these names and keys, in a fresh scratch root."""
+    root = tmp_path / "instance"
+    root.mkdir()
     script = render_user_data(
         load_template(),
         {
             "BucketName": bucket,
-            "WheelKey": key,
+            "WheelKey": wheel,
+            "LockKey": lock,
             "TableName": table,
             "QueuePrefix": prefix,
             "Processes": "1",
             "IdleExitSeconds": str(IDLE_EXIT_S),
+            "AWS::AccountId": LOCAL_ACCOUNT,
             "AWS::Region": "us-east-1",
-            "AWS::StackName": f"boot-{tag}",
+            "AWS::StackName": f"boot-{bucket}",
         },
     )
     (root / "user-data.sh").write_text(script)
-    systemctl = tmp_path / "systemctl"
-    systemctl.write_text(FAKE_SYSTEMCTL)
-    systemctl.chmod(0o755)
+    for name, text in (
+        ("systemctl", FAKE_SYSTEMCTL),
+        ("aws", FAKE_AWS.format(python=sys.executable)),
+    ):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
     venv = root / "opt" / "cmr" / "venv"
     env = {
         **os.environ,
@@ -102,61 +153,186 @@ def test_user_data_installs_wheel_and_worker_serves_a_job(
         "CMR_VENV_OPTS": "--without-pip",
         # The uv cache stands in for PyPI: same packages, no network.
         "CMR_PIP": f"uv pip install --offline --quiet --python {venv}/bin/python",
-        "CMR_SYSTEMCTL": str(systemctl),
+        "CMR_SYSTEMCTL": str(tmp_path / "systemctl"),
+        "CMR_AWS": str(tmp_path / "aws"),
+        "CMR_WORKER_USER": WORKER_USER,
         "CMR_BOOT_LOG": str(root / "bootstrap.log"),
     }
+    done = subprocess.run(
+        ["bash", str(root / "user-data.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    return done, root
+
+
+def names() -> tuple[str, str, str]:
+    tag = uuid.uuid4().hex[:8]
+    return f"cmr-boot-{tag}", f"cmr-boot-{tag}", f"cmrboot{tag}-"
+
+
+def test_user_data_installs_wheel_and_worker_serves_a_job(
+    aws_stack: dict[str, str],
+    built: Built,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bucket, table, prefix = names()
+    s3 = boto3.client("s3")
+    # What the stack provides before any instance boots: bucket, table, lock and wheel.
+    s3.create_bucket(Bucket=bucket)
+    make_table(table)
+    key, locked = wheel_key(built.wheel), lock_key(built.lock)
+    s3.upload_file(str(built.lock), bucket, locked)
+    s3.upload_file(str(built.wheel), bucket, key)
+    root = tmp_path / "instance"
     try:
-        started = time.monotonic()
-        boot = subprocess.run(
-            ["bash", str(root / "user-data.sh")],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        assert boot.returncode == 0, boot.stdout + boot.stderr
-        boot_s = time.monotonic() - started
-        # The wheel came from the bucket and is what the venv's cmr runs.
-        assert (root / "opt" / "cmr" / wheel.name).read_bytes() == wheel.read_bytes()
-        assert (venv / "bin" / "cmr").exists()
-        unit = (root / "etc" / "systemd" / "system" / "cmr-worker.service").read_text()
-        assert "StandardOutput=journal+console" in unit and "Restart=on-failure" in unit
-        run = (root / "opt" / "cmr" / "run-worker.sh").read_text()
-        assert f'--bucket "{bucket}"' in run and f'--idle-exit "{IDLE_EXIT_S}"' in run
-        assert "AWS_ENDPOINT_URL_DYNAMODB=" in (root / "etc" / "cmr" / "worker.env").read_text()
-
-        data = tmp_path / "input"
-        data.mkdir()
-        for i, text in enumerate(TEXT):
-            (data / f"f{i}.txt").write_text(text)
-        out = tmp_path / "out"
-        result = asyncio.run(
-            asyncio.wait_for(
-                run_async(
-                    "examples/wordcount.py",
-                    str(data),
-                    str(out),
-                    backend="aws",
-                    workers=0,
-                    aws=AwsSettings(bucket=bucket, table=table, queue_prefix=prefix),
-                ),
-                timeout=180,
+        # Every S3 request from here on (bootstrap, worker, and this test's client) passes an
+        # S3 front that, like S3, refuses any ExpectedBucketOwner but the bucket's owner.
+        with owner_front(LOCALSTACK_URL) as front:
+            monkeypatch.setenv("AWS_ENDPOINT_URL_S3", front.url)
+            started = time.monotonic()
+            done, root = boot(tmp_path, bucket, table, prefix, key, locked)
+            assert done.returncode == 0, done.stdout + done.stderr
+            boot_s = time.monotonic() - started
+            log = (root / "bootstrap.log").read_text()
+            assert f"{locked} verified" in log and f"{key} verified" in log
+            # The wheel came from the bucket and is what the venv's cmr runs.
+            assert (root / "opt" / "cmr" / built.wheel.name).read_bytes() == (
+                built.wheel.read_bytes()
             )
-        )
-        assert counts_from_parts(out, 4) == word_count(data)
-        assert result.record["state"] == "succeeded"
+            assert (root / "opt" / "cmr" / "venv" / "bin" / "cmr").exists()
+            unit = (root / "etc" / "systemd" / "system" / "cmr-worker.service").read_text()
+            assert "StandardOutput=journal+console" in unit and "Restart=on-failure" in unit
+            assert f"User={WORKER_USER}\n" in unit and "NoNewPrivileges=yes" in unit
+            assert f"ReadWritePaths={root}/var/lib/cmr\n" in unit
+            run = (root / "opt" / "cmr" / "run-worker.sh").read_text()
+            store = f"aws://{bucket}/{table}?prefix={prefix}&owner={LOCAL_ACCOUNT}"
+            assert f'--store "{store}"' in run and f'--idle-exit "{IDLE_EXIT_S}"' in run
+            env_file = root / "etc" / "cmr" / "worker.env"
+            assert "AWS_ENDPOINT_URL_DYNAMODB=" in env_file.read_text()
+            st = env_file.stat()
+            assert stat.S_IMODE(st.st_mode) == 0o600
+            assert st.st_uid == pwd.getpwnam(WORKER_USER).pw_uid
+            spool = (root / "var" / "lib" / "cmr").stat()
+            assert stat.S_IMODE(spool.st_mode) == 0o700
 
-        # Idle, the worker exits cleanly (status 0: systemd's Restart=on-failure leaves it
-        # down, the instance goes quiet and the fleet's idle alarm scales the group in).
-        exit_file = root / "worker.exit"
-        deadline = time.monotonic() + IDLE_EXIT_S + 60
-        while not exit_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        log = (root / "worker.log").read_text()
-        assert exit_file.exists(), log[-3000:]
-        assert exit_file.read_text().strip() == "0", log[-3000:]
+            data = tmp_path / "input"
+            data.mkdir()
+            for i, text in enumerate(TEXT):
+                (data / f"f{i}.txt").write_text(text)
+            out = tmp_path / "out"
+            aws = AwsSettings(bucket=bucket, table=table, queue_prefix=prefix, owner=LOCAL_ACCOUNT)
+            result = asyncio.run(
+                asyncio.wait_for(
+                    run_async(
+                        "examples/wordcount.py",
+                        str(data),
+                        str(out),
+                        backend="aws",
+                        aws=aws,
+                        workers=0,
+                    ),
+                    timeout=180,
+                )
+            )
+            assert counts_from_parts(out, 4) == word_count(data)
+            assert result.record["state"] == "succeeded"
+
+            # Idle, the worker exits cleanly (status 0: systemd's Restart=on-failure leaves it
+            # down, the instance goes quiet and the fleet's idle alarm scales the group in).
+            exit_file = root / "worker.exit"
+            deadline = time.monotonic() + IDLE_EXIT_S + 60
+            while not exit_file.exists() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            log = (root / "worker.log").read_text()
+            assert exit_file.exists(), log[-3000:]
+            assert exit_file.read_text().strip() == "0", log[-3000:]
+        # The bootstrap's downloads, the worker's and the client's calls: each S3 request named
+        # the bucket's owner (the front saw them on the wire; LocalStack ignores the header).
+        assert len(front.seen) > 20
+        assert [s for s in front.seen if s.owner != LOCAL_ACCOUNT] == []
         print(f"bootstrap {boot_s:.1f}s, job {result.seconds:.1f}s")
     finally:
         stop_worker(root)
+        remove_test_resources(bucket, table, prefix)
+
+
+def refused(done: subprocess.CompletedProcess[str], root: Path, why: str) -> None:
+    """The bootstrap failed before it installed or started anything, and said why."""
+    log = (root / "bootstrap.log").read_text()
+    assert done.returncode != 0, log
+    assert why in log, log
+    assert not (root / "systemctl.calls").exists()
+    assert not (root / "worker.pid").exists()
+    assert not (root / "etc" / "systemd" / "system" / "cmr-worker.service").exists()
+
+
+@pytest.mark.usefixtures("aws_stack")
+def test_a_tampered_wheel_is_never_installed(built: Built, tmp_path: Path) -> None:
+    """Bytes in the wheel's place that are not the wheel its key names (by sha256)."""
+    bucket, table, prefix = names()
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket=bucket)
+    key, locked = wheel_key(built.wheel), lock_key(built.lock)
+    tampered = tmp_path / built.wheel.name
+    tampered.write_bytes(built.wheel.read_bytes() + b"\0")  # a wheel still, one byte more
+    s3.upload_file(str(built.lock), bucket, locked)
+    s3.upload_file(str(tampered), bucket, key)
+    try:
+        done, root = boot(tmp_path, bucket, table, prefix, key, locked)
+        refused(done, root, f"REFUSED: s3://{bucket}/{key} has sha256")
+        assert "(tampered or corrupt); the worker is not started" in done.stdout
+        assert not (root / "opt" / "cmr" / "venv").exists()
+    finally:
+        remove_test_resources(bucket, table, prefix)
+
+
+@pytest.mark.usefixtures("aws_stack")
+def test_a_tampered_lock_is_never_used(built: Built, tmp_path: Path) -> None:
+    """A lock edited after upload (here: one package's hashes swapped for another's) no
+    longer matches the sha256 its key names."""
+    bucket, table, prefix = names()
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket=bucket)
+    key, locked = wheel_key(built.wheel), lock_key(built.lock)
+    tampered = tmp_path / "requirements.txt"
+    tampered.write_text(built.lock.read_text().replace("msgpack==", "msgpack>="))
+    s3.upload_file(str(tampered), bucket, locked)
+    s3.upload_file(str(built.wheel), bucket, key)
+    try:
+        done, root = boot(tmp_path, bucket, table, prefix, key, locked)
+        refused(done, root, f"REFUSED: s3://{bucket}/{locked} has sha256")
+        assert not (root / "opt" / "cmr" / "venv").exists()
+    finally:
+        remove_test_resources(bucket, table, prefix)
+
+
+@pytest.mark.usefixtures("aws_stack")
+def test_a_package_that_is_not_the_locked_file_is_refused(built: Built, tmp_path: Path) -> None:
+    """The lock is the one its key names, but a package file does not match its hashes
+    (as if the index served other bytes): --require-hashes refuses it, nothing starts."""
+    bucket, table, prefix = names()
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket=bucket)
+    lines = built.lock.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("msgpack=="))
+    # Every hash of msgpack's files replaced: no file of it can match any more.
+    end = next(i for i in range(at + 1, len(lines)) if not lines[i].startswith("    --hash"))
+    for i in range(at + 1, end):
+        lines[i] = "    --hash=sha256:" + "0" * 64 + (" \\\n" if i < end - 1 else "\n")
+    wrong = tmp_path / "requirements.txt"
+    wrong.write_text("".join(lines))
+    key, locked = wheel_key(built.wheel), lock_key(wrong)
+    s3.upload_file(str(wrong), bucket, locked)
+    s3.upload_file(str(built.wheel), bucket, key)
+    try:
+        done, root = boot(tmp_path, bucket, table, prefix, key, locked)
+        refused(done, root, f"{locked} verified")
+        assert "Hash mismatch for `msgpack==" in done.stdout + done.stderr
+        assert not (root / "opt" / "cmr" / "venv" / "bin" / "cmr").exists()
+    finally:
         remove_test_resources(bucket, table, prefix)

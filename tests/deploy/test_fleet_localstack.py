@@ -5,14 +5,17 @@ must leave nothing behind."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import urllib.request
 import uuid
+from collections.abc import Iterator
 
 import boto3
 import pytest
 
 from tests.deploy.conftest import ROOT, fleet, fleet_status
+from tests.deploy.owner_front import LOCAL_ACCOUNT, Front, owner_front
 from tests.stack import LOCALSTACK_URL
 
 NEEDED = ("cloudformation", "cloudwatch", "ec2", "iam", "s3", "sts")
@@ -24,9 +27,16 @@ def missing_services() -> list[str]:
     return [s for s in NEEDED if services.get(s) not in ("available", "running")]
 
 
-def test_up_status_down_on_localstack(
-    aws_stack: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def s3_front(aws_stack: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Front]:
+    """The CLI's S3 calls pass a front that refuses, as S3 does, a wrong ExpectedBucketOwner
+    (LocalStack ignores the header)."""
+    with owner_front(LOCALSTACK_URL) as front:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", front.url)
+        yield front
+
+
+def test_up_status_down_on_localstack(s3_front: Front, monkeypatch: pytest.MonkeyPatch) -> None:
     missing = missing_services()
     if missing:
         pytest.skip(
@@ -34,6 +44,7 @@ def test_up_status_down_on_localstack(
             "to s3,sqs,cloudformation,cloudwatch,ec2,iam,ssm,sts and run scripts/stack.sh restart"
         )
     monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("UV_OFFLINE", "1")  # `up` locks the dependencies from uv's cache
     ec2 = boto3.client("ec2")
     groups_before = {g["GroupId"] for g in ec2.describe_security_groups()["SecurityGroups"]}
     tag = uuid.uuid4().hex[:8]
@@ -57,8 +68,21 @@ def test_up_status_down_on_localstack(
         p["ParameterKey"]: p["ParameterValue"]
         for p in cfn.describe_stacks(StackName=stack)["Stacks"][0]["Parameters"]
     }
-    s3 = boto3.client("s3")
+    s3 = boto3.client("s3", endpoint_url=LOCALSTACK_URL)  # this test's own calls: not the front's
     assert s3.head_object(Bucket=bucket, Key=params["WheelKey"])["ContentLength"] > 10_000
+    lock = s3.get_object(Bucket=bucket, Key=params["LockKey"])["Body"].read()
+    assert params["LockKey"].split("/")[2] == hashlib.sha256(lock).hexdigest()
+    assert b"--hash=sha256:" in lock
+    # The bucket the stack made: versioned, owner-enforced, TLS-only, tagged as the stack's.
+    assert s3.get_bucket_versioning(Bucket=bucket)["Status"] == "Enabled"
+    rules = s3.get_bucket_ownership_controls(Bucket=bucket)["OwnershipControls"]["Rules"]
+    assert rules == [{"ObjectOwnership": "BucketOwnerEnforced"}]
+    policy = json.loads(s3.get_bucket_policy(Bucket=bucket)["Policy"])
+    (tls,) = [st for st in policy["Statement"] if st["Sid"] == "TlsOnly"]
+    assert tls["Effect"] == "Deny" and tls["Condition"] == {
+        "Bool": {"aws:SecureTransport": "false"}
+    }
+    assert {"Key": "cmr:fleet", "Value": stack} in s3.get_bucket_tagging(Bucket=bucket)["TagSet"]
     sg = resources["WorkerSecurityGroup"]["PhysicalResourceId"]
     assert sg in {g["GroupId"] for g in ec2.describe_security_groups()["SecurityGroups"]}
     role = resources["WorkerRole"]["PhysicalResourceId"]
@@ -86,7 +110,10 @@ def test_up_status_down_on_localstack(
     assert report["running_jobs"] == [] and report["hourly_cost_usd"] == 0
     assert "no instances" in fleet("logs", "--stack", stack)
 
-    fleet("down", "--stack", stack)
+    fleet("down", "--stack", stack, "--yes")
+    # Every S3 request of `up` and `down` named the caller's account as the bucket's owner.
+    assert len(s3_front.seen) >= 5
+    assert [s for s in s3_front.seen if s.owner != LOCAL_ACCOUNT] == []
     live = [
         s["StackName"]
         for s in cfn.list_stacks()["StackSummaries"]

@@ -4,13 +4,17 @@ template's Auto Scaling group for real (instances launch, SetDesiredCapacity sca
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
 import boto3
 import pytest
+from typer.testing import CliRunner
 
+from cmr.cli import app
 from cmr.fleet import hourly_cost
+from cmr.settings import Store
 from tests.deploy.conftest import ROOT, fleet, fleet_status
 
 
@@ -93,6 +97,10 @@ def test_up_scale_status_logs_down(moto_env: dict[str, str]) -> None:
     assert {i["lifecycle"] for i in report["instances"]} == {"InService"}
     assert report["running_jobs"] == []
     assert report["hourly_cost_usd"] == pytest.approx(2 * 0.08925)
+    # What to submit with: the fleet's bucket, which must be this account's, table and prefix.
+    store = Store.parse(report["store"])
+    assert (store.aws.bucket, store.aws.table) == (bucket, table)
+    assert (store.aws.queue_prefix, store.aws.owner) == (prefix, "123456789012")
 
     # The wheel the workers install is in the bucket, under the key the stack was given.
     params = {
@@ -141,7 +149,36 @@ def test_up_scale_status_logs_down(moto_env: dict[str, str]) -> None:
     }
     assert (params["IdleExitSeconds"], params["IdlePeriods"]) == ("601", "3")
 
-    fleet("down", *names)
+    # `down` asks before it deletes data; with no one to ask and no --yes it refuses, and
+    # leaves everything as it was.
+    result = CliRunner().invoke(app, ["fleet", "down", *names])
+    assert result.exit_code == 1
+    assert "pass --yes to delete them" in result.output and f"bucket {bucket}" in result.output
+    assert leftovers(stack, bucket, table)["stacks"] == [stack]
+
+    # It deletes only what is the fleet's: the queues of jobs in its table, not a queue that
+    # merely shares the prefix, nor one named like a job's but of no job it knows.
+    sqs = boto3.client("sqs")
+    job = "20260101-000000-0123456789abcdef"
+    boto3.client("dynamodb").put_item(
+        TableName=table, Item={"pk": {"S": f"job#{job}"}, "sk": {"S": "job"}}
+    )
+    ours = [sqs.create_queue(QueueName=f"{prefix}{job}-{s}")["QueueUrl"] for s in ("in", "p00000")]
+    theirs = [
+        sqs.create_queue(QueueName=f"{prefix}someone-elses")["QueueUrl"],
+        sqs.create_queue(QueueName=f"{prefix}20260101-000000-{'f' * 16}-in")["QueueUrl"],
+    ]
+    # A versioned bucket (as the template makes it) with old versions and a delete marker.
+    s3 = boto3.client("s3")
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    for body in (b"1", b"2"):
+        s3.put_object(Bucket=bucket, Key="out/part-00000", Body=body)
+    s3.delete_object(Bucket=bucket, Key="out/part-00000")
+    fleet("down", *names, "--yes")
+    left = sqs.list_queues(QueueNamePrefix=prefix).get("QueueUrls", [])
+    assert sorted(left) == sorted(theirs) and not set(ours) & set(left)
+    for url in theirs:
+        sqs.delete_queue(QueueUrl=url)
     assert leftovers(stack, bucket, table) == NOTHING
 
 
@@ -162,7 +199,7 @@ def test_down_keep_data_keeps_bucket_and_table(moto_env: dict[str, str]) -> None
     }
     assert params["CreateBucket"] == "false" and params["CreateTable"] == "false"
     assert len(fleet_status(stack)["instances"]) == 1
-    fleet("down", "--stack", stack)
+    fleet("down", "--stack", stack, "--yes")
     # The stack did not create them this time, so down leaves them: remove them here.
     s3 = boto3.client("s3")
     for obj in s3.list_objects_v2(Bucket=bucket).get("Contents", []):
@@ -173,17 +210,22 @@ def test_down_keep_data_keeps_bucket_and_table(moto_env: dict[str, str]) -> None
 
 
 def test_scale_beyond_max_is_refused(moto_env: dict[str, str]) -> None:
-    from typer.testing import CliRunner
-
-    from cmr.cli import app
-
     tag = uuid.uuid4().hex[:8]
     stack = f"fleet-{tag}"
-    fleet("up", "--stack", stack, "--count", "0", "--max", "2", "--bucket", f"cmr-fleet-{tag}",
-          "--table", f"cmr-{tag}")  # fmt: skip
+    fleet("up", "--stack", stack, "--count", "0", "--max", "2", "--table", f"cmr-{tag}")
     result = CliRunner().invoke(app, ["fleet", "scale", "3", "--stack", stack])
     assert result.exit_code == 1 and "outside 0..2" in result.output
-    fleet("down", "--stack", stack)
+    # No --bucket: a new name of the account and region, with a random part.
+    params = {
+        p["ParameterKey"]: p["ParameterValue"]
+        for p in boto3.client("cloudformation").describe_stacks(StackName=stack)["Stacks"][0][
+            "Parameters"
+        ]
+    }
+    bucket = params["BucketName"]
+    assert re.fullmatch(r"cmr-123456789012-us-east-1-[0-9a-f]{8}", bucket), bucket
+    fleet("down", "--stack", stack, "--yes")
+    assert leftovers(stack, bucket, f"cmr-{tag}") == NOTHING
 
 
 def test_hourly_cost_uses_the_price_table() -> None:

@@ -2,6 +2,7 @@
 
 errors        the one reading of botocore failures (also used by ``cmr fleet`` and the loadgen)
 calls         what the clients share: request counting, concurrent calls
+owner         ExpectedBucketOwner on every S3 request (the store's owner=, the fleet's account)
 sqs, s3, dynamodb   the queue, blob and table protocols
 provisioning  ``open_aws``: clients, a fast probe, the bucket and table made if missing
 

@@ -152,9 +152,14 @@ def _judged(service: str, exc: BaseException, subject: str) -> tuple[type[Backen
     if codes & _BUSY or http_status(exc) == 503:
         return Throttled, f"{service}.{op} throttled{about}: {message}"
     if code in DENIED:
+        owner = (
+            ", and that the bucket belongs to the store's owner= account (ExpectedBucketOwner)"
+            if service == "s3"
+            else ""
+        )
         return Unreachable, (
             f"{service}.{op} access denied{about}: {message}; check the credentials and "
-            "the IAM policy"
+            f"the IAM policy{owner}"
         )
     if service == "sqs" and codes & QUEUE_GONE:
         return QueueGone, f"queue {subject or '?'} does not exist"

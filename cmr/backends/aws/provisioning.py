@@ -22,6 +22,7 @@ from cmr.backends.aws.dynamodb import AwsTable
 from cmr.backends.aws.errors import QUEUE_GONE, error_code
 from cmr.backends.aws.errors import translate as _translate
 from cmr.backends.aws.errors import translated as _translated
+from cmr.backends.aws.owner import DENIED_CODES, expect_owner, not_owned
 from cmr.backends.aws.s3 import AwsBlobs
 from cmr.backends.aws.sqs import AwsQueues
 from cmr.backends.base import REMOTE, Backend
@@ -29,13 +30,17 @@ from cmr.errors import BackendError, BlobMissing, UsageError
 from cmr.settings import AwsSettings
 
 
-async def _ensure_bucket(s3: Any, bucket: str, region: str, create: bool) -> None:
+async def _ensure_bucket(
+    s3: Any, bucket: str, region: str, create: bool, owner: str | None = None
+) -> None:
     try:
         with _translate("s3", f"s3://{bucket}"):
             await s3.head_bucket(Bucket=bucket)
     except BlobMissing:
         pass  # HeadBucket answers a bare 404 for a missing bucket
     except BackendError as exc:
+        if owner and exc.code in DENIED_CODES:
+            raise UsageError(not_owned(bucket, owner)) from exc
         if exc.code != "NoSuchBucket":
             raise
     else:
@@ -110,6 +115,8 @@ async def _probe(session: Any, region: str, settings: AwsSettings, path_style: b
             async with session.client(
                 service, region_name=region, config=AioConfig(**config, **extra)
             ) as c:
+                if service == "s3":
+                    expect_owner(c, settings.owner)
                 try:
                     if service == "sqs":
                         await c.get_queue_url(QueueName=f"{settings.queue_prefix}probe")
@@ -118,6 +125,8 @@ async def _probe(session: Any, region: str, settings: AwsSettings, path_style: b
                     else:
                         await c.describe_table(TableName=settings.table)
                 except ClientError as exc:
+                    if service == "s3" and settings.owner and error_code(exc) in DENIED_CODES:
+                        raise UsageError(not_owned(settings.bucket, settings.owner)) from exc
                     if error_code(exc) not in absent:
                         raise
 
@@ -148,8 +157,11 @@ async def open_aws(settings: AwsSettings) -> AsyncIterator[Backend]:
                 clients[service] = await stack.enter_async_context(
                     session.client(service, region_name=region, config=AioConfig(**base, **extra))
                 )
+        expect_owner(clients["s3"], settings.owner)
         await _probe(session, region, settings, path_style)
-        await _ensure_bucket(clients["s3"], settings.bucket, region, settings.create)
+        await _ensure_bucket(
+            clients["s3"], settings.bucket, region, settings.create, settings.owner
+        )
         await _ensure_table(clients["dynamodb"], settings.table, settings.create)
         yield Backend(
             name="aws",
