@@ -63,6 +63,13 @@ def job_scratch(scratch: str, job_id: str) -> str:
     return f"{scratch.rstrip('/')}/jobs/{job_id}/"
 
 
+def spill_url(scratch: str, job_id: str, task: int, attempt: str, p: int, seq: int) -> str:
+    """Where a map attempt puts a batch's pairs too big for a message. A spilled batch must
+    name exactly this URL for its own tag: a message can then make a reducer read nothing but
+    the blob its tag's attempt wrote (not a large object, not another job's data)."""
+    return f"{job_scratch(scratch, job_id)}spill/{task}-{attempt}-{p}-{seq}"
+
+
 def _token() -> str:
     return secrets.token_hex(16)
 

@@ -26,7 +26,7 @@ from cmr import compute, failures, wire
 from cmr.backends.base import Put, Received, item_absent
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, TaskError, WireError
 from cmr.lease import message_lease
-from cmr.lifecycle import job_scratch, write_while_running
+from cmr.lifecycle import job_scratch, spill_url, write_while_running
 from cmr.records import JobSpec, MapCommit, job_pk, map_sk
 from cmr.runtime import Runtime
 from cmr.split import read_split
@@ -157,7 +157,7 @@ async def _send_spool(
 
     async def spilled_body(p: int, seq: int, n: int, stream: bytes) -> bytes:
         # A value too big for one message travels through the blob store instead.
-        url = f"{job_scratch(spec.scratch, spec.job_id)}spill/{task}-{attempt}-{p}-{seq}"
+        url = spill_url(spec.scratch, spec.job_id, task, attempt, p, seq)
         spills.append(url)
         await blobs.put(url, stream)
         return wire.encode(

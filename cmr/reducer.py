@@ -33,7 +33,7 @@ from cmr.backends.base import Received
 from cmr.claim import Claim, Refusal, claim
 from cmr.errors import BackendError, BlobMissing, QueueGone, WireError
 from cmr.lease import in_background, message_lease
-from cmr.lifecycle import job_scratch
+from cmr.lifecycle import job_scratch, spill_url
 from cmr.records import MAX_VISIBILITY_S, JobSpec, MapCommit, job_pk, task_of
 from cmr.runtime import Runtime, WorkerCrashed
 from cmr.timelimit import task_limit
@@ -129,9 +129,18 @@ class Drain:
             return
         pairs = batch.pairs
         if batch.spilled:
-            if not batch.spilled.startswith(job_scratch(self.spec.scratch, self.spec.job_id)):
+            spec = self.spec
+            own = spill_url(
+                spec.scratch, spec.job_id, batch.task, batch.attempt, batch.partition, batch.seq
+            )
+            if batch.spilled != own:
                 self.stats["messages_rejected"] += 1
                 self.unneeded.append(m.receipt)
+                rt.log.warning(
+                    "rejected a spilled batch naming another blob",
+                    job=self.spec.job_id,
+                    partition=self.partition,
+                )
                 return
             try:
                 pairs = await rt.backend.blobs.get(batch.spilled)
