@@ -32,7 +32,7 @@ from tests.stack import DYNAMODB_URL, LOCALSTACK_URL
 
 
 def _name() -> str:
-    return f"cmr-lgsafe-{uuid.uuid4().hex[:10]}"
+    return f"lgsafe-{uuid.uuid4().hex[:10]}"
 
 
 def _run(*args: str) -> tuple[int, str, str]:
