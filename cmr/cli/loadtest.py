@@ -214,8 +214,8 @@ def confirm(engine: Engine) -> None:
     target = engine.aim
     if not target.local and not engine.yes and not sys.stdin.isatty():
         fail(
-            f"{target.where()} is not a local endpoint and there is no terminal to confirm "
-            "on: pass --yes to load it"
+            f"the load target, {target.where()}, is not a local endpoint and there is no "
+            "terminal to confirm on: pass --yes to load it"
         )
     sighting = asyncio.run(survey(target, engine.store.aws))
     for line in sighting.statement(engine.keep):

@@ -58,7 +58,8 @@ async def failure(call: Any) -> OpFailed:
 
 @pytest.mark.usefixtures("aws_stack")
 async def test_dynamodb_reads_writes_and_both_condition_styles(opened: Any) -> None:
-    resources = await prepare("dynamodb", {})
+    prepared = await prepare("dynamodb", {})
+    resources = prepared.resources
     try:
         task = task_for("dynamodb", resources)
         a = await opened(make_target(task))
@@ -82,8 +83,8 @@ async def test_dynamodb_reads_writes_and_both_condition_styles(opened: Any) -> N
         await a.put("fresh", 1)
         assert (await failure(b.put("fresh", 2, conditional=True))).kind == "conditional_failed"
     finally:
-        await cleanup("dynamodb", resources)
-        await cleanup("dynamodb", resources)  # idempotent
+        await cleanup(prepared)
+        await cleanup(prepared)  # idempotent
 
 
 @pytest.mark.usefixtures("aws_stack")
@@ -94,7 +95,8 @@ async def test_dynamodb_missing_table_is_other(opened: Any) -> None:
 
 @pytest.mark.usefixtures("aws_stack")
 async def test_s3_plain_reads_and_writes(opened: Any) -> None:
-    resources = await prepare("s3", {})
+    prepared = await prepare("s3", {})
+    resources = prepared.resources
     try:
         t = await opened(make_target(task_for("s3", resources)))
         assert not t.consistent_reads and not t.conditional_writes
@@ -103,13 +105,14 @@ async def test_s3_plain_reads_and_writes(opened: Any) -> None:
         await t.put("k", 42)
         assert (await t.get("k", consistent=True)).value == 42
     finally:
-        await cleanup("s3", resources)
-        await cleanup("s3", resources)
+        await cleanup(prepared)
+        await cleanup(prepared)
 
 
 @pytest.mark.usefixtures("aws_stack")
 async def test_sqs_send_receive_delete(opened: Any) -> None:
-    resources = await prepare("sqs", {})
+    prepared = await prepare("sqs", {})
+    resources = prepared.resources
     try:
         t = await opened(make_target(task_for("sqs", resources)))
         for v in (1, 2, 3):
@@ -123,13 +126,14 @@ async def test_sqs_send_receive_delete(opened: Any) -> None:
         assert seen == {1, 2, 3}
         assert (await t.get("ignored")).value is None  # deleted on receipt: the queue is empty
     finally:
-        await cleanup("sqs", resources)
-        await cleanup("sqs", resources)
+        await cleanup(prepared)
+        await cleanup(prepared)
 
 
 @pytest.mark.usefixtures("simpledb")
 async def test_simpledb_on_moto(opened: Any) -> None:
-    resources = await prepare("simpledb", {})
+    prepared = await prepare("simpledb", {})
+    resources = prepared.resources
     try:
         t = await opened(make_target(task_for("simpledb", resources)))
         assert t.consistent_reads and t.conditional_writes
@@ -139,14 +143,15 @@ async def test_simpledb_on_moto(opened: Any) -> None:
         assert (await t.get("item", consistent=True)).value == 4
         assert (await t.get("item", consistent=False)).value == 4
     finally:
-        await cleanup("simpledb", resources)
+        await cleanup(prepared)
 
 
 @pytest.mark.usefixtures("simpledb")
 async def test_moto_ignores_simpledb_expected(opened: Any) -> None:
     """moto 5.2 accepts Expected but never checks it, so conditional failures cannot be seen
     on SimpleDB locally; this pins that limit (it fails once moto implements Expected)."""
-    resources = await prepare("simpledb", {})
+    prepared = await prepare("simpledb", {})
+    resources = prepared.resources
     try:
         task = task_for("simpledb", resources)
         a = await opened(make_target(task, condition="version"))
@@ -155,7 +160,7 @@ async def test_moto_ignores_simpledb_expected(opened: Any) -> None:
         await b.put("item", 2, conditional=True)  # real SimpleDB: ConditionalCheckFailed
         assert (await a.get("item", consistent=True)).value == 2
     finally:
-        await cleanup("simpledb", resources)
+        await cleanup(prepared)
 
 
 async def test_simpledb_standard_endpoint_variable_wins(
@@ -163,8 +168,8 @@ async def test_simpledb_standard_endpoint_variable_wins(
 ) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL_SIMPLEDB", moto_server)
     monkeypatch.setenv("AWS_ENDPOINT_URL_SDB", f"http://127.0.0.1:{free_port()}")
-    resources = await prepare("simpledb", {})
-    await cleanup("simpledb", resources)
+    prepared = await prepare("simpledb", {})
+    await cleanup(prepared)
 
 
 # the simulated store ----------------------------------------------------------------------------

@@ -47,9 +47,9 @@ class Aim:
     def where(self) -> str:
         """One line: the target, its endpoint and region, and its resource."""
         if self.endpoint is None:
-            return f"load target: {SIM}"
+            return SIM
         e = self.endpoint
-        return f"load target: {self.target} at {e}, region {e.region}, {self.kind} {self.name}"
+        return f"{self.target} at {e}, region {e.region}, {self.kind} {self.name}"
 
 
 def own_store(target: str, resources: dict[str, str], aws: AwsSettings) -> str | None:

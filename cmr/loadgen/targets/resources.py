@@ -349,15 +349,11 @@ def run_of(message: Mapping[str, Any]) -> str | None:
 
 
 async def _sdb_find(client: Any, name: str) -> Found | None:
-    from botocore.exceptions import ClientError
-
-    try:
-        await client.domain_metadata(DomainName=name)
-    except ClientError as exc:
-        if _code(exc) == "NoSuchDomain":
-            return None
-        raise
-    return Found()
+    # ListDomains, not DomainMetadata: moto's SimpleDB, the only local one, lacks the latter
+    async for page in client.get_paginator("list_domains").paginate():
+        if name in (page.get("DomainNames") or []):
+            return Found()
+    return None
 
 
 async def _sdb_create(client: Any, name: str, run: str) -> str | None:
@@ -368,6 +364,7 @@ async def _sdb_create(client: Any, name: str, run: str) -> str | None:
 
 
 async def _sdb_forget(client: Any, name: str, keys: list[str]) -> None:
+    # BatchDeleteAttributes is not in moto: this path is exercised on SimpleDB itself only
     for chunk in _chunks(keys, 25):
         await client.batch_delete_attributes(DomainName=name, Items=[{"Name": k} for k in chunk])
 
