@@ -17,6 +17,8 @@ import pytest
 from cmr.loadgen.sim import SimConfig
 from cmr.loadgen.spec import LoadTask
 from cmr.loadgen.targets import (
+    MARKER,
+    RESOURCE,
     OpFailed,
     SimTarget,
     Target,
@@ -332,3 +334,95 @@ async def test_closed_port_is_other(
 def test_classify_plain_timeouts() -> None:
     assert classify(TimeoutError()) == "timeout"
     assert classify(ValueError("x")) == "other"
+
+
+# a run deletes only what it created -----------------------------------------------------------
+
+
+def _admin(service: str) -> Any:
+    import boto3
+
+    return boto3.client(service, region_name="us-east-1")
+
+
+def _recreate(target: str, name: str) -> None:
+    """Someone else deletes the run's resource and makes one of the same name, untagged."""
+    if target == "dynamodb":
+        ddb = _admin("dynamodb")
+        ddb.delete_table(TableName=name)
+        ddb.get_waiter("table_not_exists").wait(TableName=name)
+        time.sleep(1.1)  # a creation time of its own, to the second at least
+        ddb.create_table(
+            TableName=name,
+            KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+    elif target == "s3":
+        s3 = _admin("s3")
+        s3.delete_bucket(Bucket=name)
+        s3.create_bucket(Bucket=name)
+        # its owner's tags (LocalStack would otherwise keep the deleted bucket's tags)
+        tags = {"TagSet": [{"Key": "owner", "Value": "someone else"}]}
+        s3.put_bucket_tagging(Bucket=name, Tagging=tags)
+    else:
+        sqs = _admin("sqs")
+        sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName=name)["QueueUrl"])
+        sqs.create_queue(QueueName=name)
+
+
+def _still_there(target: str, name: str) -> bool:
+    if target == "dynamodb":
+        return name in _admin("dynamodb").list_tables()["TableNames"]
+    if target == "s3":
+        return name in {b["Name"] for b in _admin("s3").list_buckets()["Buckets"]}
+    urls = _admin("sqs").list_queues(QueueNamePrefix=name).get("QueueUrls", [])
+    return any(u.endswith("/" + name) for u in urls)
+
+
+def _remove(target: str, name: str) -> None:
+    if target == "dynamodb":
+        _admin("dynamodb").delete_table(TableName=name)
+    elif target == "s3":
+        _admin("s3").delete_bucket(Bucket=name)
+    else:
+        sqs = _admin("sqs")
+        sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName=name)["QueueUrl"])
+
+
+@pytest.mark.usefixtures("aws_stack")
+@pytest.mark.parametrize("target", ["dynamodb", "s3", "sqs"])
+async def test_cleanup_leaves_a_resource_that_is_no_longer_the_one_it_created(
+    target: str,
+) -> None:
+    prepared = await prepare(target, {})
+    assert prepared.created is not None and prepared.run
+    name = prepared.name
+    if target == "s3":
+        tags = _admin("s3").get_bucket_tagging(Bucket=name)["TagSet"]
+        assert {"Key": MARKER, "Value": prepared.run} in tags
+    elif target == "sqs":
+        url = _admin("sqs").get_queue_url(QueueName=name)["QueueUrl"]
+        assert _admin("sqs").list_queue_tags(QueueUrl=url)["Tags"] == {MARKER: prepared.run}
+    _recreate(target, name)
+    try:
+        notes = await cleanup(prepared)
+        assert notes and "no longer the one this run created" in notes[0]
+        assert _still_there(target, name)
+    finally:
+        _remove(target, name)
+
+
+@pytest.mark.usefixtures("aws_stack")
+@pytest.mark.parametrize("target", ["dynamodb", "s3", "sqs"])
+async def test_an_existing_resource_is_used_as_is_and_kept(target: str) -> None:
+    made = await prepare(target, {})
+    try:
+        again = await prepare(target, {"run": "another", RESOURCE[target]: made.name})
+        assert again.created is None and again.run == "another"
+        assert again.resources["prefix"] == "cmr-load/another/"
+        assert await cleanup(again) == []
+        assert _still_there(target, made.name)
+    finally:
+        await cleanup(made)
+    assert not _still_there(target, made.name)
