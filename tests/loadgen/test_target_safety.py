@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
 import uuid
@@ -332,3 +333,152 @@ def test_a_non_local_target_without_yes_or_a_terminal_is_refused_before_any_requ
     assert err.startswith("error: ") and err.count("\n") == 1, err
     assert "--yes" in err and stated in err and "us-east-1" in err
     assert proxy.connections == 0
+
+
+# a non-local endpoint that is really DynamoDB Local: --yes, and the terminal's yes or no -------
+
+
+def _outward_address() -> str | None:
+    """This machine's own non-loopback address, if it has one (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only picks the outgoing interface
+        except OSError:
+            return None
+        address = str(s.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
+class Relay:
+    """Forwards connections from this machine's non-loopback address to DynamoDB Local: an
+    endpoint the load generator cannot take for a local one, behind which is a real store."""
+
+    def __init__(self, host: str, to_port: int) -> None:
+        self._to = to_port
+        self._open: list[socket.socket] = []
+        self._sock = socket.socket()
+        self._sock.bind((host, 0))
+        self._sock.listen()
+        self.url = f"http://{host}:{self._sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self._to))
+            self._open += [conn, upstream]
+            threading.Thread(target=self._relay, args=(conn, upstream), daemon=True).start()
+
+    def _relay(self, conn: socket.socket, upstream: socket.socket) -> None:
+        back = threading.Thread(target=self._pipe, args=(upstream, conn), daemon=True)
+        back.start()
+        self._pipe(conn, upstream)
+        back.join()
+        conn.close()
+        upstream.close()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._sock.close()
+        for s in self._open:
+            s.close()
+
+
+@pytest.fixture
+def remote_dynamodb(aws_stack: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    host = _outward_address()
+    if host is None:
+        pytest.skip("this machine has no non-loopback address to relay through")
+    relay = Relay(host, int(DYNAMODB_URL.rsplit(":", 1)[1]))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", relay.url)
+    try:
+        yield relay.url
+    finally:
+        relay.close()
+
+
+def test_yes_loads_a_non_local_target_and_states_it(remote_dynamodb: str, tmp_path: Path) -> None:
+    name = _name()
+    err = _ok(
+        "jam", "--target", "dynamodb", "--target-table", name, "--ops", "20", "--yes",
+        "--readers", "1", "--writers", "1", "--json", str(tmp_path / "j.json"),
+    )  # fmt: skip
+    assert f"target: dynamodb at {remote_dynamodb}, region us-east-1" in err
+    assert "(local)" not in err
+    assert f"table {name}: will be created" in err
+    assert name not in _tables()
+
+
+def _on_a_terminal(args: list[str], answer: str) -> tuple[int, str]:
+    """Run ``cmr loadgen`` on a pseudo-terminal, answer its question, return (code, output)."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[2]
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cmr", "loadgen", *args],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        cwd=root,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+    )
+    os.close(follower)
+    seen, answered = b"", False
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(leader, 4096)
+                except OSError:  # the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            if not answered and b"Load this target?" in seen:
+                os.write(leader, answer.encode() + b"\n")
+                answered = True
+            if proc.poll() is not None and not ready:
+                break
+        text = re.sub(r"\x1b\[[0-9;]*m", "", seen.decode(errors="replace"))  # rich's bold
+        return proc.wait(timeout=60), text.replace("\r", "")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(leader)
+
+
+def test_a_terminal_is_asked_and_no_means_nothing_is_created(
+    remote_dynamodb: str, tmp_path: Path
+) -> None:
+    name = _name()
+    args = ["jam", "--target", "dynamodb", "--target-table", name, "--ops", "20",
+            "--json", str(tmp_path / "j.json"), "--no-progress"]  # fmt: skip
+    code, text = _on_a_terminal(args, "n")
+    assert code == 1, text
+    statement = text.index(f"table {name}: will be created")
+    assert statement < text.index("Load this target?") < text.index("error: not confirmed")
+    assert name not in _tables()
+    assert not (tmp_path / "j.json").exists()
+
+    code, text = _on_a_terminal(args, "y")
+    assert code == 0, text
+    assert (tmp_path / "j.json").exists() and name not in _tables()
