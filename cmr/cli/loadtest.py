@@ -212,7 +212,8 @@ def confirm(engine: Engine) -> None:
     """State the target; a target that is not local needs --yes or a yes on the terminal
     (without either, refused before any request is sent)."""
     target = engine.aim
-    if not target.local and not engine.yes and not sys.stdin.isatty():
+    terminal = sys.stdin is not None and sys.stdin.isatty()
+    if not target.local and not engine.yes and not terminal:
         fail(
             f"the load target, {target.where()}, is not a local endpoint and there is no "
             "terminal to confirm on: pass --yes to load it"
