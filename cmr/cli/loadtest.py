@@ -1,6 +1,11 @@
 """What every ``cmr loadgen`` command shares, written once: its flags (``LoadFlags``), the
 engine built from them (``Engine``), running load jobs on a prepared target (``run``) and
-saving the results (``finish``). The commands themselves are in ``cmr.cli.loadgen``."""
+saving the results (``finish``). The commands themselves are in ``cmr.cli.loadgen``.
+
+Before anything runs, ``run`` states the target (``cmr.loadgen.targets.aim``); a target
+that is not a local endpoint needs ``--yes`` or a yes on the terminal, and without either
+it is refused before a single request. Afterwards it removes only what the run made
+(``cmr.loadgen.targets.resources``)."""
 
 from __future__ import annotations
 
@@ -31,7 +36,8 @@ from cmr.cli.options import (
 from cmr.errors import JobFailed, UsageError
 from cmr.loadgen import plan, report
 from cmr.loadgen.spec import TARGETS, LoadTask
-from cmr.loadgen.targets import RESOURCE, cleanup, prepare
+from cmr.loadgen.targets import RESOURCE, Prepared, cleanup, prepare
+from cmr.loadgen.targets.aim import Aim, aim, survey
 from cmr.settings import BackendName, Store
 
 # the engine, HDR histograms and matplotlib are imported inside the commands: the help and
@@ -64,19 +70,37 @@ class LoadFlags:
     ] = field(default_factory=list)
     plots_dir: Annotated[Path | None, typer.Option("--plots", help="write PNG figures here")] = None
     keep: Annotated[
-        bool, typer.Option("--keep", help="keep the target's table/bucket/queue/domain")
+        bool,
+        typer.Option(
+            "--keep", help="keep what the run made: its new table/bucket/queue/domain, or its keys"
+        ),
+    ] = False
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes", "-y", help="load a target that is not a local endpoint without asking"
+        ),
+    ] = False
+    allow_cmr_store: Annotated[
+        bool,
+        typer.Option(
+            "--allow-cmr-store",
+            help="allow cmr's own table/bucket/queue prefix (of --store) as the target",
+        ),
     ] = False
     target_table: Annotated[
-        str | None, typer.Option(help="DynamoDB table to load [cmr-load-<random>]")
+        str | None,
+        typer.Option(help="DynamoDB table to load; an existing one is kept [a new one]"),
     ] = None
     target_bucket: Annotated[
-        str | None, typer.Option(help="S3 bucket to load [cmr-load-<random>]")
+        str | None, typer.Option(help="S3 bucket to load; an existing one is kept [a new one]")
     ] = None
     target_queue: Annotated[
-        str | None, typer.Option(help="SQS queue to load [cmr-load-<random>]")
+        str | None, typer.Option(help="SQS queue to load; an existing one is kept [a new one]")
     ] = None
     target_domain: Annotated[
-        str | None, typer.Option(help="SimpleDB domain to load [cmr-load-<random>]")
+        str | None,
+        typer.Option(help="SimpleDB domain to load; an existing one is kept [a new one]"),
     ] = None
     workers: Annotated[int, typer.Option(help="workers to start (in-process when embedded)")] = 1
     visibility_timeout: Annotated[
@@ -97,11 +121,16 @@ class Engine:
     store: Store
     workers: int
     visibility_timeout: int | None
-    resources: dict[str, str]  # the target's resources named by flags (the rest: random)
+    aim: Aim  # the target's endpoint and resources, settled before any request
     sim: dict[str, Any]
     keep: bool
+    yes: bool
     progress: bool
     seed: int
+
+    @property
+    def resources(self) -> dict[str, str]:
+        return self.aim.resources
 
     def jam_tasks(self, count: int, **shape: Any) -> list[LoadTask]:
         """A jam's task list on this engine's target, resources and simulation."""
@@ -141,14 +170,17 @@ def engine_of(load: LoadFlags, store: StoreFlags) -> Engine:
                 + (f" (it uses --target-{wanted})" if wanted else " (it needs no resources)")
             )
     _writable(load.json_path, load.plots_dir)
+    where = store.resolve(BackendName.embedded)
+    sim = plan.sim_overrides(list(load.sim), target)
     return Engine(
         target,
-        store.resolve(BackendName.embedded),
+        where,
         load.workers,
         load.visibility_timeout,
-        resources,
-        plan.sim_overrides(list(load.sim), target),
+        aim(target, resources, where.aws, allow_own_store=load.allow_cmr_store),
+        sim,
         load.keep,
+        load.yes,
         sys.stderr.isatty() if load.progress is None else load.progress,
         load.seed,
     )
@@ -176,20 +208,46 @@ def _writable(path: Path, plots_dir: Path | None) -> None:
 Measure = Callable[[list[LoadTask], str], Awaitable["Measurement"]]
 
 
+def confirm(engine: Engine) -> None:
+    """State the target; a target that is not local needs --yes or a yes on the terminal
+    (without either, refused before any request is sent)."""
+    target = engine.aim
+    terminal = sys.stdin is not None and sys.stdin.isatty()
+    if not target.local and not engine.yes and not terminal:
+        fail(
+            f"the load target, {target.where()}, is not a local endpoint and there is no "
+            "terminal to confirm on: pass --yes to load it"
+        )
+    sighting = asyncio.run(survey(target, engine.store.aws))
+    for line in sighting.statement(engine.keep):
+        err.print(line, highlight=False, markup=False)
+    asked = not target.local and not engine.yes
+    if asked and not typer.confirm("Load this target?", default=False, err=True):
+        fail("not confirmed: nothing was created or loaded")
+
+
 def run(engine: Engine, label: str, body: Callable[[Measure], Awaitable[T]]) -> T:
-    """Create the target's resources, run ``body`` (which measures load jobs on them with
-    the ``Measure`` it is given), and delete them (unless --keep), under the live status
-    line. The one place a load job is started."""
+    """State and confirm the target, create what it lacks, run ``body`` (which measures load
+    jobs on it with the ``Measure`` it is given), and remove what the run made (unless
+    --keep), under the live status line. The one place a load job is started."""
     from cmr.loadgen.job import run_load
+
+    confirm(engine)
 
     async def main(status: report.LiveStatus) -> T:
         status.phase(f"preparing {engine.target}")
-        resources = await prepare(engine.target, engine.resources, engine.store.aws)
+        prepared = await prepare(engine.target, engine.resources, engine.store.aws)
+        measured: list[list[LoadTask]] = []  # the run's record of the keys it wrote
 
         async def measure(task_list: list[LoadTask], what: str) -> Measurement:
             status.phase(what)
+            # each measurement its own keys: a point never reads what an earlier one wrote
+            base = prepared.resources.get("prefix", "")
+            point = {**prepared.resources, "prefix": f"{base}p{len(measured) + 1}/"}
+            tasks = plan.with_resources(task_list, point if base else prepared.resources)
+            measured.append(tasks)
             return await run_load(
-                plan.with_resources(task_list, resources),
+                tasks,
                 backend=engine.store.backend,
                 workers=engine.workers,
                 aws=engine.store.aws,
@@ -201,12 +259,12 @@ def run(engine: Engine, label: str, body: Callable[[Measure], Awaitable[T]]) -> 
             return await body(measure)
         finally:
             if engine.keep:
-                kept = ", ".join(f"{k} {v}" for k, v in resources.items() if k in RESOURCE.values())
-                if kept:
-                    err.print(f"kept {engine.target} {kept}", highlight=False, markup=False)
+                _kept(prepared)
             else:
                 status.phase(f"cleaning up {engine.target}")
-                await cleanup(engine.target, resources, engine.store.aws)
+                written = [k for tasks in measured for t in tasks for k in t.writes()]
+                for note in await cleanup(prepared, written, engine.store.aws):
+                    err.print(f"warning: {note}", highlight=False, markup=False)
 
     try:
         with report.LiveStatus(err, label, enabled=engine.progress) as status:
@@ -219,6 +277,20 @@ def run(engine: Engine, label: str, body: Callable[[Measure], Awaitable[T]]) -> 
         # asyncio.run cancelled the job and ran the target's cleanup on the way out
         err.print(f"{label}: interrupted", highlight=False, markup=False)
         raise typer.Exit(130) from None
+
+
+def _kept(prepared: Prepared) -> None:
+    kind = RESOURCE.get(prepared.target)
+    if kind is None:
+        return
+    prefix = prepared.resources.get("prefix")
+    if prepared.created is not None:
+        said = f"kept {prepared.target} {kind} {prepared.name}"
+    elif prepared.target == "sqs":
+        said = f"kept the run's messages in queue {prepared.name}"
+    else:
+        said = f"kept the run's keys under {prefix} in {kind} {prepared.name}"
+    err.print(said, highlight=False, markup=False)
 
 
 def finish(load: LoadFlags, kind: str, data: Mapping[str, Any], tables: Sequence[Any]) -> None:

@@ -40,7 +40,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cmr.errors import UsageError
 from cmr.loadgen.consistency import (
@@ -183,13 +183,9 @@ async def run_task(
     return m
 
 
-def _keys(task: LoadTask) -> list[str]:
-    return [f"item-{i}" for i in range(task.items)]
-
-
 async def _closed_loop(task: LoadTask, target: Target, m: Measurement, clock: _Clock) -> None:
     rng = random.Random(task.seed)
-    keys = _keys(task)
+    keys = task.keys()
     budget = _Budget(task, clock)
     values = itertools.count(1)
 
@@ -229,7 +225,7 @@ async def _open_loop(task: LoadTask, target: Target, m: Measurement, clock: _Clo
     if rate is None or rate <= 0:
         raise UsageError("--rate must be positive")
     rng = random.Random(task.seed)
-    keys = _keys(task)
+    keys = task.keys()
     operators = task.readers + task.writers
     p_read = task.readers / operators
     capacity = max(operators, math.ceil(rate * BACKLOG_S))
@@ -309,12 +305,12 @@ class _Trace:
 
 async def _staleness(task: LoadTask, target: Target, m: Measurement, clock: _Clock) -> Staleness:
     rng = random.Random(task.seed)
-    # fresh keys on a real store, so values an earlier run left behind are never read
-    nonce = "" if task.target == "sim" else uuid.uuid4().hex[:8]
-    owned = [
-        [f"s{nonce}-t{task.task}-w{w}-k{i}" for i in range(task.items)] for w in range(task.writers)
-    ]
-    every = [k for keys in owned for k in keys]
+    if task.target != "sim" and "prefix" not in task.resources:
+        # fresh keys on a real store, so values an earlier run left behind are never read
+        # (a prepared task has a prefix of its run's own)
+        task = replace(task, resources={**task.resources, "prefix": f"s{uuid.uuid4().hex[:8]}-"})
+    every = task.keys()
+    owned = [every[w * task.items : (w + 1) * task.items] for w in range(task.writers)]
     if not every:
         raise UsageError("a staleness task needs at least one writer")
     budget = _Budget(task, clock)

@@ -31,7 +31,8 @@ class LoadTask:
     rate: float | None = None  # open loop: intended operations/s for this task
     retries: Retries = "off"  # SDK retries: off for jamming (errors must be seen)
     write_interval_ms: int = 1000  # staleness: time between the writer's writes
-    resources: dict[str, str] = field(default_factory=dict)  # table/bucket/queue/domain names
+    # table/bucket/queue/domain name, region, the run's id and its key prefix (see prepare)
+    resources: dict[str, str] = field(default_factory=dict)
     sim: dict[str, Any] = field(default_factory=dict)  # SimConfig overrides for target sim
 
     def __post_init__(self) -> None:
@@ -46,6 +47,23 @@ class LoadTask:
             raise UsageError("a task needs at least one reader or writer")
         if self.items < 1:
             raise UsageError("--items must be at least 1")
+
+    def keys(self) -> list[str]:
+        """The keys this task uses, all under ``resources["prefix"]``: a jam's ``items``
+        shared keys, or a staleness task's own keys per writer (index ``[w * items + i]``).
+        Teardown deletes exactly these from a store the run did not create."""
+        prefix = self.resources.get("prefix", "")
+        if self.kind == "jam":
+            return [f"{prefix}item-{i}" for i in range(self.items)]
+        return [
+            f"{prefix}s-t{self.task}-w{w}-k{i}"
+            for w in range(self.writers)
+            for i in range(self.items)
+        ]
+
+    def writes(self) -> list[str]:
+        """The keys this task may write (none on SQS, which has no keys)."""
+        return [] if self.target == "sqs" or self.writers == 0 else self.keys()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

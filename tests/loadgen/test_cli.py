@@ -181,8 +181,9 @@ def test_an_unreachable_target_fails_with_one_line(
     # no credentials anywhere (the autouse fixture scrubbed them): botocore gives up at once
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     code, _, err = _run(
-        "jam", "--target", "dynamodb", "--ops", "10", "--json", str(tmp_path / "x.json")
+        "jam", "--target", "dynamodb", "--ops", "10", "--yes", "--json", str(tmp_path / "x.json")
     )
     assert code == 1
-    assert err.startswith("error: cannot prepare dynamodb table 'cmr-load-")
+    # the target is AWS (no endpoint set): --yes, then the first request, a read, fails
+    assert err.startswith("error: cannot check dynamodb table 'cmr-load-")
     assert "Traceback" not in err and err.count("\n") <= 2

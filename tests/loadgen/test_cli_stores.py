@@ -42,7 +42,7 @@ SERIES = {
 
 
 def _name() -> str:
-    return f"cmr-lgtest-{uuid.uuid4().hex[:10]}"
+    return f"lgtest-{uuid.uuid4().hex[:10]}"
 
 
 def _ok(*args: str) -> str:

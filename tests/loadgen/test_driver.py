@@ -271,7 +271,8 @@ def test_generator_saturation_rule() -> None:
 @pytest.mark.usefixtures("aws_stack")
 async def test_staleness_on_dynamodb_local() -> None:
     """DynamoDB Local is one node: every read is fresh, whatever its mode."""
-    resources = await prepare("dynamodb", {})
+    prepared = await prepare("dynamodb", {})
+    resources = prepared.resources
     try:
         task = LoadTask(
             kind="staleness",
@@ -292,4 +293,4 @@ async def test_staleness_on_dynamodb_local() -> None:
         assert report["read_your_writes_violations"]["pairs"] >= report["writes"] - 2
         assert report["gamma"]["keys"] == 2 and report["gamma"]["max_ms"] == 0.0
     finally:
-        await cleanup("dynamodb", resources)
+        await cleanup(prepared)

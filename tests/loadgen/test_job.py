@@ -85,7 +85,8 @@ def test_visibility_outlasts_the_longest_task() -> None:
 @pytest.mark.usefixtures("aws_stack")
 async def test_run_load_against_dynamodb_local() -> None:
     """The CLI's sequence: prepare the table, run the load job, clean up."""
-    resources = await prepare("dynamodb", {})
+    prepared = await prepare("dynamodb", {})
+    resources = prepared.resources
     try:
         tasks = [
             LoadTask(
@@ -113,4 +114,4 @@ async def test_run_load_against_dynamodb_local() -> None:
             ("put", "conditional"),
         }
     finally:
-        await cleanup("dynamodb", resources)
+        await cleanup(prepared)

@@ -17,6 +17,8 @@ import pytest
 from cmr.loadgen.sim import SimConfig
 from cmr.loadgen.spec import LoadTask
 from cmr.loadgen.targets import (
+    MARKER,
+    RESOURCE,
     OpFailed,
     SimTarget,
     Target,
@@ -58,7 +60,8 @@ async def failure(call: Any) -> OpFailed:
 
 @pytest.mark.usefixtures("aws_stack")
 async def test_dynamodb_reads_writes_and_both_condition_styles(opened: Any) -> None:
-    resources = await prepare("dynamodb", {})
+    prepared = await prepare("dynamodb", {})
+    resources = prepared.resources
     try:
         task = task_for("dynamodb", resources)
         a = await opened(make_target(task))
@@ -82,8 +85,8 @@ async def test_dynamodb_reads_writes_and_both_condition_styles(opened: Any) -> N
         await a.put("fresh", 1)
         assert (await failure(b.put("fresh", 2, conditional=True))).kind == "conditional_failed"
     finally:
-        await cleanup("dynamodb", resources)
-        await cleanup("dynamodb", resources)  # idempotent
+        await cleanup(prepared)
+        await cleanup(prepared)  # idempotent
 
 
 @pytest.mark.usefixtures("aws_stack")
@@ -94,7 +97,8 @@ async def test_dynamodb_missing_table_is_other(opened: Any) -> None:
 
 @pytest.mark.usefixtures("aws_stack")
 async def test_s3_plain_reads_and_writes(opened: Any) -> None:
-    resources = await prepare("s3", {})
+    prepared = await prepare("s3", {})
+    resources = prepared.resources
     try:
         t = await opened(make_target(task_for("s3", resources)))
         assert not t.consistent_reads and not t.conditional_writes
@@ -103,13 +107,14 @@ async def test_s3_plain_reads_and_writes(opened: Any) -> None:
         await t.put("k", 42)
         assert (await t.get("k", consistent=True)).value == 42
     finally:
-        await cleanup("s3", resources)
-        await cleanup("s3", resources)
+        await cleanup(prepared)
+        await cleanup(prepared)
 
 
 @pytest.mark.usefixtures("aws_stack")
 async def test_sqs_send_receive_delete(opened: Any) -> None:
-    resources = await prepare("sqs", {})
+    prepared = await prepare("sqs", {})
+    resources = prepared.resources
     try:
         t = await opened(make_target(task_for("sqs", resources)))
         for v in (1, 2, 3):
@@ -123,13 +128,14 @@ async def test_sqs_send_receive_delete(opened: Any) -> None:
         assert seen == {1, 2, 3}
         assert (await t.get("ignored")).value is None  # deleted on receipt: the queue is empty
     finally:
-        await cleanup("sqs", resources)
-        await cleanup("sqs", resources)
+        await cleanup(prepared)
+        await cleanup(prepared)
 
 
 @pytest.mark.usefixtures("simpledb")
 async def test_simpledb_on_moto(opened: Any) -> None:
-    resources = await prepare("simpledb", {})
+    prepared = await prepare("simpledb", {})
+    resources = prepared.resources
     try:
         t = await opened(make_target(task_for("simpledb", resources)))
         assert t.consistent_reads and t.conditional_writes
@@ -139,14 +145,15 @@ async def test_simpledb_on_moto(opened: Any) -> None:
         assert (await t.get("item", consistent=True)).value == 4
         assert (await t.get("item", consistent=False)).value == 4
     finally:
-        await cleanup("simpledb", resources)
+        await cleanup(prepared)
 
 
 @pytest.mark.usefixtures("simpledb")
 async def test_moto_ignores_simpledb_expected(opened: Any) -> None:
     """moto 5.2 accepts Expected but never checks it, so conditional failures cannot be seen
     on SimpleDB locally; this pins that limit (it fails once moto implements Expected)."""
-    resources = await prepare("simpledb", {})
+    prepared = await prepare("simpledb", {})
+    resources = prepared.resources
     try:
         task = task_for("simpledb", resources)
         a = await opened(make_target(task, condition="version"))
@@ -155,7 +162,7 @@ async def test_moto_ignores_simpledb_expected(opened: Any) -> None:
         await b.put("item", 2, conditional=True)  # real SimpleDB: ConditionalCheckFailed
         assert (await a.get("item", consistent=True)).value == 2
     finally:
-        await cleanup("simpledb", resources)
+        await cleanup(prepared)
 
 
 async def test_simpledb_standard_endpoint_variable_wins(
@@ -163,8 +170,8 @@ async def test_simpledb_standard_endpoint_variable_wins(
 ) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL_SIMPLEDB", moto_server)
     monkeypatch.setenv("AWS_ENDPOINT_URL_SDB", f"http://127.0.0.1:{free_port()}")
-    resources = await prepare("simpledb", {})
-    await cleanup("simpledb", resources)
+    prepared = await prepare("simpledb", {})
+    await cleanup(prepared)
 
 
 # the simulated store ----------------------------------------------------------------------------
@@ -327,3 +334,95 @@ async def test_closed_port_is_other(
 def test_classify_plain_timeouts() -> None:
     assert classify(TimeoutError()) == "timeout"
     assert classify(ValueError("x")) == "other"
+
+
+# a run deletes only what it created -----------------------------------------------------------
+
+
+def _admin(service: str) -> Any:
+    import boto3
+
+    return boto3.client(service, region_name="us-east-1")
+
+
+def _recreate(target: str, name: str) -> None:
+    """Someone else deletes the run's resource and makes one of the same name, untagged."""
+    if target == "dynamodb":
+        ddb = _admin("dynamodb")
+        ddb.delete_table(TableName=name)
+        ddb.get_waiter("table_not_exists").wait(TableName=name)
+        time.sleep(1.1)  # a creation time of its own, to the second at least
+        ddb.create_table(
+            TableName=name,
+            KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+    elif target == "s3":
+        s3 = _admin("s3")
+        s3.delete_bucket(Bucket=name)
+        s3.create_bucket(Bucket=name)
+        # its owner's tags (LocalStack would otherwise keep the deleted bucket's tags)
+        tags = {"TagSet": [{"Key": "owner", "Value": "someone else"}]}
+        s3.put_bucket_tagging(Bucket=name, Tagging=tags)
+    else:
+        sqs = _admin("sqs")
+        sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName=name)["QueueUrl"])
+        sqs.create_queue(QueueName=name)
+
+
+def _still_there(target: str, name: str) -> bool:
+    if target == "dynamodb":
+        return name in _admin("dynamodb").list_tables()["TableNames"]
+    if target == "s3":
+        return name in {b["Name"] for b in _admin("s3").list_buckets()["Buckets"]}
+    urls = _admin("sqs").list_queues(QueueNamePrefix=name).get("QueueUrls", [])
+    return any(u.endswith("/" + name) for u in urls)
+
+
+def _remove(target: str, name: str) -> None:
+    if target == "dynamodb":
+        _admin("dynamodb").delete_table(TableName=name)
+    elif target == "s3":
+        _admin("s3").delete_bucket(Bucket=name)
+    else:
+        sqs = _admin("sqs")
+        sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName=name)["QueueUrl"])
+
+
+@pytest.mark.usefixtures("aws_stack")
+@pytest.mark.parametrize("target", ["dynamodb", "s3", "sqs"])
+async def test_cleanup_leaves_a_resource_that_is_no_longer_the_one_it_created(
+    target: str,
+) -> None:
+    prepared = await prepare(target, {})
+    assert prepared.created is not None and prepared.run
+    name = prepared.name
+    if target == "s3":
+        tags = _admin("s3").get_bucket_tagging(Bucket=name)["TagSet"]
+        assert {"Key": MARKER, "Value": prepared.run} in tags
+    elif target == "sqs":
+        url = _admin("sqs").get_queue_url(QueueName=name)["QueueUrl"]
+        assert _admin("sqs").list_queue_tags(QueueUrl=url)["Tags"] == {MARKER: prepared.run}
+    _recreate(target, name)
+    try:
+        notes = await cleanup(prepared)
+        assert notes and "no longer the one this run created" in notes[0]
+        assert _still_there(target, name)
+    finally:
+        _remove(target, name)
+
+
+@pytest.mark.usefixtures("aws_stack")
+@pytest.mark.parametrize("target", ["dynamodb", "s3", "sqs"])
+async def test_an_existing_resource_is_used_as_is_and_kept(target: str) -> None:
+    made = await prepare(target, {})
+    try:
+        again = await prepare(target, {"run": "another", RESOURCE[target]: made.name})
+        assert again.created is None and again.run == "another"
+        assert again.resources["prefix"] == "cmr-load/another/"
+        assert await cleanup(again) == []
+        assert _still_there(target, made.name)
+    finally:
+        await cleanup(made)
+    assert not _still_there(target, made.name)

@@ -31,8 +31,10 @@ Conditional writes come in two styles (``condition=``), both from seed 000:
 Endpoints, credentials and SDK retries: see :mod:`cmr.loadgen.targets.aws`.
 
 Modules: ``base`` (the protocol, replies, error classes), ``aws`` (the AWS targets' client,
-endpoints and SDK retries), ``dynamodb``, ``s3``, ``sqs``, ``simpledb``, ``sim``, and
-``resources`` (``prepare``/``cleanup`` of what a test needs); ``make_target`` is here.
+endpoints and SDK retries), ``dynamodb``, ``s3``, ``sqs``, ``simpledb``, ``sim``,
+``resources`` (``find``/``prepare``/``cleanup``: a run deletes only what it created),
+``endpoints`` (where calls go, and whether that is local) and ``aim`` (the target as stated
+before a load test starts); ``make_target`` is here.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from cmr.loadgen.targets.base import (
     classify,
 )
 from cmr.loadgen.targets.dynamodb import DynamoDBTarget
-from cmr.loadgen.targets.resources import RESOURCE, cleanup, prepare
+from cmr.loadgen.targets.resources import MARKER, RESOURCE, Prepared, cleanup, find, prepare
 from cmr.loadgen.targets.s3 import S3Target
 from cmr.loadgen.targets.sim import SimTarget
 from cmr.loadgen.targets.simpledb import SimpleDBTarget
@@ -61,10 +63,12 @@ from cmr.loadgen.targets.sqs import SQSTarget
 
 __all__ = [
     "ERROR_CLASSES",
+    "MARKER",
     "RESOURCE",
     "DynamoDBTarget",
     "ErrorClass",
     "OpFailed",
+    "Prepared",
     "Reply",
     "S3Target",
     "SQSTarget",
@@ -73,6 +77,7 @@ __all__ = [
     "Target",
     "classify",
     "cleanup",
+    "find",
     "make_target",
     "prepare",
     "retry_config",

@@ -16,14 +16,13 @@ class S3Target(_AwsTarget):
     def __init__(self, resources: Mapping[str, str], **options: Any) -> None:
         super().__init__(resources, **options)
         self.bucket = _need(resources, "bucket", self.name)
-        self.prefix = resources.get("prefix", "cmr-load/")
 
     def _extra_config(self) -> dict[str, Any]:
         return _s3_config()
 
     async def get(self, key: str, consistent: bool = False) -> Reply:
         try:
-            got = await self._call("get_object", Bucket=self.bucket, Key=self.prefix + key)
+            got = await self._call("get_object", Bucket=self.bucket, Key=key)
             async with got["Body"] as body:
                 data = await body.read()
         except OpFailed as exc:
@@ -36,7 +35,5 @@ class S3Target(_AwsTarget):
         return Reply(_int(data), _retries_of(got))
 
     async def put(self, key: str, value: int, conditional: bool = False) -> Reply:
-        got = await self._call(
-            "put_object", Bucket=self.bucket, Key=self.prefix + key, Body=str(value).encode()
-        )
+        got = await self._call("put_object", Bucket=self.bucket, Key=key, Body=str(value).encode())
         return Reply(None, _retries_of(got))
