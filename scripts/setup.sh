@@ -31,12 +31,13 @@ lock() {
     local build
     build="$(mktemp --suffix=.in)"
     trap 'rm -f "$build"' RETURN
-    echo "hatchling  # pyproject.toml [build-system]: installed hashed, used without isolation" >"$build"
+    # pyproject.toml's [build-system], and what hatchling asks for to build an editable wheel
+    printf '%s\n' hatchling editables >"$build"
     uv_cmd pip compile pyproject.toml "$build" --extra dev --generate-hashes \
         --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
         --constraint requirements-dev.txt --custom-compile-command "scripts/setup.sh lock" \
         --output-file requirements-dev.txt "$@"
-    sed -i "s|$build|build-system (hatchling)|" requirements-dev.txt
+    sed -i "s|$build|pyproject.toml [build-system]|" requirements-dev.txt
 }
 
 if [[ "${1:-}" == lock ]]; then
