@@ -265,8 +265,8 @@ fetch_ddb_artifacts() {
     done < <(ddb_artifacts)
     if [[ -s "$config" ]]; then
         log "downloading $(grep -c '^url' "$config") files from $MAVEN_CENTRAL"
-        curl --fail --silent --show-error --location --proto '=https' --tlsv1.2 --retry 3 \
-            --parallel --parallel-max 8 --config "$config" >&2 \
+        curl --fail --silent --show-error --no-progress-meter --location --retry 3 \
+            --proto '=https' --tlsv1.2 --parallel --parallel-max 8 --config "$config" >&2 \
             || die "downloading DynamoDB Local's files from $MAVEN_CENTRAL failed"
     fi
     rm -f "$config"
