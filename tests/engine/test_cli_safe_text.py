@@ -8,9 +8,11 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 import typer
 from typer.testing import CliRunner
 
@@ -42,6 +44,18 @@ NAME, NAME_SHOWN = HOSTILE.replace("/", "~"), SHOWN.replace("/", "~")  # as a fi
 def test_safe_text_shows_controls_as_escapes_and_is_never_markup(raw: str, shown: str) -> None:
     assert safe_text(raw).plain == shown
     assert safe_text(raw).spans == []  # no style came from the text itself
+
+
+@pytest.fixture(autouse=True)
+def _logs_restored() -> Iterator[None]:
+    # `cmr run` under CliRunner points structlog at the runner's stderr, closed once it
+    # returns: the tests after these must not log into it.
+    was, saved = structlog.is_configured(), structlog.get_config()
+    yield
+    if was:
+        structlog.configure(**saved)
+    else:
+        structlog.reset_defaults()
 
 
 def _cli(*args: str) -> tuple[int, str]:
