@@ -120,13 +120,33 @@ async def _stage(
     return (blobs[0].url if root_path.is_file() else root), blobs
 
 
+def _outside(link: Path, root: Path) -> UsageError | None:
+    """The refusal for a symbolic link whose target lies outside the input directory
+    ``root`` (resolved), or None for one that stays inside."""
+    try:
+        target = link.resolve()
+    except (OSError, RuntimeError):  # a loop of links (RuntimeError up to Python 3.12)
+        return UsageError(f"input {link} is a loop of symbolic links: remove it from the input")
+    if target == root or target.is_relative_to(root):
+        return None
+    return UsageError(
+        f"input {link} is a symbolic link to {target}, outside the input directory {root}: "
+        "a job reads only what lies under its input. Copy what it points to into the "
+        "directory, or remove the link"
+    )
+
+
 def _local_files(path: Path) -> list[Path]:
-    """The input's files (symlinked files and directories followed), each readable, with
-    UTF-8 names: anything else is found now, not by a task that would fail on it."""
+    """The input's files, each readable, with UTF-8 names: anything else is found now, not
+    by a task that would fail on it. A directory's symbolic links (to files or directories)
+    are followed only while their targets stay inside it: a link out of it is refused, so a
+    job never reads, or uploads, a file nobody named (someone's ~/.ssh, a secret in /tmp).
+    An input that is itself a link is the user's own choice, and followed."""
     if path.is_file():
         files = [path]
     else:
         files = []
+        root = path.resolve()
         seen: set[tuple[int, int]] = set()  # directories by (device, inode): links may loop
         for dirpath, dirs, names in os.walk(path, followlinks=True):
             st = os.stat(dirpath)
@@ -134,6 +154,11 @@ def _local_files(path: Path) -> list[Path]:
                 dirs.clear()
                 continue
             seen.add((st.st_dev, st.st_ino))
+            for name in (*dirs, *names):
+                entry = Path(dirpath, name)
+                # Checked before os.walk descends: a link to / is refused, not walked.
+                if entry.is_symlink() and (refused := _outside(entry, root)) is not None:
+                    raise refused
             files += [Path(dirpath, n) for n in names]
         files.sort()
     for f in files:

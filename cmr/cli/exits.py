@@ -16,12 +16,12 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 # typer vendors click and re-exports only some of its exceptions; usage errors are these
 from typer._click.exceptions import ClickException
 
-from cmr.cli.options import err, fail
+from cmr.cli.options import err, fail, safe_text
 from cmr.errors import CmrError, JobFailed
 
 T = TypeVar("T")
@@ -59,8 +59,12 @@ def exit_codes(meta: dict[str, Any]) -> Iterator[None]:
         if meta.get("cmr.verbose"):
             raise
         err.print(
-            f"[bold red]error:[/] unexpected {escape(f'{type(exc).__name__}: {exc}')}\n"
-            "(a bug in cmr: run again with -v for the traceback, and report it)",
+            Text.assemble(
+                ("error:", "bold red"),
+                " unexpected ",
+                safe_text(f"{type(exc).__name__}: {exc}"),
+                "\n(a bug in cmr: run again with -v for the traceback, and report it)",
+            ),
             highlight=False,
         )
         raise typer.Exit(1) from None

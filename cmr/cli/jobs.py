@@ -11,10 +11,19 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from cmr.cli.exits import Interrupted, ended, interruptible
-from cmr.cli.options import StoreFlags, Verbose, configure_logs, err, fail, out, shared
+from cmr.cli.options import (
+    StoreFlags,
+    Verbose,
+    configure_logs,
+    err,
+    fail,
+    out,
+    safe_text,
+    shared,
+)
 from cmr.errors import JobFailed
 from cmr.settings import BackendName
 
@@ -118,7 +127,7 @@ def status(
                         f"{p.reduces_done}/{p.reduces}",
                         str(rec.get("input", "")),
                     )
-                    t.add_row(*map(escape, cells))  # the table's text is data, not markup
+                    t.add_row(*map(safe_text, cells))  # data from the table: never obeyed
                 out.print(t)
                 return
             spec, rec = await lifecycle.load_spec(be, job)
@@ -141,10 +150,13 @@ def status(
             ]
             t = Table("field", "value", show_header=False)
             for field_, value in fields:
-                t.add_row(escape(field_), escape(value))  # data, not markup
+                t.add_row(safe_text(field_), safe_text(value))  # data: never obeyed
             out.print(t)
             if rec.get("error"):
-                out.print("[bold red]error:[/]", escape(str(rec["error"])), highlight=False)
+                out.print(
+                    Text.assemble(("error:", "bold red"), " ", safe_text(rec["error"])),
+                    highlight=False,
+                )
 
     asyncio.run(show())
 
@@ -167,8 +179,12 @@ def wait(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     except JobFailed as exc:
         fail(f"job {exc.job_id} ended {ended(exc)}.\n{exc.reason}")
     err.print(
-        f"job {escape(job)} [green]succeeded[/]: {record.get('records_out', 0)} records out "
-        f"under {escape(str(record.get('user_output', '?')))}",
+        Text.assemble(
+            f"job {safe_text(job)} ",
+            ("succeeded", "green"),
+            f": {safe_text(record.get('records_out', 0))} records out under ",
+            safe_text(record.get("user_output", "?")),
+        ),
         highlight=False,
     )
 
@@ -185,7 +201,10 @@ def cancel(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
 
     if not asyncio.run(_on_job(store, job, body)()):
         fail(f"job {job} had ended already (`cmr status {job}`)")
-    err.print(f"job {job} cancelled; its workers clean it up", highlight=False, markup=False)
+    err.print(
+        Text.assemble("job ", safe_text(job), " cancelled; its workers clean it up"),
+        highlight=False,
+    )
 
 
 @shared("store", StoreFlags)
@@ -201,4 +220,7 @@ def cleanup(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
         await lifecycle.cleanup(be, spec, JobState(str(rec.get("state", "cancelled"))))
 
     asyncio.run(_on_job(store, job, body)())
-    err.print(f"job {job}: queues, scratch data and task records removed", markup=False)
+    err.print(
+        Text.assemble("job ", safe_text(job), ": queues, scratch data and task records removed"),
+        highlight=False,
+    )

@@ -20,6 +20,20 @@ from cmr.backends.base import (
 from cmr.errors import BlobMissing, ConditionFailed, UsageError
 
 INLINE_READ_BYTES = 256 * 1024  # reads this small run on the event loop itself
+COPY_CHUNK = 1 << 30  # bytes per sendfile call
+
+
+def _new_file_mode() -> int:
+    """The mode ``open()`` gives a new file under this process's umask (0o644 for the usual
+    022). Reading the umask means setting it, for every thread: done once, at import."""
+    umask = os.umask(0o077)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+# A blob, once complete, has the mode any tool's output would have: the user's umask decides
+# who may read a published part, as it decides for the rest of their files.
+FILE_MODE = _new_file_mode()
 
 
 def file_path(url: str) -> Path:
@@ -57,6 +71,55 @@ def _into_dir(path: Path, write: Callable[[], object]) -> None:
             return
 
 
+def _temp_beside(path: Path) -> Path:
+    # Random, and created with O_EXCL: never an existing file, nor a link planted there.
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+
+
+def _write_private(path: Path, fill: Callable[[int], object]) -> None:
+    """Write a file as a blob store must: into a temporary file beside it that only its
+    owner can read (0600) while ``fill`` writes it through its descriptor, given FILE_MODE
+    once complete, then renamed over ``path`` (readers never see half a blob, as with S3).
+    A failed write leaves nothing behind."""
+    tmp = _temp_beside(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fill(fd)
+            os.fchmod(fd, FILE_MODE)
+        finally:
+            os.close(fd)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _bytes(data: bytes) -> Callable[[int], object]:
+    def fill(fd: int) -> None:
+        with open(fd, "wb", closefd=False) as f:
+            f.write(data)
+
+    return fill
+
+
+def _contents_of(source: str | Path) -> Callable[[int], object]:
+    def fill(fd: int) -> None:
+        with open(source, "rb") as src:
+            try:
+                # In the kernel, as shutil.copyfile does on Linux.
+                offset = 0
+                while sent := os.sendfile(fd, src.fileno(), offset, COPY_CHUNK):
+                    offset += sent
+            except OSError:
+                if offset:
+                    raise
+                with open(fd, "wb", closefd=False) as out:
+                    shutil.copyfileobj(src, out, 1 << 20)  # no sendfile between these files
+
+    return fill
+
+
 class EmbeddedBlobs:
     """Blobs as files under any local directory, addressed by ``file://`` URLs."""
 
@@ -66,12 +129,7 @@ class EmbeddedBlobs:
     async def put(self, url: str, data: bytes) -> None:
         path = file_path(url)
 
-        def write() -> None:
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(data)}.tmp")
-            tmp.write_bytes(data)
-            tmp.replace(path)  # readers never see a half-written blob, as with S3
-
-        await asyncio.to_thread(_into_dir, path, write)
+        await asyncio.to_thread(_into_dir, path, lambda: _write_private(path, _bytes(data)))
 
     async def put_if(self, url: str, data: bytes, *, etag: str | None) -> str:
         path = file_path(url)
@@ -89,9 +147,7 @@ class EmbeddedBlobs:
                     current = None
                 if current != etag:
                     raise ConditionFailed(f"{url}: etag is {current}, not {etag}")
-                tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(data)}.tmp")
-                tmp.write_bytes(data)
-                tmp.replace(path)
+                _write_private(path, _bytes(data))
             finally:
                 os.close(fd)  # closing the descriptor releases the lock
             return _etag(data)
@@ -113,16 +169,18 @@ class EmbeddedBlobs:
 
         def link() -> None:
             # Blobs are immutable once written (puts replace whole files), so a hard link is
-            # a copy that costs no bytes; across file systems, a real copy.
-            tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+            # a copy that costs no bytes (of a file complete, and with its mode, already);
+            # across file systems, a real copy.
+            tmp = _temp_beside(target)
             try:
                 try:
                     os.link(source, tmp)
                 except OSError as exc:
                     if isinstance(exc, FileNotFoundError) and not source.exists():
                         raise
-                    shutil.copyfile(source, tmp)
-                tmp.replace(target)
+                    _write_private(target, _contents_of(source))
+                else:
+                    tmp.replace(target)
             finally:
                 tmp.unlink(missing_ok=True)  # a failed copy leaves nothing behind
 
@@ -200,20 +258,15 @@ class EmbeddedBlobs:
         if not os.path.isfile(path):
             raise FileNotFoundError(path)
 
-        def write() -> None:
-            # Never in place: the old file may be hard-linked to a published copy.
-            tmp = dst.with_name(f".{dst.name}.{os.getpid()}.{id(dst)}.tmp")
-            shutil.copyfile(path, tmp)
-            tmp.replace(dst)
-
-        await asyncio.to_thread(_into_dir, dst, write)
+        # Never in place: the old file may be hard-linked to a published copy.
+        await asyncio.to_thread(_into_dir, dst, lambda: _write_private(dst, _contents_of(path)))
 
     async def download_file(self, url: str, path: str) -> None:
         src = file_path(url)
 
         def copy_file() -> None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, path)
+            _write_private(Path(path), _contents_of(src))  # never a partial file at path
 
         try:
             await asyncio.to_thread(copy_file)
