@@ -7,12 +7,15 @@ import sys
 
 import structlog
 
+from cmr.text import inert_log_values
+
 
 def configure(level: int = logging.WARNING) -> None:
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="%H:%M:%S"),
+            inert_log_values,
             structlog.dev.ConsoleRenderer(
                 colors=False, exception_formatter=structlog.dev.plain_traceback
             ),

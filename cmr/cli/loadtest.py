@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from cmr.cli.options import (
     StoreFlags,
@@ -32,6 +32,7 @@ from cmr.cli.options import (
     err,
     fail,
     out,
+    safe_text,
 )
 from cmr.errors import JobFailed, UsageError
 from cmr.loadgen import plan, report
@@ -304,7 +305,7 @@ def finish(load: LoadFlags, kind: str, data: Mapping[str, Any], tables: Sequence
         out.print(t)
     out.file.flush()  # the tables before the stderr lines below, even when piped
     for warning in data.get("warnings") or []:
-        err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+        err.print(Text.assemble(("warning:", "yellow"), " ", safe_text(warning)), highlight=False)
     err.print(f"results: {load.json_path}", highlight=False, markup=False)
     if load.plots_dir is not None:
         err.print("figures: " + _plot(load.plots_dir, kind, data), highlight=False, markup=False)

@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import inspect
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -25,6 +24,7 @@ from rich.text import Text
 
 from cmr.errors import UsageError
 from cmr.settings import AwsSettings, BackendName, Store
+from cmr.text import inert
 
 err = Console(stderr=True, soft_wrap=True)  # an error message must stay greppable
 out = Console()
@@ -36,16 +36,13 @@ _AWS = AwsSettings()  # the defaults, shown in help texts
 
 # C0 controls but tab and newline, DEL, C1 controls, and the bidirectional overrides that
 # make a terminal show text in another order than it is stored ("Trojan Source").
-_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
 def safe_text(value: object) -> Text:
     """Text that came from outside (an error message, a job record, an exception, a file
     name, a log line), made inert for a terminal: Rich never reads it as markup (``[/x]``
     is shown, not parsed), and every control character is shown as its escape (``\\x1b``):
     an ESC sequence can neither clear the screen, set the title, move the cursor nor hide
     what follows. Plain ``str`` callers use ``safe_text(x).plain``."""
-    return Text(_UNSAFE.sub(lambda m: ascii(m.group())[1:-1], str(value)))
+    return Text(inert(value))
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

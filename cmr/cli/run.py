@@ -8,10 +8,20 @@ import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from cmr.cli.exits import Interrupted, interruptible
-from cmr.cli.options import StoreFlags, Verbose, configure_logs, err, fail, key_values, out, shared
+from cmr.cli.options import (
+    StoreFlags,
+    Verbose,
+    configure_logs,
+    err,
+    fail,
+    key_values,
+    out,
+    safe_text,
+    shared,
+)
 from cmr.settings import BackendName, WorkerSettings
 
 if TYPE_CHECKING:
@@ -133,10 +143,9 @@ def run(
         out.print(result.job_id, highlight=False)  # the last line: for scripts
         return
     rec, secs = result.record, result.seconds
-    err.print(
+    summary = Text.from_markup(
         f"job {result.job_id} [green]succeeded[/] in {secs:.1f} s: "
         f"{rec.get('bytes_in', 0) / 1e6:.1f} MB in ({rec.get('bytes_in', 0) / 1e6 / secs:.2f} "
         f"MB/s), {rec.get('records_out', 0)} records out in {len(result.parts)} parts under "
-        f"{escape(output)}",
-        highlight=False,
     )
+    err.print(Text.assemble(summary, safe_text(output)), highlight=False)

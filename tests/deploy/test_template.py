@@ -135,7 +135,7 @@ def test_cfn_lint_passes() -> None:
 
 def test_cfn_lint_is_pinned() -> None:
     pins = (ROOT / "requirements-dev.txt").read_text()
-    assert re.search(r"^cfn-lint==\d+\.\d+\.\d+$", pins, re.M)
+    assert re.search(r"^cfn-lint==\d+\.\d+\.\d+ \\\n\s+--hash=sha256:[0-9a-f]{64}", pins, re.M)
 
 
 def test_policy_grants_only_the_three_resources(template: dict[str, Any]) -> None:

@@ -161,3 +161,17 @@ async def test_status_shows_a_hostile_error_reason_from_the_table_as_text(
         assert f"in-{NAME_SHOWN}" in shown["list"]  # the input column
     finally:
         await lifecycle.cleanup(be, spec, JobState.FAILED)
+
+
+def test_log_lines_are_inert(capsys: pytest.CaptureFixture[str]) -> None:
+    """A rejected message's reason or a job's error quoted in a log line cannot reach the
+    terminal as escapes either."""
+    from cmr import logs
+
+    logs.configure()
+    try:
+        structlog.get_logger().warning("rejected a message", reason=HOSTILE)
+    finally:
+        structlog.reset_defaults()
+    line = capsys.readouterr().err
+    assert "\x1b" not in line and "\u202e" not in line and "\\x1b[2J" in line

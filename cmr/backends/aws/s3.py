@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import secrets
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import suppress
@@ -18,6 +19,7 @@ from cmr.backends.aws.calls import _all, _counting
 from cmr.backends.aws.errors import translate as _translate
 from cmr.backends.aws.errors import translated as _translated
 from cmr.backends.base import BlobInfo
+from cmr.backends.embedded.blobs import FILE_MODE
 from cmr.errors import BackendError, UsageError
 
 COPY_PART_BYTES = 512 * 1024 * 1024  # multipart copy part size, past CopyObject's 5 GiB
@@ -234,7 +236,14 @@ class AwsBlobs:
         dst = Path(path)
         await asyncio.to_thread(dst.parent.mkdir, parents=True, exist_ok=True)
         # The transfer writes as it goes: a failed download must not leave a partial file.
-        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.part")
+        tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(6)}.part")
+        # Created private (the transfer opens it "wb", which keeps the mode): a part being
+        # fetched is nobody else's to read; it gets the umask's mode once complete.
+        await asyncio.to_thread(
+            lambda: os.close(
+                os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            )
+        )
         try:
             with _translate("s3", url):
                 await self._s3.download_file(bucket, key, str(tmp))
@@ -246,4 +255,5 @@ class AwsBlobs:
             ):
                 raise _translated("s3", exc.__cause__, url) from exc.__cause__
             raise
+        await asyncio.to_thread(os.chmod, tmp, FILE_MODE)
         await asyncio.to_thread(tmp.replace, dst)
