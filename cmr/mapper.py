@@ -120,6 +120,11 @@ async def _ranges(rt: Runtime, spec: JobSpec, task: int) -> tuple[wire.Range, ..
         raise TaskError(f"the job's plan cannot be read: {exc}") from exc
     if task >= len(plan.tasks):
         raise TaskError(f"the job's plan has {len(plan.tasks)} map tasks, not task {task}")
+    for r in plan.tasks[task]:
+        if not spec.owns_input(r.url):
+            raise TaskError(
+                f"the job's plan names {r.url[:200]!r}, outside its input {spec.input_root}"
+            )
     return plan.tasks[task]
 
 

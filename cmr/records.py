@@ -17,12 +17,14 @@ state changes together with its index rows, in one transaction (``cmr.lifecycle`
 
 from __future__ import annotations
 
+import posixpath
 import re
 import secrets
 import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from cmr import wire
 from cmr.backends.base import Item
@@ -110,6 +112,21 @@ class JobSpec:
     task_timeout_s: int = 0  # a task's time limit; 0: grows with its input (cmr.timelimit)
     plan_digest: str = ""  # sha256 of the plan blob: task messages only point into it
     replaces: str = ""  # the output's manifest etag when submitted ("": there was none)
+    input_root: str = ""  # the file or prefix every range of the plan lies under
+
+    def owns_input(self, url: str) -> bool:
+        """Whether ``url`` is (under) the job's recorded input: a plan's range elsewhere is
+        not this job's to read, whatever the plan says."""
+        root, whole = self.input_root, not self.input_root.endswith("/")
+        if not root:
+            return False
+        if root.startswith("file://"):
+            # A local path: "..", "%2e%2e" and doubled slashes must not lead out of the root.
+            if not url.startswith("file://"):
+                return False
+            base, path = _local_path(root), _local_path(url)
+            return path == base if whole else path.startswith(base.rstrip("/") + "/")
+        return url == root if whole else url.startswith(root)
 
     def queues(self) -> tuple[str, str, list[str]]:
         return queue_names(self.queue_prefix, self.job_id, self.partitions)
@@ -130,6 +147,7 @@ class JobSpec:
             "task_timeout_s": self.task_timeout_s,
             "plan_digest": self.plan_digest,
             "replaces": self.replaces,
+            "input_root": self.input_root,
         }
 
     @staticmethod
@@ -169,6 +187,7 @@ class JobSpec:
             fields.number("task_timeout_s", 0, MAX_TASK_TIMEOUT_S, default=0),
             plan_digest,
             fields.text("replaces", 200, default=""),
+            fields.url("input_root"),
         )
 
 
@@ -184,6 +203,10 @@ _JOB_ID = re.compile(r"[0-9A-Za-z-]{1,64}")  # what wire.py accepts in a message
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _QUEUE_PREFIX = re.compile(r"[0-9A-Za-z_-]{0,40}")  # SQS queue names: 80 of these characters
 _URL = re.compile(r"(s3|file)://[^\x00-\x1f\x7f]+")
+
+
+def _local_path(url: str) -> str:
+    return posixpath.normpath("/" + unquote(urlparse(url).path))
 
 
 class _Fields:

@@ -173,9 +173,10 @@ def _local_files(path: Path) -> list[Path]:
     return files
 
 
-async def list_input(backend: Backend, source: str, job_id: str) -> list[Input]:
-    """The input's blobs: a file (or object) alone, or everything below a directory (or
-    prefix, taken as a directory: ``s3://b/logs`` means ``s3://b/logs/``, not logs2/)."""
+async def list_input(backend: Backend, source: str, job_id: str) -> tuple[str, list[Input]]:
+    """(root, blobs) of the input: a file (or object) alone, or everything below a directory
+    (or prefix, taken as a directory: ``s3://b/logs`` means ``s3://b/logs/``, not logs2/).
+    The root is recorded with the job: every range of its plan must lie under it."""
     if is_local(source):
         path = local_path(source)
         if not path.exists():
@@ -194,7 +195,7 @@ async def list_input(backend: Backend, source: str, job_id: str) -> list[Input]:
             blobs = await backend.blobs.list(root)
             if not blobs:
                 raise UsageError(f"input {source} matches no objects") from None
-    return [Input(b.url, b.size, input_name(root, b)) for b in blobs]
+    return root, [Input(b.url, b.size, input_name(root, b)) for b in blobs]
 
 
 @dataclass(frozen=True)
@@ -331,7 +332,7 @@ async def _submit(
     split_bytes: int | None,
     memory_bytes: int | None,
 ) -> JobSpec:
-    inputs = await list_input(backend, source, job_id)
+    input_root, inputs = await list_input(backend, source, job_id)
     total = sum(i.size for i in inputs)
     tasks = plan(inputs, split_bytes or choose_split_bytes(total, parallelism, memory_bytes))
     scratch = job_scratch(backend.scratch, job_id)
@@ -352,6 +353,7 @@ async def _submit(
         options.task_timeout_s,
         Plan.digest(data),
         place.replaces,
+        input_root,
     )
     in_q, reduce_q, part_qs = spec.queues()
     queues = backend.queues

@@ -56,6 +56,7 @@ def _spec(**changes: Any) -> JobSpec:
         60,
         3,
         plan_digest="1" * 64,
+        input_root="s3://cmr-data/in/",
     )
     return dataclasses.replace(base, **changes)
 
@@ -84,6 +85,8 @@ def _spec(**changes: Any) -> JobSpec:
         ("params", {str(i): "v" for i in range(1_000)}),
         ("params", ["not", "a", "map"]),
         ("job", "x" * 5_000),
+        ("input_root", "ftp://elsewhere/"),
+        ("input_root", None),
     ],
 )
 def test_a_hostile_job_record_is_refused_field_by_field(field: str, value: Any) -> None:
@@ -243,3 +246,68 @@ async def test_forged_commit_records_fail_the_job_instead_of_publishing(
     out = tmp_path / "out"
     assert not any("do not publish" in p.read_text() for p in out.glob("part-*"))
     assert not (out / "_SUCCESS").exists()
+
+
+# --- the plan: every range under the job's recorded input --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("root", "url", "owned"),
+    [
+        ("s3://b/in/", "s3://b/in/x/part-1", True),
+        ("s3://b/in/", "s3://b/in2/x", False),
+        ("s3://b/in/", "s3://other/in/x", False),
+        ("s3://b/in/one.txt", "s3://b/in/one.txt", True),
+        ("s3://b/in/one.txt", "s3://b/in/one.txt2", False),
+        ("file:///data/in/", "file:///data/in/a/b.txt", True),
+        ("file:///data/in/", "file:///data/in/../secret", False),
+        ("file:///data/in/", "file:///data/in/%2e%2e/secret", False),
+        ("file:///data/in/", "file:///data/in2/x", False),
+        ("file:///data/in/", "s3://b/data/in/x", False),
+        ("", "s3://b/in/x", False),
+    ],
+)
+def test_a_range_is_the_jobs_only_under_its_recorded_input(
+    root: str, url: str, owned: bool
+) -> None:
+    assert _spec(input_root=root).owns_input(url) is owned
+
+
+async def test_a_plan_naming_data_outside_the_input_fails_the_job(
+    embedded: Backend, tmp_path: Path
+) -> None:
+    """Someone who can write the scratch and the table swaps in a plan (and its digest) that
+    reads another file: the task refuses it, and the job fails with the reason instead of
+    publishing that file's words."""
+    from cmr.lifecycle import job_scratch
+    from cmr.plan import Plan, plan_url
+    from cmr.wire import Range
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("topsecret\n")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("a\n")
+    spec = await submit.submit(
+        embedded,
+        job_ref(WORDCOUNT),
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        JobOptions(partitions=1, max_task_failures=1),
+        queue_prefix="cmr-",
+        parallelism=1,
+    )
+    assert spec.input_root == f"file://{tmp_path}/in/"
+    forged = Plan(((Range(f"file://{tmp_path}/in/../secret.txt", 0, 10, "a.txt"),),))
+    data = forged.to_bytes()
+    await embedded.blobs.put(plan_url(job_scratch(spec.scratch, spec.job_id)), data)
+    await embedded.table.update(
+        Update(job_pk(spec.job_id), "job", set_={"plan_digest": Plan.digest(data)})
+    )
+    ws = WorkerSettings(processes=1, poll_s=0.1, jobs_from=(str(REPO),))
+    with cpu_pool(1) as pool:
+        worker = Worker(embedded, ws, pool, only_job=spec.job_id)
+        await asyncio.wait_for(worker.run(), 120)
+    job = await embedded.table.get(job_pk(spec.job_id), "job")
+    assert job is not None and job["state"] == "failed"
+    assert "outside its input" in str(job["error"])
+    assert not (tmp_path / "out" / "_SUCCESS").exists()

@@ -72,7 +72,7 @@ async def test_padded_task_files_make_one_map_task_each(tmp_path: Path) -> None:
     for i, text in enumerate(texts):
         (tmp_path / f"task-{i:05d}.json").write_text(text.ljust(width) + "\n")
     backend = embedded_backend("/unused")
-    inputs = await list_input(backend, str(tmp_path), "job")
+    _, inputs = await list_input(backend, str(tmp_path), "job")
     tasks = plan(inputs, width + 1)
     assert len(tasks) == 4 and all(len(t) == 1 for t in tasks)
 
