@@ -181,10 +181,10 @@ def compress(data: bytes) -> bytes:
     return _zstd()[0].compress(data)
 
 
-def decoded_limit(wire_bytes: int, cap: int = MAX_DECODED) -> int:
-    """The most a body or blob of ``wire_bytes`` may decode to: ``MAX_RATIO`` times its
-    size, at least ``DECODED_FLOOR``, at most ``cap`` (and ``MAX_DECODED``)."""
-    return min(cap, MAX_DECODED, max(DECODED_FLOOR, MAX_RATIO * wire_bytes))
+def decoded_limit(wire_bytes: int, cap: int = MAX_DECODED, ratio: int = MAX_RATIO) -> int:
+    """The most a body or blob of ``wire_bytes`` may decode to: ``ratio`` times its size,
+    at least ``DECODED_FLOOR``, at most ``cap`` (and ``MAX_DECODED``)."""
+    return min(cap, MAX_DECODED, max(DECODED_FLOOR, ratio * wire_bytes))
 
 
 def declared_size(data: bytes) -> int:
