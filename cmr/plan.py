@@ -166,7 +166,10 @@ def _count(up: msgpack.Unpacker, what: str, low: int, high: int) -> int:
 
 def _tasks(up: msgpack.Unpacker) -> list[tuple[Range, ...]]:
     tasks: list[tuple[Range, ...]] = []
-    seen: dict[str, str] = {}  # one str per distinct URL or name: a big file has many ranges
+    # One str per distinct URL or name, checked once: a big file has many ranges.
+    urls: dict[str, str] = {}
+    names: dict[str, str] = {}
+    header, unpack = up.read_array_header, up.unpack  # the loop runs once per range
     ranges = 0
     for i in range(_count(up, "map tasks", 0, wire.MAX_TASKS)):
         n = _count(up, f"ranges in map task {i}", 1, MAX_RANGES_PER_TASK)
@@ -176,14 +179,24 @@ def _tasks(up: msgpack.Unpacker) -> list[tuple[Range, ...]]:
         task = []
         total = 0
         for _ in range(n):
-            _count(up, f"fields in a range of map task {i}", 4, 4)
-            url, start, end, name = up.unpack(), up.unpack(), up.unpack(), up.unpack()
-            if not (wire.is_url(url) and url and _is_name(name)):
-                raise WireError(f"map task {i} has a URL or name that is not a bounded string")
+            if header() != 4:
+                raise WireError(f"map task {i} has a range that is not [url, start, end, name]")
+            url, start, end, name = unpack(), unpack(), unpack(), unpack()
+            if type(url) is not str or type(name) is not str:
+                raise WireError(f"map task {i} has a URL or name that is not a string")
             if not (type(start) is int and type(end) is int and 0 <= start <= end < MAX_OFFSET):
                 raise WireError(f"map task {i} has a range outside 0 <= start <= end < 2^62")
             total += end - start
-            task.append(Range(seen.setdefault(url, url), start, end, seen.setdefault(name, name)))
+            u, m = urls.get(url), names.get(name)
+            if u is None:
+                if not (wire.is_url(url) and url):
+                    raise WireError(f"map task {i} has an empty URL or one with controls")
+                u = urls[url] = url
+            if m is None:
+                if not _is_name(name):
+                    raise WireError(f"map task {i} has a name holding NUL")
+                m = names[name] = name
+            task.append(Range(u, start, end, m))
         if total > MAX_TASK_BYTES:
             raise WireError(f"map task {i} reads {total} bytes (limit {MAX_TASK_BYTES})")
         tasks.append(tuple(task))

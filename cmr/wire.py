@@ -187,7 +187,7 @@ def decoded_limit(wire_bytes: int, cap: int = MAX_DECODED, ratio: int = MAX_RATI
     return min(cap, MAX_DECODED, max(DECODED_FLOOR, ratio * wire_bytes))
 
 
-def declared_size(data: bytes) -> int:
+def declared_size(data: bytes | memoryview) -> int:
     """The decoded size a zstd frame's header declares; WireError when it declares none."""
     try:
         size = zstandard.frame_content_size(data)
@@ -198,7 +198,7 @@ def declared_size(data: bytes) -> int:
     return int(size)
 
 
-def decompress(data: bytes, limit: int | None = None) -> bytes:
+def decompress(data: bytes | memoryview, limit: int | None = None) -> bytes:
     """A zstd frame's content, refused from its header when it declares more than ``limit``
     (by default ``decoded_limit(len(data))``): nothing is allocated for a bomb."""
     if limit is None:
@@ -294,11 +294,15 @@ def _job_id(doc: dict[str, Any]) -> str:
     return str(job)
 
 
-def _fields(data: bytes) -> dict[str, Any]:
-    """A body's one flat msgpack map of scalars. Arrays and maps are refused at their first
-    header (``max_len=0``; empty ones cost nothing), so no depth or count is ever built."""
-    up = unpacker(len(data), max_bin=MAX_BATCH_PAIRS)
+def _fields(data: bytes | memoryview) -> tuple[dict[str, Any], int]:
+    """A body's one flat msgpack map of scalars, and its size. Arrays and maps are refused
+    at their first header (``max_len=0``; empty ones cost nothing), so no depth or count
+    is ever built. ``data`` is the caller's last reference: it is let go once fed, so a
+    large batch is held twice at most (the unpacker's copy, then its pairs)."""
+    size = len(data)
+    up = unpacker(size, max_bin=MAX_BATCH_PAIRS)
     up.feed(data)
+    del data
     try:
         n = up.read_map_header()
     except msgpack.OutOfData:
@@ -323,9 +327,9 @@ def _fields(data: bytes) -> dict[str, Any]:
         raise WireError("the body ends inside its msgpack map (truncated)") from None
     except Exception as exc:  # limits and format errors: msgpack's texts are short
         raise WireError(bounded(f"a field is not a bounded scalar: {exc}")) from None
-    if up.tell() != len(data):
+    if up.tell() != size:
         raise WireError("extra bytes after the body's msgpack map")
-    return doc
+    return doc, size
 
 
 def decode(body: bytes) -> Message:
@@ -366,20 +370,19 @@ async def decode_async(body: bytes) -> Message:
 def _decode(body: bytes) -> Message:
     if not body.startswith(MAGIC):
         raise WireError("body does not start with the cmr magic bytes")
-    rest = body[len(MAGIC) :]
     cap = min(MAX_DECODED, MAX_BATCH_DECODED)  # the largest kind
-    if rest.startswith(ZSTD_FRAME):
-        data = decompress(rest, decoded_limit(len(body), cap))
-    elif rest and rest[0] in _MAP_HEADERS:
+    rest = memoryview(body)[len(MAGIC) :]  # a view: the body is not copied
+    if body.startswith(ZSTD_FRAME, len(MAGIC)):
+        doc, size = _fields(decompress(rest, decoded_limit(len(body), cap)))
+    elif len(rest) and rest[0] in _MAP_HEADERS:
         if len(rest) > cap:
             raise WireError(f"plain body of {len(rest)} bytes (limit {cap})")
-        data = rest
+        doc, size = _fields(rest)
     else:
         raise WireError("body is neither a zstd frame nor a msgpack map")
-    doc = _fields(data)
     kind = doc.get("k")
-    if kind in ("map", "reduce") and len(data) > MAX_TASK_DECODED:
-        raise WireError(f"a {kind} task of {len(data)} bytes (limit {MAX_TASK_DECODED})")
+    if kind in ("map", "reduce") and size > MAX_TASK_DECODED:
+        raise WireError(f"a {kind} task of {size} bytes (limit {MAX_TASK_DECODED})")
     if kind == "map":
         return MapTask(_job_id(doc), _nat(doc, "task", MAX_TASKS))
     if kind == "reduce":
