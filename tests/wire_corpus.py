@@ -34,6 +34,9 @@ ATTEMPT = "a1b2c3d4e5f6"
 JOB = "20260101-000000-0123456789abcdef"
 OTHER_JOB = "20260101-000000-fedcba9876543210"
 ROOT = Path(__file__).resolve().parent.parent
+# The largest batch's pairs; read like this so the corpus also measures decoders from
+# before the limit existed (issue 12's "fails on the old code").
+BATCH_PAIRS = getattr(wire, "MAX_BATCH_PAIRS", 16 * 1024 * 1024)
 
 
 def _key(name: str) -> bytes:
@@ -56,7 +59,7 @@ def _batch_fields(job_id: str, p: int, /, **changes: Any) -> dict[str, Any]:
     return doc
 
 
-def _map_with(field: str, value: bytes, base: dict[str, Any]) -> bytes:
+def map_with(field: str, value: bytes, base: dict[str, Any]) -> bytes:
     """The msgpack map ``base`` with ``field`` set to raw msgpack ``value`` (first, as the
     encoder writes ``k``): how a body carries what ``pack`` could not build cheaply."""
     rest = {k: v for k, v in base.items() if k != field}
@@ -71,7 +74,7 @@ def deep_nesting_body(job: str, depth: int = 1000, field: str = "k") -> bytes:
     """~1 KB whose ``field`` is a tuple nested ``depth`` deep (issue 12's first repro: its
     repr raised RecursionError out of the reducer)."""
     nested = b"\x91" * depth + b"\xc0"
-    return wire.MAGIC + _map_with(field, nested, _batch_fields(job, 0))
+    return wire.MAGIC + map_with(field, nested, _batch_fields(job, 0))
 
 
 @functools.cache
@@ -90,7 +93,7 @@ def zstd_bomb_body(job: str, count: int = 16_000_000) -> bytes:
 def plain_bomb_body(job: str, count: int = 200_000) -> bytes:
     """A plain body (no zstd) the size of a queue message, all empty maps in one field."""
     value = b"\xdd" + count.to_bytes(4, "big") + b"\x80" * count
-    return wire.MAGIC + _map_with("pairs", value, _batch_fields(job, 0))
+    return wire.MAGIC + map_with("pairs", value, _batch_fields(job, 0))
 
 
 def declared_size_body(job: str, size: int = 2**40) -> bytes:
@@ -107,7 +110,7 @@ def map_count_bomb_body(job: str) -> bytes:
 
 
 def array_count_bomb_body(job: str) -> bytes:
-    return wire.MAGIC + _map_with("k", b"\xdd\xff\xff\xff\xff" + b"\xc0" * 1000, {"job": job})
+    return wire.MAGIC + map_with("k", b"\xdd\xff\xff\xff\xff" + b"\xc0" * 1000, {"job": job})
 
 
 def long_string_body(job: str, field: str = "job", chars: int = 1_000_000) -> bytes:
@@ -140,7 +143,7 @@ def huge_int_body(job: str, field: str = "task") -> bytes:
     return wire.MAGIC + wire.pack(_batch_fields(job, 0, **{field: 2**64 - 1}))
 
 
-def batch_ratio_bomb(job: str, p: int, size: int = wire.MAX_BATCH_PAIRS) -> bytes:
+def batch_ratio_bomb(job: str, p: int, size: int = BATCH_PAIRS) -> bytes:
     """A batch whose zeroed pairs compress ~10,000x: refused from the frame's header."""
     pairs = b"\x00" * size
     return wire.MAGIC + wire.compress(wire.pack(_batch_fields(job, p, pairs=pairs)))
@@ -150,8 +153,8 @@ def batch_ratio_bomb(job: str, p: int, size: int = wire.MAX_BATCH_PAIRS) -> byte
 def largest_batch(job: str, p: int) -> bytes:
     """The largest batch accepted: MAX_BATCH_PAIRS of pairs at ~128x (what it costs is the
     budget every other input is held to)."""
-    noise = random.Random(0).randbytes(wire.MAX_BATCH_PAIRS // 128)
-    pairs = noise + b"\x00" * (wire.MAX_BATCH_PAIRS - len(noise))
+    noise = random.Random(0).randbytes(BATCH_PAIRS // 128)
+    pairs = noise + b"\x00" * (BATCH_PAIRS - len(noise))
     return wire.MAGIC + wire.compress(wire.pack(_batch_fields(job, p, pairs=pairs)))
 
 
@@ -316,10 +319,12 @@ def _peak_since() -> Callable[[], int]:
         return lambda: max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024
 
 
-def run_one(decode: Callable[[Any], object], data: Any) -> dict[str, Any]:
+def run_one(decode: Callable[[Any], object], data: Any, collect: bool = True) -> dict[str, Any]:
     """Decode ``data`` once here: outcome ("value", "WireError" or another type's name),
-    seconds, peak RSS growth in bytes, and the rejection's text length."""
-    gc.collect()
+    seconds, peak RSS growth in bytes, and the rejection's text length. ``collect``: free
+    what earlier inputs left first (a few ms; a fuzzer skips it)."""
+    if collect:
+        gc.collect()
     peak = _peak_since()
     start = time.perf_counter()
     outcome, text = "value", ""
