@@ -46,14 +46,16 @@ MIB = 1024 * 1024
 # Anything decoded from a queue or a blob is at most this large (compute also bounds its
 # spool readers' buffers with it).
 MAX_DECODED = 64 * MIB
-# Shuffle pairs compress ~4x and plans (one URL repeated over its ranges) 10-30x; 256x is
-# far past both, while a bomb's ratio is in the thousands (522 bytes -> 16 MB). Below the
-# floor the ratio is not asked: any body may decode to 1 MiB, which costs ~2 MiB for an
-# instant, and what a mapper packs before it learns the data's ratio stays under it.
+# Shuffle pairs compress ~4x; 256x is far past that, while a bomb's ratio is in the
+# thousands (522 bytes -> 16 MB of empty maps). Below the floor the ratio is not asked:
+# any body may decode to 1 MiB, which costs ~2 MiB for an instant, and covers what a
+# mapper packs before it has seen its data's ratio (3 x 256 KiB). Plans have their own
+# ratio (cmr.plan): a big file's URL repeats over its ranges.
 MAX_RATIO = 256
 DECODED_FLOOR = 1 * MIB
-# A batch's pairs: the mapper packs raw pairs up to ~0.85 x the ratio it saw x the queue's
-# 256 KiB limit (cmr.compute), well inside this at shuffle data's ratios.
+# A batch's pairs. What the mapper packs (cmr.compute) must decode within
+# ``decoded_limit(len(body), MAX_BATCH_PAIRS)``: shuffle data at ~4x, a 256 KiB body
+# holds ~1 MiB of pairs; held while decoded, 16 MiB costs ~32 MiB for an instant.
 MAX_BATCH_PAIRS = 16 * MIB
 MAX_TASK_DECODED = 4 * 1024  # a map or reduce task is ~60 bytes: a pointer, not a payload
 MAX_BATCH_DECODED = MAX_BATCH_PAIRS + 64 * 1024  # pairs, plus the fields and a spill URL

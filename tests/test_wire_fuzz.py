@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import io
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -18,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cmr import compute, submit, wire
 from cmr import plan as plan_mod
-from cmr import submit, wire
 from cmr.errors import UsageError, WireError
 from cmr.plan import Plan
 from cmr.records import MapCommit
@@ -313,3 +315,27 @@ def test_a_batch_of_more_records_than_its_pairs_can_hold_is_refused() -> None:
         spilled = wire.encode(wire.Batch(JOB, 0, "ab", 0, 0, 1, b"x", "s3://b/k"))
         wire.decode(spilled)
         pytest.fail("a spilled batch with pairs was accepted")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="cmr/compute.py's _Shuffle must keep a batch's pairs within "
+    "wire.decoded_limit(len(body), wire.MAX_BATCH_PAIRS) (change requested with issue 12)",
+)
+def test_the_mapper_packs_batches_the_decoder_accepts(tmp_path: Path) -> None:
+    """Values that compress ~10,000x: the mapper's target grows with the ratio it saw, so
+    its second batch held 23 MB of pairs in a 3.6 KB body, which the decoder refuses."""
+    spec = compute.MapSpec(JOB, 0, "ab12", 1, 256 * 1024, str(tmp_path), combine=False)
+    out = io.BytesIO()
+    shuffle = compute._Shuffle(spec, out)
+    for i in range(400):
+        shuffle.add(0, f"key{i}", "x" * 60_000)
+    shuffle.close()
+    out.seek(0)
+    records = 0
+    for _, _, n, body, spilled in msgpack.Unpacker(out, raw=False):
+        assert not spilled
+        batch = wire.decode(body)
+        assert isinstance(batch, wire.Batch) and batch.records == n
+        records += n
+    assert records == 400
