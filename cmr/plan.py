@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 from dataclasses import dataclass
 
 import msgpack
@@ -132,11 +133,35 @@ def _check_task(ranges: tuple[Range, ...]) -> None:
         raise UsageError(f"a map task reads {total:,} bytes (at most {MAX_TASK_BYTES:,})")
 
 
+def _reader(raw: bytes) -> msgpack.Unpacker:
+    # Read in small pieces from a view of the plan: no copy of the whole is made.
+    return wire.unpacker(len(raw), source=io.BytesIO(raw))
+
+
+def _precount(raw: bytes) -> None:
+    """Refuse a plan with too many tasks or ranges before building any: its headers are
+    walked and each range skipped (~0.2 us, against ~3 us to check and build one)."""
+    up = _reader(raw)
+    for _ in range(min(up.read_map_header(), _PLAN_FIELDS)):
+        if up.unpack() != "tasks":
+            up.skip()
+            continue
+        ranges = 0
+        for i in range(_count(up, "map tasks", 0, wire.MAX_TASKS)):
+            n = _count(up, f"ranges in map task {i}", 1, MAX_RANGES_PER_TASK)
+            ranges += n
+            if ranges > MAX_PLAN_RANGES:
+                raise WireError(f"it has more than {MAX_PLAN_RANGES} ranges")
+            for _ in range(n):
+                up.skip()
+        return
+
+
 def _parse(raw: bytes) -> Plan:
     # Every array is walked header first, and msgpack builds no array or map by itself
     # (max_len=0): a count is refused before anything is built for it, and no nesting is.
-    up = wire.unpacker(len(raw))
-    up.feed(raw)
+    _precount(raw)
+    up = _reader(raw)
     fields = up.read_map_header()
     if fields > _PLAN_FIELDS:
         raise WireError(f"it claims {fields} fields (limit {_PLAN_FIELDS})")

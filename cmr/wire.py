@@ -29,7 +29,7 @@ import asyncio
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgpack
 import zstandard
@@ -146,16 +146,26 @@ def unpack(data: bytes) -> Any:
 
 
 def unpacker(
-    size: int, *, max_len: int = 0, max_str: int = MAX_URL_LEN, max_bin: int = 0
+    size: int,
+    *,
+    max_len: int = 0,
+    max_str: int = MAX_URL_LEN,
+    max_bin: int = 0,
+    source: BinaryIO | None = None,
 ) -> msgpack.Unpacker:
-    """A reader for ``size`` bytes of a stranger's msgpack whose every array and map holds
-    at most ``max_len`` items, strings ``max_str`` bytes, bytes values ``max_bin``; ext types
-    are refused, and msgpack refuses nesting past its stack (1,024 deep) by itself."""
+    """A reader for ``size`` bytes of a stranger's msgpack (fed, or read from ``source``
+    in small pieces) whose every array and map holds at most ``max_len`` items, strings
+    ``max_str`` bytes, bytes values ``max_bin``; ext types are refused, and msgpack refuses
+    nesting past its stack (1,024 deep) by itself."""
+    if source is not None:  # a buffer of a few values, not of the whole input
+        size = min(size, 4 * max(max_str, max_bin, 16 * 1024))
     return msgpack.Unpacker(
+        source,
         raw=False,
         use_list=False,
         strict_map_key=False,
         max_buffer_size=max(1, size),
+        read_size=min(max(1, size), 16 * 1024),
         max_str_len=max_str,
         max_bin_len=max_bin,
         max_array_len=max_len,
