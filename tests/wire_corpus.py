@@ -12,6 +12,9 @@ per input, the outcome, the seconds and the peak RSS growth (see ``_peak_since``
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import functools
 import gc
 import json
@@ -305,6 +308,13 @@ def _rss_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
+def _trim() -> None:
+    """Give freed heap pages back (glibc keeps them resident): an input that reuses what
+    an earlier one freed would otherwise show no growth."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+
+
 def _peak_since() -> Callable[[], int]:
     """A function giving the peak RSS growth, in bytes, since this call. Linux lets a
     process reset its own high-water mark (/proc/self/clear_refs, "5"), so each input is
@@ -325,6 +335,7 @@ def run_one(decode: Callable[[Any], object], data: Any, collect: bool = True) ->
     what earlier inputs left first (a few ms; a fuzzer skips it)."""
     if collect:
         gc.collect()
+        _trim()
     peak = _peak_since()
     start = time.perf_counter()
     outcome, text = "value", ""
