@@ -5,18 +5,40 @@ It is written once, before the job record that names its digest, and never chang
 messages carry only a task number, a pointer into the plan: a worker reads the ranges from
 here (checking the digest), so a message cannot tell it what to read, and a task message
 lost from its queue can be sent again from the plan by any worker (``cmr.janitor``).
+
+The digest only says the plan is the one the record names; whoever writes the table can
+name any plan, so a plan is read as a stranger's bytes: its decoded size is bounded from
+the zstd header (``wire.decoded_limit``), and tasks, ranges per task, ranges in all,
+offsets and string lengths each have a limit checked before the next task is built. The
+largest plan a worker will hold is the largest valid one (``MAX_PLAN_RANGES``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import io
 from dataclasses import dataclass
-from typing import Any
+
+import msgpack
 
 from cmr import wire
 from cmr.backends.base import Blobs
-from cmr.errors import WireError
+from cmr.errors import UsageError, WireError
 from cmr.wire import Range
+
+MAX_PLAN_DECODED = 32 * wire.MIB  # a plan of 100,000 ranges with 100-byte URLs is ~23 MiB
+# A big file's ranges repeat its URL and name: with 1,000-character S3 keys a plan
+# compresses ~850x (measured), with 100-character ones ~100x; a bomb's ratio is larger, and
+# the cap above holds whatever the ratio.
+MAX_PLAN_RATIO = 2048
+MAX_RANGES_PER_TASK = 1_000  # cmr.split puts at most 400 in a task (small files packed)
+MAX_PLAN_RANGES = 200_000  # input files or splits in one job: ~85 MB held, 50-byte URLs
+MAX_OFFSET = 2**62  # ranges lie in [0, 2^62): S3's objects stop at 5 TiB (2^42)
+MAX_TASK_BYTES = 64 * 1024**3  # what one task may read; cmr.split's tasks are ~2x a split
+MAX_REPLACED = 2 * wire.MAX_PARTITIONS  # parts a publication replaces (one per partition)
+_PLAN_FIELDS = 8
+_ASYNC_PLAN_BYTES = 256 * 1024  # a plan blob larger than this is parsed in a thread
 
 
 def plan_url(job_scratch: str) -> str:
@@ -29,11 +51,40 @@ class Plan:
     replaced: tuple[str, ...] = ()  # parts in the output place at submit (with --overwrite)
 
     def to_bytes(self) -> bytes:
+        """The plan's blob; a plan no worker would accept is refused here, at submit."""
+        self.check()
         doc = {
             "tasks": [[[r.url, r.start, r.end, r.name] for r in t] for t in self.tasks],
             "replaced": list(self.replaced),
         }
-        return wire.compress(wire.pack(doc))
+        raw = wire.pack(doc)
+        data = wire.compress(raw)
+        if len(raw) > _plan_limit(len(data)):
+            raise UsageError(
+                f"the job's plan takes {len(raw):,} bytes ({len(data):,} compressed), "
+                f"past what workers accept ({_plan_limit(len(data)):,}): use fewer input "
+                "files or bigger splits"
+            )
+        return data
+
+    def check(self) -> None:
+        """UsageError when the plan is past a limit workers enforce on reading it."""
+        ranges = sum(len(t) for t in self.tasks)
+        if len(self.tasks) > wire.MAX_TASKS or ranges > MAX_PLAN_RANGES:
+            raise UsageError(
+                f"the job has {len(self.tasks):,} map tasks over {ranges:,} input ranges; "
+                f"workers accept at most {wire.MAX_TASKS:,} tasks and {MAX_PLAN_RANGES:,} "
+                "ranges: use bigger splits, or fewer and larger input files"
+            )
+        if len(self.replaced) > MAX_REPLACED:
+            raise UsageError(
+                f"the output place holds {len(self.replaced):,} parts to replace (workers "
+                f"accept {MAX_REPLACED:,}): choose an empty output place"
+            )
+        for t in self.tasks:
+            _check_task(t)
+        if not all(_is_name(n) for n in self.replaced):
+            raise UsageError("a part to replace has a name too long or holding NUL")
 
     @staticmethod
     def digest(data: bytes) -> str:
@@ -41,21 +92,151 @@ class Plan:
 
     @staticmethod
     def from_bytes(data: bytes, digest: str) -> Plan:
+        """The plan in ``data``, if its digest is ``digest`` and it is within every limit;
+        otherwise WireError (and only WireError), with a short text."""
         if Plan.digest(data) != digest:
             raise WireError("the job's plan does not match the digest its record names")
-        doc: Any = wire.unpack(wire.decompress(data))
         try:
-            tasks = tuple(
-                tuple(Range(str(u), int(s), int(e), str(n)) for u, s, e, n in t)
-                for t in doc["tasks"]
+            return _parse(wire.decompress(data, _plan_limit(len(data))))
+        except WireError as exc:
+            raise WireError(wire.bounded(f"the job's plan is refused: {exc}")) from None
+        except Exception as exc:  # msgpack's zoo, MemoryError: all mean "not a plan of ours"
+            raise WireError(
+                wire.bounded(f"the job's plan is malformed: {type(exc).__name__}: {exc}")
+            ) from None
+
+
+def _is_name(value: object) -> bool:
+    """What map sees as a record's source, or a part's name: any text of bounded length
+    (a local file may be named with a tab), but no NUL, which no path or key holds."""
+    return isinstance(value, str) and len(value) <= wire.MAX_URL_LEN and "\0" not in value
+
+
+def _plan_limit(blob_bytes: int) -> int:
+    return wire.decoded_limit(blob_bytes, MAX_PLAN_DECODED, MAX_PLAN_RATIO)
+
+
+def _check_task(ranges: tuple[Range, ...]) -> None:
+    if not 1 <= len(ranges) <= MAX_RANGES_PER_TASK:
+        raise UsageError(f"a map task has {len(ranges)} ranges (1 to {MAX_RANGES_PER_TASK})")
+    total = 0
+    for r in ranges:
+        if not (wire.is_url(r.url) and r.url and _is_name(r.name)):
+            raise UsageError(
+                f"input {r.url[:100]!r}: its URL is too long or holds control characters, "
+                "or its name is too long"
             )
-            replaced = tuple(str(n) for n in doc["replaced"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise WireError(f"the job's plan is malformed: {exc}") from None
-        if any(not 0 <= r.start <= r.end for t in tasks for r in t):
-            raise WireError("the job's plan has a range that ends before it starts")
-        return Plan(tasks, replaced)
+        if not 0 <= r.start <= r.end < MAX_OFFSET:
+            raise UsageError(f"input {r.url[:100]!r}: range [{r.start}, {r.end}) out of bounds")
+        total += r.end - r.start
+    if total > MAX_TASK_BYTES:
+        raise UsageError(f"a map task reads {total:,} bytes (at most {MAX_TASK_BYTES:,})")
+
+
+def _reader(raw: bytes) -> msgpack.Unpacker:
+    # Read in small pieces from a view of the plan: no copy of the whole is made.
+    return wire.unpacker(len(raw), source=io.BytesIO(raw))
+
+
+def _precount(raw: bytes) -> None:
+    """Refuse a plan with too many tasks or ranges before building any: its headers are
+    walked and each range skipped (~0.2 us, against ~3 us to check and build one)."""
+    up = _reader(raw)
+    for _ in range(min(up.read_map_header(), _PLAN_FIELDS)):
+        if up.unpack() != "tasks":
+            up.skip()
+            continue
+        ranges = 0
+        for i in range(_count(up, "map tasks", 0, wire.MAX_TASKS)):
+            n = _count(up, f"ranges in map task {i}", 1, MAX_RANGES_PER_TASK)
+            ranges += n
+            if ranges > MAX_PLAN_RANGES:
+                raise WireError(f"it has more than {MAX_PLAN_RANGES} ranges")
+            for _ in range(n):
+                up.skip()
+        return
+
+
+def _parse(raw: bytes) -> Plan:
+    # Every array is walked header first, and msgpack builds no array or map by itself
+    # (max_len=0): a count is refused before anything is built for it, and no nesting is.
+    _precount(raw)
+    up = _reader(raw)
+    fields = up.read_map_header()
+    if fields > _PLAN_FIELDS:
+        raise WireError(f"it claims {fields} fields (limit {_PLAN_FIELDS})")
+    tasks: list[tuple[Range, ...]] | None = None
+    replaced: list[str] | None = None
+    for _ in range(fields):
+        key = up.unpack()
+        if key == "tasks" and tasks is None:
+            tasks = _tasks(up)
+        elif key == "replaced" and replaced is None:
+            replaced = _replaced(up)
+        else:
+            up.skip()  # a field a later version may add: skipping builds nothing
+    if up.tell() != len(raw):
+        raise WireError("extra bytes after its msgpack map")
+    if tasks is None or replaced is None:
+        raise WireError("'tasks' or 'replaced' is missing")
+    return Plan(tuple(tasks), tuple(replaced))
+
+
+def _count(up: msgpack.Unpacker, what: str, low: int, high: int) -> int:
+    n: int = up.read_array_header()
+    if not low <= n <= high:
+        raise WireError(f"it has {n} {what} (from {low} to {high})")
+    return n
+
+
+def _tasks(up: msgpack.Unpacker) -> list[tuple[Range, ...]]:
+    tasks: list[tuple[Range, ...]] = []
+    # One str per distinct URL or name, checked once: a big file has many ranges.
+    urls: dict[str, str] = {}
+    names: dict[str, str] = {}
+    header, unpack = up.read_array_header, up.unpack  # the loop runs once per range
+    ranges = 0
+    for i in range(_count(up, "map tasks", 0, wire.MAX_TASKS)):
+        n = _count(up, f"ranges in map task {i}", 1, MAX_RANGES_PER_TASK)
+        ranges += n
+        if ranges > MAX_PLAN_RANGES:
+            raise WireError(f"it has more than {MAX_PLAN_RANGES} ranges")
+        task = []
+        total = 0
+        for _ in range(n):
+            if header() != 4:
+                raise WireError(f"map task {i} has a range that is not [url, start, end, name]")
+            url, start, end, name = unpack(), unpack(), unpack(), unpack()
+            if type(url) is not str or type(name) is not str:
+                raise WireError(f"map task {i} has a URL or name that is not a string")
+            if not (type(start) is int and type(end) is int and 0 <= start <= end < MAX_OFFSET):
+                raise WireError(f"map task {i} has a range outside 0 <= start <= end < 2^62")
+            total += end - start
+            u, m = urls.get(url), names.get(name)
+            if u is None:
+                if not (wire.is_url(url) and url):
+                    raise WireError(f"map task {i} has an empty URL or one with controls")
+                u = urls[url] = url
+            if m is None:
+                if not _is_name(name):
+                    raise WireError(f"map task {i} has a name holding NUL")
+                m = names[name] = name
+            task.append(Range(u, start, end, m))
+        if total > MAX_TASK_BYTES:
+            raise WireError(f"map task {i} reads {total} bytes (limit {MAX_TASK_BYTES})")
+        tasks.append(tuple(task))
+    return tasks
+
+
+def _replaced(up: msgpack.Unpacker) -> list[str]:
+    names = [up.unpack() for _ in range(_count(up, "replaced parts", 0, MAX_REPLACED))]
+    if not all(_is_name(n) for n in names):
+        raise WireError("a replaced part's name is not a bounded string")
+    return names
 
 
 async def load_plan(blobs: Blobs, job_scratch: str, digest: str) -> Plan:
-    return Plan.from_bytes(await blobs.get(plan_url(job_scratch)), digest)
+    data = await blobs.get(plan_url(job_scratch))
+    if len(data) <= _ASYNC_PLAN_BYTES:
+        return Plan.from_bytes(data, digest)
+    return await asyncio.to_thread(Plan.from_bytes, data, digest)  # off the event loop

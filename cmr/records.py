@@ -250,6 +250,12 @@ class _Fields:
         return value
 
 
+# A map commit is a stranger's record to whoever reads it: its counts are bounded like a
+# message's (one row per partition; counts below 2^63, which is what DynamoDB sums keep).
+MAX_COMMIT_COUNTS_BYTES = 400 * 1024  # DynamoDB's item limit: no real record is larger
+MAX_COUNT = 2**63 - 1
+
+
 @dataclass(frozen=True)
 class MapCommit:
     """The winning attempt of a map task and how many batches/records it sent where."""
@@ -271,17 +277,56 @@ class MapCommit:
 
     @staticmethod
     def from_item(item: Item) -> MapCommit:
+        """The record's commit, or WireError (only WireError, with a short text) when it is
+        not one a mapper wrote: inf, NaN, negative or huge counts, too many rows, wrong
+        shapes, an attempt id that could not name a spool file."""
         try:
-            rows: Any = wire.unpack(item["counts"])
+            attempt = item.get("attempt")
+            if not wire.is_attempt_id(attempt):
+                raise WireError("its attempt is not an attempt id (1 to 64 lowercase hex)")
+            batches, records = MapCommit._counts(item.get("counts"))
             return MapCommit(
-                str(item["attempt"]),
-                {int(p): int(b) for p, b, _ in rows},
-                {int(p): int(r) for p, _, r in rows},
-                int(item.get("records_in", 0)),
-                int(item.get("bytes_in", 0)),
+                str(attempt),
+                batches,
+                records,
+                MapCommit._count(item.get("records_in", 0), "records_in", MAX_COUNT),
+                MapCommit._count(item.get("bytes_in", 0), "bytes_in", MAX_COUNT),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise WireError(f"map commit record is malformed: {exc}") from None
+        except WireError as exc:
+            raise WireError(wire.bounded(f"map commit record is malformed: {exc}")) from None
+        except Exception as exc:  # msgpack's zoo, MemoryError: whatever the record provokes
+            raise WireError(f"map commit record is malformed ({type(exc).__name__})") from None
+
+    @staticmethod
+    def _count(value: Any, what: str, most: int) -> int:
+        if type(value) is not int or not 0 <= value <= most:
+            raise WireError(f"{what} is not a count from 0 to {most}")
+        return value
+
+    @staticmethod
+    def _counts(data: Any) -> tuple[dict[int, int], dict[int, int]]:
+        # Rows are walked header first and msgpack builds no array by itself (max_len=0):
+        # a row count is refused before a row is read, and nesting is never built.
+        if not isinstance(data, bytes) or len(data) > MAX_COMMIT_COUNTS_BYTES:
+            raise WireError(f"counts are not msgpack bytes of at most {MAX_COMMIT_COUNTS_BYTES}")
+        up = wire.unpacker(len(data), max_str=0)
+        up.feed(data)
+        rows = up.read_array_header()
+        if rows > wire.MAX_PARTITIONS:
+            raise WireError(f"{rows} rows of counts (at most {wire.MAX_PARTITIONS})")
+        batches: dict[int, int] = {}
+        records: dict[int, int] = {}
+        for _ in range(rows):
+            if up.read_array_header() != 3:
+                raise WireError("a row of counts is not [partition, batches, records]")
+            p = MapCommit._count(up.unpack(), "a partition", wire.MAX_PARTITIONS - 1)
+            if p in batches:
+                raise WireError(f"partition {p} is counted twice")
+            batches[p] = MapCommit._count(up.unpack(), "a batch count", wire.MAX_SEQ + 1)
+            records[p] = MapCommit._count(up.unpack(), "a record count", MAX_COUNT)
+        if up.tell() != len(data):
+            raise WireError("extra bytes after the counts")
+        return batches, records
 
 
 def task_of(sk: str) -> int:

@@ -17,22 +17,40 @@ from cmr.records import MapCommit
 ids = st.text(alphabet="abcdef0123456789-", min_size=1, max_size=64).filter(
     lambda s: s.replace("-", "").isalnum()
 )
-nat = st.integers(min_value=0, max_value=2**40)
-batches = st.builds(
-    wire.Batch,
-    ids,
-    nat,
-    st.text(alphabet="0123456789abcdef", min_size=1, max_size=64),  # attempt ids are hex
-    nat,
-    nat,
-    nat,
-    st.binary(),
-    st.text(max_size=200),
-)
+tasks = st.integers(min_value=0, max_value=wire.MAX_TASKS - 1)
+parts = st.integers(min_value=0, max_value=wire.MAX_PARTITIONS - 1)
+seqs = st.integers(min_value=0, max_value=wire.MAX_SEQ)
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> wire.Batch:
+    """Valid batches: inline pairs hold at least 3 bytes a record; a spilled one has none."""
+    spilled = draw(st.booleans())
+    pairs = b"" if spilled else draw(st.binary())
+    records = draw(st.integers(0, wire.MAX_SEQ if spilled else len(pairs) // 3))
+    url = draw(
+        st.text(
+            alphabet=st.characters(min_codepoint=0x20, exclude_characters="\x7f"),
+            min_size=1,
+            max_size=200,
+        )
+    )
+    return wire.Batch(
+        draw(ids),
+        draw(tasks),
+        draw(st.text(alphabet="0123456789abcdef", min_size=1, max_size=64)),
+        draw(parts),
+        draw(seqs),
+        records,
+        pairs,
+        url if spilled else "",
+    )
+
+
 messages = st.one_of(
-    batches,
-    st.builds(wire.ReduceTask, ids, nat),
-    st.builds(wire.MapTask, ids, nat),
+    batches(),
+    st.builds(wire.ReduceTask, ids, parts),
+    st.builds(wire.MapTask, ids, tasks),
 )
 msgpack_data = st.recursive(
     st.none()
