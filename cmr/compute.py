@@ -176,7 +176,10 @@ class _Shuffle:
                 wire.Batch(s.job, s.task, s.attempt, p, self.batches[p], n, raw),
                 compress=s.compress,
             )
-            if len(body) > s.max_message_bytes and len(parts) > 1:
+            # Too big for a message, or holding more pairs than a reader accepts from a body
+            # this small (values that compress thousands of times): send it in halves.
+            too_dense = len(raw) > wire.decoded_limit(len(body), wire.MAX_BATCH_PAIRS)
+            if (len(body) > s.max_message_bytes or too_dense) and len(parts) > 1:
                 half = len(parts) // 2
                 left = sum(1 for _ in wire.iter_pairs(b"".join(parts[:half])))
                 self._emit(p, parts[:half], left, spilled=False)
@@ -186,7 +189,12 @@ class _Shuffle:
                 return
             if s.compress:
                 ratio = len(raw) / max(1, len(body))
-                self.target[p] = int(s.max_message_bytes * ratio * 0.85)
+                target = int(s.max_message_bytes * ratio * 0.85)
+                if ratio > wire.MAX_RATIO / 2:
+                    # Data that compresses this well looks like a bomb to a reader past
+                    # MAX_RATIO: pack only what any body may decode to.
+                    target = wire.DECODED_FLOOR
+                self.target[p] = min(wire.MAX_BATCH_PAIRS, target)
             self.out.write(self.packer.pack((p, self.batches[p], n, body, False)))
         self.batches[p] += 1
         self.records[p] += n

@@ -191,8 +191,8 @@ class JobSpec:
         )
 
 
-MAX_MAPS = 1_000_000  # map tasks a job may have (a task is ~64 MiB: 60 TiB of input)
-MAX_PARTITIONS = 10_000  # one queue each: more is a mistake, not a job
+MAX_MAPS = wire.MAX_TASKS  # map tasks a job may have: what a task message may point at
+MAX_PARTITIONS = wire.MAX_PARTITIONS  # one queue each: more is a mistake, not a job
 MAX_VISIBILITY_S = 12 * 3600  # SQS's longest visibility timeout
 MAX_TASK_TRIES = 1_000  # max_task_failures and max_task_attempts
 MAX_TASK_TIMEOUT_S = 7 * 24 * 3600

@@ -99,7 +99,7 @@ class Drain:
             self.stats["batches_dropped"] += 1
             return
         try:
-            batch = await asyncio.to_thread(wire.decode, m.body)
+            batch = await wire.decode_async(m.body)
             if (
                 not isinstance(batch, wire.Batch)
                 or batch.job != self.spec.job_id

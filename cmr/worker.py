@@ -339,7 +339,7 @@ class Worker:
     ) -> T | None:
         """The task a message carries, or None once a stranger's, corrupt or out-of-plan
         message is rejected (task messages are pointers into the plan: nothing else runs)."""
-        task = self._decode(spec, m, kind)
+        task = await self._decode(spec, m, kind)
         if task is None or index(task) >= count:
             await self._reject(spec, queue, m)
             return None
@@ -350,9 +350,9 @@ class Worker:
         await self.rt.backend.queues.delete_messages(queue, [m.receipt])
         await self.rt.add_stats(spec.job_id, Counter(messages_rejected=1))
 
-    def _decode(self, spec: JobSpec, m: Received, kind: type[T]) -> T | None:
+    async def _decode(self, spec: JobSpec, m: Received, kind: type[T]) -> T | None:
         try:
-            msg = wire.decode(m.body)
+            msg = await wire.decode_async(m.body)
         except Exception as exc:  # whatever a stranger's bytes make the decoder raise
             self.rt.log.warning(
                 "rejected a malformed task message", job=spec.job_id, error=str(exc)[:200]

@@ -317,11 +317,6 @@ def test_a_batch_of_more_records_than_its_pairs_can_hold_is_refused() -> None:
         pytest.fail("a spilled batch with pairs was accepted")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cmr/compute.py's _Shuffle must keep a batch's pairs within "
-    "wire.decoded_limit(len(body), wire.MAX_BATCH_PAIRS) (change requested with issue 12)",
-)
 def test_the_mapper_packs_batches_the_decoder_accepts(tmp_path: Path) -> None:
     """Values that compress ~10,000x: the mapper's target grows with the ratio it saw, so
     its second batch held 23 MB of pairs in a 3.6 KB body, which the decoder refuses."""
