@@ -117,8 +117,9 @@ class StoreFlags:
             parser=_parse_store,
             envvar=STORE_ENV,
             metavar="STORE",
-            help="embedded (in-process), or aws://BUCKET/TABLE?prefix=P&region=R&profile=N; "
-            f"parts left out: {_AWS.bucket}, {_AWS.table}, {_AWS.queue_prefix}, the AWS config's",
+            help="embedded (in-process), or aws://BUCKET/TABLE?prefix=P&region=R&profile=N"
+            "&owner=ACCOUNT (S3 then refuses a bucket another account owns); parts left out: "
+            f"{_AWS.bucket}, {_AWS.table}, {_AWS.queue_prefix}, the AWS config's, no owner check",
         ),
     ] = None
     backend: Annotated[

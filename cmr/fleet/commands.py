@@ -85,6 +85,27 @@ def up(
             f"[{DEFAULTS['IdleExitSeconds']}]"
         ),
     ] = None,
+    jobs_from: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--jobs-from",
+            metavar="MODULE",
+            help="a module (or package) whose jobs the workers serve (repeatable; replaces "
+            "the list, '' restores the default): job code on the instances is the wheel's "
+            "modules, so submit by module name, never a file path "
+            f"[{DEFAULTS['JobsFrom']}: the load generator, the one job the wheel ships]",
+        ),
+    ] = None,
+    outputs_under: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--outputs-under",
+            metavar="URL",
+            help="an s3://BUCKET/PREFIX/ in the fleet's bucket that job outputs must lie "
+            "under for the workers to serve them (repeatable; replaces the list, '' restores "
+            "the default) [anywhere in the bucket]",
+        ),
+    ] = None,
     subnet: Annotated[
         list[str], typer.Option(help="subnet id (repeat); default: the default VPC's")
     ] = [],  # noqa: B006
@@ -124,6 +145,8 @@ def up(
         max_count=max_count,
         processes=processes,
         idle_exit=idle_exit,
+        jobs_from=tuple(jobs_from) if jobs_from else None,
+        outputs_under=tuple(outputs_under) if outputs_under else None,
         subnets=tuple(subnet),
         vpc=vpc,
         create_table=create_table,
@@ -138,10 +161,13 @@ def up(
         aws = session(region, profile)
         params = bring_up(aws, stack, opts, wheel, timeout, lock)
         spot_note = " (spot)" if params["Spot"] == "true" else ""
+        jobs = ", ".join(params["JobsFrom"].split())
+        outputs = ", ".join(params["OutputsUnder"].split()) or f"s3://{params['BucketName']}/"
         out.print(
             f"fleet {stack} up: {params['DesiredCount']} x {params['InstanceType']}{spot_note}, "
             f"bucket {params['BucketName']}, table {params['TableName']}, "
             f"queues {params['QueuePrefix']}*\n"
+            f"workers serve jobs of {jobs} (--jobs-from) with output under {outputs}\n"
             f"submit with: cmr run ... --workers 0 --store '{store_url(params, aws.account())}'",
             highlight=False,
         )

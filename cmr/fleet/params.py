@@ -27,13 +27,27 @@ DEFAULTS = {
     "MaxCount": "20",
     "Processes": "2",
     "IdleExitSeconds": "300",
+    # The one job module this project's wheel ships (the load generator's): a fleet serves
+    # load tests at once, and the user's own job modules once named with --jobs-from.
+    "JobsFrom": "cmr.loadgen.job",
+    "OutputsUnder": "",  # empty: anywhere in the fleet's bucket (the worker's default)
 }
+
+# One entry of each list parameter (the lists are entries separated by single spaces, which
+# the bootstrap splits into one worker flag each). A module name only, never a directory: on
+# an instance job code is what the wheel installs, and the one directory a worker could be
+# pointed at that is not the wheel's is its spool, which the worker itself writes.
+JOB_MODULE = r"[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*"
+OUTPUT_PREFIX = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9_.-]+)*/?"
+_LISTS = {"JobsFrom": JOB_MODULE, "OutputsUnder": OUTPUT_PREFIX}
 
 ALARM_PERIOD_S = 300  # EC2's basic monitoring: one CPU figure per instance every 5 minutes
 
 # The template's AllowedPattern of each parameter its user data puts into a shell script
 # (tests/deploy/test_template.py holds the two equal): checked here first, so that a value
-# that could end a quote or start a command is one clear error before anything is made.
+# that could end a quote, start a command or expand to file names is one clear error before
+# anything is made. Letters, digits and ._/- only; the two lists add single spaces between
+# their entries, and s3:// before each output prefix.
 PATTERNS = {
     "BucketName": r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]",
     "TableName": r"[A-Za-z0-9_.-]{3,255}",
@@ -43,6 +57,9 @@ PATTERNS = {
     "InstanceType": r"[a-z0-9-]{1,20}[.][a-z0-9-]{1,20}",
     "Processes": r"[1-9][0-9]{0,3}",
     "IdleExitSeconds": r"[1-9][0-9]{0,6}",
+    # At least one module: an empty list would leave the worker its default, its own spool.
+    "JobsFrom": rf"{JOB_MODULE}( {JOB_MODULE})*",
+    "OutputsUnder": rf"({OUTPUT_PREFIX}( {OUTPUT_PREFIX})*)?",
 }
 _FLAGS = {
     "BucketName": "--bucket",
@@ -53,6 +70,13 @@ _FLAGS = {
     "InstanceType": "--instance-type",
     "Processes": "--processes",
     "IdleExitSeconds": "--idle-exit",
+    "JobsFrom": "--jobs-from",
+    "OutputsUnder": "--outputs-under",
+}
+_WHAT = {
+    "JobsFrom": "a module name, e.g. cmr.loadgen.job: on the instances job code is the "
+    "wheel's modules, never a file path",
+    "OutputsUnder": "an s3://BUCKET/PREFIX/ URL of letters, digits and ._/-",
 }
 _SHOWN = 80  # characters of a refused value the error repeats
 
@@ -77,6 +101,8 @@ class UpOptions:
     max_count: int | None = None
     processes: int | None = None
     idle_exit: int | None = None
+    jobs_from: Sequence[str] | None = None  # each a module name; ("",): back to the default
+    outputs_under: Sequence[str] | None = None  # each an s3:// prefix; ("",): the whole bucket
     subnets: Sequence[str] = ()
     vpc: str | None = None
     create_table: bool | None = None
@@ -104,6 +130,14 @@ def _opt(value: object) -> str | None:
     if value is None:
         return None
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _listed(values: Sequence[str] | None, key: str) -> str | None:
+    """A repeatable option as its stack parameter: entries joined by single spaces; empty
+    entries dropped, so that ``--outputs-under ''`` restores the default on an update."""
+    if values is None:
+        return None
+    return " ".join(v for v in values if v) or DEFAULTS[key]
 
 
 def needs_account(opts: UpOptions, previous: Mapping[str, str]) -> bool:
@@ -140,16 +174,37 @@ def store_url(params: Mapping[str, str], account: str) -> str:
     )
 
 
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= _SHOWN else value[:_SHOWN] + "...")
+
+
 def validate(params: Mapping[str, str]) -> None:
     """Refuse any parameter the template's user data would put in its shell unless it is of
     the template's own pattern."""
     for key, pattern in PATTERNS.items():
         value = params.get(key)
-        if value is not None and not re.fullmatch(pattern, value):
-            shown = value if len(value) <= _SHOWN else value[:_SHOWN] + "..."
+        if value is None or re.fullmatch(pattern, value):
+            continue
+        if key in _LISTS:
+            # Name the entry at fault (or the spacing, when every entry is well formed).
+            bad = next((e for e in value.split(" ") if not re.fullmatch(_LISTS[key], e)), value)
             raise FleetError(
-                f"{_FLAGS[key]} {shown!r} is not allowed: the fleet's {key} must match "
-                f"{pattern} (letters, digits and ._- only reach the instances' shell)"
+                f"{_FLAGS[key]} {_shown(bad)} is not allowed: each of the fleet's {key} must "
+                f"match {_LISTS[key]} ({_WHAT[key]}); the list must match {pattern}"
+            )
+        raise FleetError(
+            f"{_FLAGS[key]} {_shown(value)} is not allowed: the fleet's {key} must match "
+            f"{pattern} (letters, digits and ._- only reach the instances' shell)"
+        )
+
+
+def check_outputs(outputs_under: str, bucket: str) -> None:
+    """Every output prefix lies in the fleet's bucket: the only one its role may write."""
+    for url in outputs_under.split():
+        if url.removeprefix("s3://").split("/", 1)[0] != bucket:
+            raise FleetError(
+                f"--outputs-under {_shown(url)} is outside the fleet's bucket: its workers' "
+                f"role may write s3://{bucket}/ only; give a prefix in it"
             )
 
 
@@ -167,6 +222,8 @@ def resolve(opts: UpOptions, found: Found) -> dict[str, str]:
         "MaxCount": _opt(opts.max_count),
         "Processes": _opt(opts.processes),
         "IdleExitSeconds": _opt(opts.idle_exit),
+        "JobsFrom": _listed(opts.jobs_from, "JobsFrom"),
+        "OutputsUnder": _listed(opts.outputs_under, "OutputsUnder"),
     }
     params: dict[str, str] = {}
     for k, default in DEFAULTS.items():
@@ -208,6 +265,7 @@ def resolve(opts: UpOptions, found: Found) -> dict[str, str]:
         }
     )
     validate(params)
+    check_outputs(params["OutputsUnder"], params["BucketName"])
     params["IdlePeriods"] = str(idle_periods(int(params["IdleExitSeconds"])))
     if opts.image:
         params["ImageId"] = opts.image

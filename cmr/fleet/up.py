@@ -22,7 +22,7 @@ from cmr.fleet.stack import (
     group_name,
     stack_params,
 )
-from cmr.fleet.wheel import TEMPLATE, build_wheel, project_root, wheel_key
+from cmr.fleet.wheel import TEMPLATE, build_wheel, not_in_wheel, project_root, wheel_key
 
 SUFFIX_BYTES = 4  # 8 hex digits in a new default bucket name
 # Stand-ins of the right form until the wheel and its lock are built.
@@ -82,6 +82,13 @@ def bring_up(
         else:
             locked = compile_lock(whl, Path(tmp))
         params = resolve(opts, replace(found, wheel_key=wheel_key(whl), lock_key=lock_key(locked)))
+        for module in not_in_wheel(whl, params["JobsFrom"].split()):
+            # A warning, not a refusal: a locked dependency may provide it.
+            err.print(
+                f"warning: --jobs-from {module}: {whl.name} has no such module; the workers "
+                "serve its jobs only if one of the locked dependencies installs it",
+                highlight=False,
+            )
         template = (root / TEMPLATE).read_text()
         if current is None and params["CreateBucket"] == "true":
             # The stack makes the bucket, so it starts with no instances until the wheel is in.

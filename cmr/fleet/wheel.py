@@ -7,6 +7,8 @@ import hashlib
 import shutil
 import subprocess
 import sys
+import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from cmr.errors import FleetError
@@ -47,3 +49,26 @@ def wheel_key(wheel: Path) -> str:
     and the whole sha256 in it is what every instance checks the wheel against before it
     installs it."""
     return f"{WHEEL_PREFIX}/{sha256_of(wheel)}/{wheel.name}"
+
+
+def wheel_modules(wheel: Path) -> set[str]:
+    """The dotted names of every module and package the wheel installs, read from its file
+    list (nothing imported): what a fleet's --jobs-from can name."""
+    names: set[str] = set()
+    with zipfile.ZipFile(wheel) as zf:
+        for member in zf.namelist():
+            parts = member.split("/")
+            if not member.endswith(".py") or parts[0].endswith((".dist-info", ".data")):
+                continue
+            parts[-1] = parts[-1].removesuffix(".py")
+            if parts[-1] == "__init__":
+                parts.pop()
+            # Each enclosing package too (namespace packages have no __init__.py).
+            names.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return names
+
+
+def not_in_wheel(wheel: Path, modules: Iterable[str]) -> list[str]:
+    """The modules of ``modules`` the wheel does not install."""
+    have = wheel_modules(wheel)
+    return [m for m in modules if m not in have]

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import pwd
+import shutil
 import signal
 import stat
 import subprocess
@@ -76,6 +77,7 @@ TEXT = [
     "a b c d e f g a b c a\n" * 60,
 ]
 WORKER_USER = pwd.getpwuid(os.getuid()).pw_name  # the unit's User=, here: no useradd
+PACKAGE = "fleetjobs"  # the job package the instance may run from (JobsFrom)
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,14 @@ def make_table(table: str) -> None:
 
 
 def boot(
-    tmp_path: Path, bucket: str, table: str, prefix: str, wheel: str, lock: str
+    tmp_path: Path,
+    bucket: str,
+    table: str,
+    prefix: str,
+    wheel: str,
+    lock: str,
+    jobs_from: str = "cmr.loadgen.job",
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     """Run the user data, rendered for these names and keys, in a fresh scratch root."""
     root = tmp_path / "instance"
@@ -133,6 +142,8 @@ def boot(
             "QueuePrefix": prefix,
             "Processes": "1",
             "IdleExitSeconds": str(IDLE_EXIT_S),
+            "JobsFrom": jobs_from,
+            "OutputsUnder": f"s3://{bucket}/out/",
             "AWS::AccountId": LOCAL_ACCOUNT,
             "AWS::Region": "us-east-1",
             "AWS::StackName": f"boot-{bucket}",
@@ -157,6 +168,7 @@ def boot(
         "CMR_AWS": str(tmp_path / "aws"),
         "CMR_WORKER_USER": WORKER_USER,
         "CMR_BOOT_LOG": str(root / "bootstrap.log"),
+        **(env or {}),
     }
     done = subprocess.run(
         ["bash", str(root / "user-data.sh")],
@@ -167,6 +179,15 @@ def boot(
         check=False,
     )
     return done, root
+
+
+def job_package(tmp_path: Path) -> Path:
+    """A job package as the instance would have it from the wheel (here: on PYTHONPATH)."""
+    jobs = tmp_path / "jobs"
+    (jobs / PACKAGE).mkdir(parents=True)
+    (jobs / PACKAGE / "__init__.py").write_text("")
+    shutil.copyfile(ROOT / "examples" / "wordcount.py", jobs / PACKAGE / "wordcount.py")
+    return jobs
 
 
 def names() -> tuple[str, str, str]:
@@ -189,13 +210,18 @@ def test_user_data_installs_wheel_and_worker_serves_a_job(
     s3.upload_file(str(built.lock), bucket, locked)
     s3.upload_file(str(built.wheel), bucket, key)
     root = tmp_path / "instance"
+    # Job code on an instance is a module the wheel installed; here a package on the
+    # PYTHONPATH of the worker (and of this test, which submits it by module name).
+    jobs = job_package(tmp_path)
+    monkeypatch.syspath_prepend(str(jobs))
     try:
         # Every S3 request from here on (bootstrap, worker, and this test's client) passes an
         # S3 front that, like S3, refuses any ExpectedBucketOwner but the bucket's owner.
         with owner_front(LOCALSTACK_URL) as front:
             monkeypatch.setenv("AWS_ENDPOINT_URL_S3", front.url)
             started = time.monotonic()
-            done, root = boot(tmp_path, bucket, table, prefix, key, locked)
+            done, root = boot(tmp_path, bucket, table, prefix, key, locked,
+                              jobs_from=PACKAGE, env={"PYTHONPATH": str(jobs)})  # fmt: skip
             assert done.returncode == 0, done.stdout + done.stderr
             boot_s = time.monotonic() - started
             log = (root / "bootstrap.log").read_text()
@@ -212,6 +238,7 @@ def test_user_data_installs_wheel_and_worker_serves_a_job(
             run = (root / "opt" / "cmr" / "run-worker.sh").read_text()
             store = f"aws://{bucket}/{table}?prefix={prefix}&owner={LOCAL_ACCOUNT}"
             assert f'--store "{store}"' in run and f'--idle-exit "{IDLE_EXIT_S}"' in run
+            assert f"--jobs-from '{PACKAGE}' --outputs-under 's3://{bucket}/out/'" in run
             env_file = root / "etc" / "cmr" / "worker.env"
             assert "AWS_ENDPOINT_URL_DYNAMODB=" in env_file.read_text()
             st = env_file.stat()
@@ -226,12 +253,24 @@ def test_user_data_installs_wheel_and_worker_serves_a_job(
                 (data / f"f{i}.txt").write_text(text)
             out = tmp_path / "out"
             aws = AwsSettings(bucket=bucket, table=table, queue_prefix=prefix, owner=LOCAL_ACCOUNT)
+            # Two jobs the worker must not serve, submitted first: a job file by path (which
+            # the worker could read: its cwd here is this checkout) and output outside
+            # OutputsUnder. The worker sees them with the one it serves, and says why not.
+            outside = [
+                asyncio.run(
+                    run_async(job, str(data), dest, backend="aws", aws=aws, workers=0, detach=True)
+                ).job_id
+                for job, dest in (
+                    ("examples/wordcount.py", f"s3://{bucket}/out/by-path/"),
+                    (f"{PACKAGE}.wordcount", f"s3://{bucket}/elsewhere/"),
+                )
+            ]
             result = asyncio.run(
                 asyncio.wait_for(
                     run_async(
-                        "examples/wordcount.py",
+                        f"{PACKAGE}.wordcount",
                         str(data),
-                        str(out),
+                        f"s3://{bucket}/out/wc/",
                         backend="aws",
                         aws=aws,
                         workers=0,
@@ -239,8 +278,20 @@ def test_user_data_installs_wheel_and_worker_serves_a_job(
                     timeout=180,
                 )
             )
-            assert counts_from_parts(out, 4) == word_count(data)
             assert result.record["state"] == "succeeded"
+            parts = s3.list_objects_v2(Bucket=bucket, Prefix="out/wc/")["Contents"]
+            out.mkdir()
+            for part in parts:
+                s3.download_file(bucket, part["Key"], str(out / part["Key"].split("/")[-1]))
+            assert counts_from_parts(out, 4) == word_count(data)
+            log = (root / "worker.log").read_text()
+            by_path, elsewhere = (
+                [line for line in log.splitlines() if job_id in line] for job_id in outside
+            )
+            assert any("not serving a job" in ln and "see --jobs-from" in ln for ln in by_path), log
+            assert any("not serving a job" in ln and "--outputs-under" in ln for ln in elsewhere), (
+                log
+            )
 
             # Idle, the worker exits cleanly (status 0: systemd's Restart=on-failure leaves it
             # down, the instance goes quiet and the fleet's idle alarm scales the group in).

@@ -88,8 +88,21 @@ def test_up_scale_status_logs_down(moto_env: dict[str, str]) -> None:
     tag = uuid.uuid4().hex[:8]
     stack, bucket, table, prefix = f"fleet-{tag}", f"cmr-fleet-{tag}", f"cmr-{tag}", f"cmr{tag}-"
     names = ["--stack", stack]
-    fleet("up", *names, "--count", "2", "--bucket", bucket, "--table", table,
-          "--queue-prefix", prefix, "--instance-type", "c7i.large")  # fmt: skip
+    up = CliRunner().invoke(
+        app,
+        ["fleet", "up", *names, "--count", "2", "--bucket", bucket, "--table", table,
+         "--queue-prefix", prefix, "--instance-type", "c7i.large",
+         "--jobs-from", "myjobs", "--jobs-from", "cmr.loadgen.job",
+         "--outputs-under", f"s3://{bucket}/out/"],
+    )  # fmt: skip
+    assert up.exit_code == 0, up.output
+    # Not in this project's wheel (only a locked dependency could provide it): a warning.
+    assert "warning: --jobs-from myjobs: cmr-" in up.output
+    assert "--jobs-from cmr.loadgen.job:" not in up.output
+    assert (
+        f"workers serve jobs of myjobs, cmr.loadgen.job (--jobs-from) with output under "
+        f"s3://{bucket}/out/" in up.stdout
+    )
     report = fleet_status(stack)
     assert report["stack_status"] in ("CREATE_COMPLETE", "UPDATE_COMPLETE")
     assert report["desired"] == 2
@@ -112,6 +125,8 @@ def test_up_scale_status_logs_down(moto_env: dict[str, str]) -> None:
     head = boto3.client("s3").head_object(Bucket=bucket, Key=params["WheelKey"])
     assert head["ContentLength"] > 10_000 and params["WheelKey"].endswith(".whl")
     assert params["CreateTable"] == "true" and params["CreateBucket"] == "true"
+    assert (params["JobsFrom"], params["OutputsUnder"]) == ("myjobs cmr.loadgen.job",
+                                                            f"s3://{bucket}/out/")  # fmt: skip
 
     # A running job in cmr's active-jobs index shows in status; one that ended (and waits
     # for its cleanup there) does not.
@@ -148,6 +163,9 @@ def test_up_scale_status_logs_down(moto_env: dict[str, str]) -> None:
         ]
     }
     assert (params["IdleExitSeconds"], params["IdlePeriods"]) == ("601", "3")
+    # What the workers serve is kept too.
+    assert (params["JobsFrom"], params["OutputsUnder"]) == ("myjobs cmr.loadgen.job",
+                                                            f"s3://{bucket}/out/")  # fmt: skip
 
     # `down` asks before it deletes data; with no one to ask and no --yes it refuses, and
     # leaves everything as it was.

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import re
 import secrets
+import zipfile
+from pathlib import Path
 
 import pytest
 
+from cmr.admission import Admission
 from cmr.errors import FleetError
 from cmr.fleet.params import (
     DEFAULTS,
@@ -19,6 +22,10 @@ from cmr.fleet.params import (
     needs_network,
     resolve,
 )
+from cmr.fleet.wheel import not_in_wheel, wheel_modules
+from cmr.job import JobRef
+from cmr.loadgen.job import JOB as LOADGEN_JOB
+from tests.deploy.conftest import ROOT
 
 WHEEL = f"fleet/wheels/{'a' * 64}/cmr-0.1.0-py3-none-any.whl"
 WHEEL2 = f"fleet/wheels/{'c' * 64}/cmr-0.1.0-py3-none-any.whl"
@@ -197,3 +204,102 @@ def test_a_negative_count_is_refused() -> None:
 
 def test_idle_periods_round_up_to_whole_alarm_periods() -> None:
     assert [idle_periods(s) for s in (0, 1, 300, 301, 900)] == [1, 1, 1, 2, 3]
+
+
+BUCKET = "cmr-123456789012-eu-west-1-0badc0de"  # NEW's bucket
+
+
+def test_a_new_fleet_serves_the_wheels_load_generator_job_only() -> None:
+    """The default the instances get: the one job module the wheel ships, which is what
+    `cmr loadgen` submits; a job file given by path (relative to the client's directory, so
+    nowhere on an instance) is refused, as is any module outside the list."""
+    params = resolve(UpOptions(), NEW)
+    assert (params["JobsFrom"], params["OutputsUnder"]) == ("cmr.loadgen.job", "")
+    assert LOADGEN_JOB.startswith(params["JobsFrom"] + ":")
+    admission = Admission.of(params["JobsFrom"].split(), [], f"s3://{BUCKET}/cmr")
+    assert admission.code_refusal(JobRef.parse(LOADGEN_JOB)) is None
+    assert admission.outputs == (f"s3://{BUCKET}/",)  # no --outputs-under: the whole bucket
+    wordcount = JobRef.parse(str(ROOT / "examples" / "wordcount.py"))
+    assert "see --jobs-from" in (admission.code_refusal(wordcount) or "")
+    assert "see --jobs-from" in (admission.code_refusal(JobRef.parse("cmr.fleet.params")) or "")
+
+
+def test_jobs_from_and_outputs_under_become_space_separated_lists() -> None:
+    opts = UpOptions(
+        jobs_from=("myjobs.wordcount", "cmr.loadgen.job"),
+        outputs_under=(f"s3://{BUCKET}/results/", f"s3://{BUCKET}/team-a"),
+    )
+    params = resolve(opts, NEW)
+    assert params["JobsFrom"] == "myjobs.wordcount cmr.loadgen.job"
+    assert params["OutputsUnder"] == f"s3://{BUCKET}/results/ s3://{BUCKET}/team-a"
+
+
+def test_an_update_keeps_the_lists_unless_restated() -> None:
+    previous = {**PREVIOUS, "JobsFrom": "myjobs", "OutputsUnder": "s3://my-bucket/out/"}
+    found = Found(region="eu-west-1", wheel_key=WHEEL, lock_key=LOCK, previous=previous)
+    kept = resolve(UpOptions(processes=4), found)
+    assert (kept["JobsFrom"], kept["OutputsUnder"]) == ("myjobs", "s3://my-bucket/out/")
+    changed = resolve(UpOptions(jobs_from=("other.jobs",)), found)
+    assert (changed["JobsFrom"], changed["OutputsUnder"]) == ("other.jobs", "s3://my-bucket/out/")
+    # '' restores the default: the load generator's job; outputs anywhere in the bucket.
+    reset = resolve(UpOptions(jobs_from=("",), outputs_under=("",)), found)
+    assert (reset["JobsFrom"], reset["OutputsUnder"]) == ("cmr.loadgen.job", "")
+    # A stack from before these parameters gets the defaults.
+    old = Found(region="eu-west-1", wheel_key=WHEEL, lock_key=LOCK, previous=PREVIOUS)
+    assert (resolve(UpOptions(), old)["JobsFrom"], resolve(UpOptions(), old)["OutputsUnder"]) == (
+        "cmr.loadgen.job",
+        "",
+    )
+
+
+@pytest.mark.parametrize(
+    ("opts", "entry"),
+    [
+        (UpOptions(jobs_from=("examples/wordcount.py",)), "examples/wordcount.py"),
+        (UpOptions(jobs_from=("/var/lib/cmr",)), "/var/lib/cmr"),
+        (UpOptions(jobs_from=("myjobs", "a;reboot")), "a;reboot"),
+        (UpOptions(jobs_from=("$(id)",)), "$(id)"),
+        (UpOptions(jobs_from=("cmr.*",)), "cmr.*"),
+        (UpOptions(jobs_from=("a..b",)), "a..b"),
+        (UpOptions(outputs_under=("file:///etc/",)), "file:///etc/"),
+        (UpOptions(outputs_under=(f"s3://{BUCKET}/x'y",)), f"s3://{BUCKET}/x'y"),
+        (UpOptions(outputs_under=(f"s3://{BUCKET}/*",)), f"s3://{BUCKET}/*"),
+    ],
+)
+def test_list_entries_that_are_not_module_names_or_s3_prefixes_are_refused(
+    opts: UpOptions, entry: str
+) -> None:
+    flag = "--jobs-from" if opts.jobs_from else "--outputs-under"
+    with pytest.raises(FleetError, match=f"^{flag} {re.escape(repr(entry))} is not allowed"):
+        resolve(opts, NEW)
+
+
+def test_outputs_outside_the_fleets_bucket_are_refused() -> None:
+    """The workers' role may write the fleet's bucket only: an output elsewhere could never
+    be written, so `up` says so instead of starting workers that would fail every such job."""
+    with pytest.raises(FleetError, match=r"^--outputs-under 's3://other-bucket/out/' is outside"):
+        resolve(UpOptions(outputs_under=("s3://other-bucket/out/",)), NEW)
+    # A bucket whose name merely starts with the fleet's is another bucket.
+    with pytest.raises(FleetError, match="is outside the fleet's bucket"):
+        resolve(UpOptions(outputs_under=(f"s3://{BUCKET}x/",)), NEW)
+
+
+def test_a_stack_list_of_another_form_is_refused() -> None:
+    previous = {**PREVIOUS, "JobsFrom": "myjobs /tmp"}
+    with pytest.raises(FleetError, match=r"^--jobs-from '/tmp' is not allowed"):
+        resolve(UpOptions(), Found(region="r", wheel_key=WHEEL, lock_key=LOCK, previous=previous))
+
+
+def test_modules_the_wheel_installs(tmp_path: Path) -> None:
+    wheel = tmp_path / "cmr-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name in ("cmr/__init__.py", "cmr/loadgen/__init__.py", "cmr/loadgen/job.py",
+                     "nsjobs/count.py", "cmr/data.json", "cmr-0.1.0.dist-info/RECORD",
+                     "cmr-0.1.0.data/scripts/x.py"):  # fmt: skip
+            zf.writestr(name, "")
+    assert wheel_modules(wheel) == {"cmr", "cmr.loadgen", "cmr.loadgen.job", "nsjobs",
+                                    "nsjobs.count"}  # fmt: skip
+    assert not_in_wheel(wheel, ["cmr.loadgen.job", "nsjobs", "myjobs", "cmr.job"]) == [
+        "myjobs",
+        "cmr.job",
+    ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import json
 import re
 import shutil
 import subprocess
@@ -16,7 +17,9 @@ from typing import Any
 import pytest
 
 from cmr.errors import FleetError
-from cmr.fleet.params import PATTERNS, validate
+from cmr.fleet.params import _FLAGS as FLAGS
+from cmr.fleet.params import _LISTS as LISTS
+from cmr.fleet.params import DEFAULTS, PATTERNS, validate
 from tests.deploy.conftest import ROOT, TEMPLATE, load_template, render_user_data
 
 # The three resources, as the template writes them: the role may touch nothing else.
@@ -462,12 +465,115 @@ def test_user_data_parameters_are_patterned_and_single_quoted(template: dict[str
         lines = [line for line in text.splitlines() if "${" + name + "}" in line]
         assert len(lines) == 1 and re.fullmatch(rf"[A-Z_]+='\$\{{{name}\}}'", lines[0]), lines
     assert params["InstanceType"]["AllowedPattern"] == PATTERNS["InstanceType"]
-    hostile = ["x'; touch /tmp/owned; '", "$(id)", "`id`", "a b", "a\nb", 'a"b', "a;b", "a|b"]
+    hostile = ["x'; touch /tmp/owned; '", "$(id)", "`id`", "a\nb", 'a"b', "a;b", "a|b", "a&b",
+               "a>b", "*", "a?", "[a]", "~", "a\\b", "a\tb"]  # fmt: skip
     for name, pattern in PATTERNS.items():
-        for value in hostile:
+        # "a b" is two entries of a list: one value only where the parameter is not a list.
+        for value in hostile + ([] if name in LISTS else ["a b"]):
             assert not re.fullmatch(pattern, value), (name, value)
             with pytest.raises(FleetError, match=f"must match {re.escape(pattern)}"):
                 validate({name: value})
+
+
+# Values of the two lists that must never reach an instance: file paths and directories (job
+# code there is the wheel's modules), globs, empty entries, quotes, other buckets' forms.
+HOSTILE_LISTS = {
+    "JobsFrom": ["", " ", "a  b", " a", "a ", "examples/wordcount.py", "/var/lib/cmr", ".",
+                 "..", "./jobs", "a..b", "a.", ".a", "1a", "a-b", "a,b", "cmr.*", "a b'",
+                 "a $(id)", "a `id`", "a\nb", "a\tb"],
+    "OutputsUnder": [" ", "s3://bkt-1/x  s3://bkt-1/y", "s3://bkt-1/x y", "file:///etc/",
+                     "http://bkt-1/", "s3://Bkt/", "s3://bkt-1//x", "s3://bkt-1/x*",
+                     "s3://bkt-1/x'y", "s3://bkt-1/$(id)", "s3://bkt-1/x;y", "s3://bkt-1/a b",
+                     "s3://bkt-1/~", "s3:/bkt-1/", "s3://bkt-1/x\n"],
+}  # fmt: skip
+
+
+def test_list_parameters_refuse_paths_globs_and_spacing(template: dict[str, Any]) -> None:
+    params = template["Parameters"]
+    assert set(HOSTILE_LISTS) == set(LISTS)
+    for name, values in HOSTILE_LISTS.items():
+        assert params[name]["AllowedPattern"] == PATTERNS[name]
+        for value in values:
+            assert not re.fullmatch(PATTERNS[name], value), (name, value)
+            with pytest.raises(FleetError, match=f"^{FLAGS[name]} .* is not allowed"):
+                validate({name: value})
+    # What they are for: module names, and s3:// prefixes (none at all: the whole bucket).
+    for ok in ("cmr.loadgen.job", "myjobs", "my_jobs.wordcount cmr.loadgen.job", "_a.b_2"):
+        assert re.fullmatch(PATTERNS["JobsFrom"], ok), ok
+    for ok in ("", "s3://bkt-1/", "s3://bkt-1", "s3://bkt-1/out/ s3://bkt-1/a.b/c_d-e"):
+        assert re.fullmatch(PATTERNS["OutputsUnder"], ok), ok
+    # The stack's defaults are `cmr fleet up`'s: the load generator's job, the whole bucket.
+    assert params["JobsFrom"]["Default"] == DEFAULTS["JobsFrom"] == "cmr.loadgen.job"
+    assert params["OutputsUnder"]["Default"] == DEFAULTS["OutputsUnder"] == ""
+
+
+def worker_argv(template: dict[str, Any], tmp_path: Path, values: dict[str, str]) -> list[str]:
+    """The arguments `cmr worker` gets from run-worker.sh for these parameter values: the user
+    data's own lines that build the script, run by bash, then the script itself, with a
+    `cmr` that prints its arguments."""
+    rendered = {k: "x" for k in template["Parameters"]}
+    rendered.update({"AWS::AccountId": "0" * 12, "AWS::Region": "r", "AWS::StackName": "s"})
+    rendered.update(values)
+    text = render_user_data(template, rendered)
+    assignments = [line for line in text.splitlines() if re.fullmatch(r"[A-Z_]+='[^']*'", line)]
+    admit = text[text.index('ADMIT=""') : text.index("# Endpoint overrides")]
+    m = re.search(r'cat > "\$APP/run-worker\.sh" <<EOF\n.*?\nEOF\n', text, re.S)
+    assert m, "no run-worker.sh in the user data"
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    cmr = venv / "bin" / "cmr"
+    cmr.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    cmr.chmod(0o755)
+    (tmp_path / "worker.env").write_text("")
+    program = "\n".join(
+        [*assignments, f"APP={tmp_path}", f"VENV={venv}", f"ENV_FILE={tmp_path}/worker.env",
+         admit, m.group(0), 'exec bash "$APP/run-worker.sh"']
+    )  # fmt: skip
+    done = subprocess.run(
+        ["bash", "-c", program], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    argv: list[str] = json.loads(done.stdout)
+    return argv
+
+
+def flag_values(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def test_run_worker_passes_one_flag_per_entry(template: dict[str, Any], tmp_path: Path) -> None:
+    # A file in the worker's cwd that a glob in a list would expand to: none may.
+    (tmp_path / "cmr.loadgen.jobX").write_text("")
+    argv = worker_argv(
+        template,
+        tmp_path,
+        {"JobsFrom": "myjobs.count cmr.loadgen.job", "OutputsUnder": "s3://bkt/out/ s3://bkt/b"},
+    )
+    assert argv[:2] == ["worker", "--store"]
+    assert flag_values(argv, "--jobs-from") == ["myjobs.count", "cmr.loadgen.job"]
+    assert flag_values(argv, "--outputs-under") == ["s3://bkt/out/", "s3://bkt/b"]
+    assert "--no-create" in argv
+    # No outputs given: no --outputs-under, so the worker keeps its default (its own bucket).
+    argv = worker_argv(template, tmp_path, {"JobsFrom": "cmr.loadgen.job", "OutputsUnder": ""})
+    assert flag_values(argv, "--jobs-from") == ["cmr.loadgen.job"]
+    assert "--outputs-under" not in argv
+
+
+def test_user_data_refuses_an_empty_jobs_from(template: dict[str, Any], tmp_path: Path) -> None:
+    """Without any --jobs-from a worker takes job code from its cwd, which on an instance is
+    its own spool: the bootstrap stops before it installs anything."""
+    values = {k: "x" for k in template["Parameters"]}
+    values.update({"AWS::AccountId": "0" * 12, "AWS::Region": "r", "AWS::StackName": "s"})
+    values["JobsFrom"] = ""
+    log = tmp_path / "boot.log"
+    done = subprocess.run(
+        ["bash", "-c", render_user_data(template, values)],
+        env={"PATH": "/usr/bin:/bin", "CMR_ROOT": str(tmp_path), "CMR_BOOT_LOG": str(log),
+             "CMR_PYTHON": "false-python-never-run", "CMR_AWS": "false-aws-never-run"},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "REFUSED: JobsFrom is empty" in log.read_text()
+    assert not (tmp_path / "opt").exists()
 
 
 def worker_unit(template: dict[str, Any], user: str, spool: Path, start: Path) -> str:
