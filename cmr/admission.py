@@ -48,7 +48,9 @@ class Admission:
         directories: list[Path] = []
         modules: list[str] = []
         for entry in jobs_from or [os.getcwd()]:
-            if os.path.isdir(entry):
+            # Only a path is a directory (it has a "/", or is "."): a module name must not
+            # turn into a directory allowance because the worker's cwd holds one by that name.
+            if ("/" in entry or entry == ".") and os.path.isdir(entry):
                 directories.append(Path(entry).resolve())
             elif (
                 entry
@@ -87,6 +89,8 @@ class Admission:
 
     def code_refusal(self, ref: JobRef) -> str | None:
         where = location(ref.target)
+        if where.rpartition(".")[2] == "__main__" or Path(where).name == "__main__.py":
+            return f"its job code {ref.target} is a __main__ module, which runs when imported"
         if not where.endswith(".py") and any(
             where == m or where.startswith(m + ".") for m in self.modules
         ):

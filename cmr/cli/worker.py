@@ -46,7 +46,8 @@ def worker(
         list[str] | None,
         typer.Option(
             "--jobs-from",
-            help="a directory or module name job code may come from (repeatable); a job "
+            help="where job code may come from (repeatable): a directory, written as a path "
+            "(./jobs, /srv/jobs), or a module name (mypkg.jobs, its submodules too); a job "
             "whose code lies elsewhere is not served",
             show_default="the current directory",
         ),

@@ -7,12 +7,14 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from cmr.errors import FleetError
 from cmr.fleet.cost import PRICES, hourly_cost, load_prices
 from cmr.fleet.lookups import fleet_instances, idle_alarm, running_jobs
 from cmr.fleet.params import DEFAULTS, store_url
 from cmr.fleet.stack import Aws, describe_stack, find_group, group_name, stack_outputs, stack_params
+from cmr.text import inert
 
 
 def report(aws: Aws, stack: str) -> dict[str, Any]:
@@ -74,7 +76,7 @@ def show(out: Console, report: dict[str, Any]) -> None:
         )
     out.print(t)
     jobs = report["running_jobs"]
-    out.print(f"running jobs: {', '.join(jobs) if jobs else 'none'}", highlight=False)
+    out.print(Text(inert(f"running jobs: {', '.join(jobs) if jobs else 'none'}")), highlight=False)
     alarm = report["idle_alarm"]
     if "idle_minutes" in alarm:
         out.print(
@@ -84,7 +86,7 @@ def show(out: Console, report: dict[str, Any]) -> None:
             highlight=False,
         )
     else:
-        out.print(f"idle scale-in: state unknown ({alarm['why']})", highlight=False)
+        out.print(Text(inert(f"idle scale-in: state unknown ({alarm['why']})")), highlight=False)
     discount = load_prices(None)["spot_discount_assumption"]
     priced_as = report["prices_region"]
     note = "" if report["region"] == priced_as else f", priced as {priced_as}"
@@ -106,7 +108,7 @@ def show_logs(out: Console, aws: Aws, stack: str, lines: int) -> None:
 
     group, why = find_group(aws.client("autoscaling"), group_name(aws, stack))
     if group is None:
-        out.print(f"no instances: {why}", highlight=False)
+        out.print(Text(inert(f"no instances: {why}")), highlight=False)
         return
     ec2 = aws.client("ec2")
     members = [i["InstanceId"] for i in group.get("Instances", [])]
@@ -123,4 +125,4 @@ def show_logs(out: Console, aws: Aws, stack: str, lines: int) -> None:
         tail = text.splitlines()[-lines:] if text else ["(no console output yet)"]
         out.print(f"==> {iid} <==", highlight=False)
         for line in tail:
-            out.print(line, highlight=False, markup=False)
+            out.print(Text(inert(line)), highlight=False)

@@ -150,6 +150,23 @@ def test_jobs_from_allows_directories_and_modules_only(tmp_path: Path) -> None:
     assert adm.code_refusal(JobRef("json.decoder", "")) is not None
     with pytest.raises(UsageError, match="neither a directory nor a module"):
         Admission.of(["/no/such/dir"], [], "s3://b/cmr")
+    # A __main__ module runs when imported, whoever allowed its package.
+    assert "__main__" in (Admission.of(["cmr"], [], "s3://b/c").code_refusal(
+        JobRef("cmr.__main__", "")) or "")  # fmt: skip
+
+
+def test_a_module_name_is_never_taken_for_a_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a fleet the worker's cwd is its spool, which it writes: a module name that happens
+    to name a directory there must not allow that directory's files."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fleetjobs").mkdir()
+    (tmp_path / "fleetjobs" / "planted.py").write_text("")
+    adm = Admission.of(["fleetjobs"], [], "s3://b/cmr")
+    assert adm.modules == ("fleetjobs",) and adm.directories == ()
+    assert adm.code_refusal(JobRef(str(tmp_path / "fleetjobs" / "planted.py"), "")) is not None
+    assert Admission.of(["./fleetjobs"], [], "s3://b/cmr").directories == (tmp_path / "fleetjobs",)
 
 
 def test_outputs_and_scratch_are_confined() -> None:
