@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import re
@@ -622,3 +623,83 @@ async def test_duplicating_adversary_on_the_sqs_api(
     assert record.get("messages_rejected", 0) == 0  # exact copies are not strangers
     await assert_cleaned(be, settings, result.job_id)
     assert record.get("map_duplicates_skipped", 0) + record.get("map_attempts_filtered", 0) > 0
+
+
+RSS_BUDGET_MIB = 512  # a worker's peak: ~85 MiB here; the old zstd bomb alone was +1.2 GiB
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """The process's peak resident set (VmHWM), while it lives."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+async def test_hostile_messages_injected_through_the_sqs_api(
+    aws: tuple[Backend, AwsSettings], corpus: tuple[Path, Counter[str]], tmp_path: Path
+) -> None:
+    """A stranger with only SQS SendMessage injects, into a running job's queues, the issue's
+    hostile bodies: deep nesting, a zstd bomb, a batch whose attempt id leads out of the
+    spool, a forged map task and one naming another object, and a batch of another job. The
+    job still ends succeeded with exact output, no worker's RSS passes its budget, and the
+    rejections are counted where `cmr status` shows them."""
+    from base64 import b64encode
+
+    from tests import wire_corpus as hostile
+
+    be, settings = aws
+    data, expected = corpus
+    await be.blobs.put(f"s3://{settings.bucket}/elsewhere/secret.txt", b"topsecret\n" * 1000)
+    sqs = boto3.client("sqs")
+    with fleet_of(2, settings, tmp_path) as fleet:
+        async with submitted(be, settings, data, tmp_path / "out") as job:
+            j = job.job_id
+            url = sqs.get_queue_url
+            q = f"{settings.queue_prefix}{j}"
+            bodies = {
+                f"{q}-in": [
+                    hostile.deep_nesting_body(j),
+                    hostile.zstd_bomb_body(j),
+                    hostile.forged_map_task(j, 0),
+                    hostile.ranged_map_task(j, f"s3://{settings.bucket}/elsewhere/secret.txt"),
+                    hostile.huge_int_body(j),
+                ],
+                f"{q}-reduce": [hostile.deep_nesting_body(j), hostile.long_string_body(j)],
+            }
+            for p in range(REDUCERS):
+                bodies[f"{q}-p{p:05d}"] = [
+                    hostile.zstd_bomb_body(j),
+                    hostile.deep_nesting_body(j),
+                    hostile.bad_attempt_batch(j, p),
+                    hostile.foreign_batch(hostile.OTHER_JOB, p),
+                    hostile.batch_ratio_bomb(j, p),
+                ]
+            sent = 0
+            for name, group in bodies.items():
+                queue_url = url(QueueName=name)["QueueUrl"]
+                for body in group:
+                    sqs.send_message(QueueUrl=queue_url, MessageBody=b64encode(body).decode())
+                    sent += 1
+            result = await job.result()
+            peaks = {w.pid: _peak_rss_mib(w.pid) for w in fleet.running()}
+        assert len(fleet.running()) == 2, "a worker died"
+    sqs.close()
+    print(f"sent {sent} hostile messages; workers' peak RSS (MiB): {peaks}")
+    assert counts_from_parts(tmp_path / "out", REDUCERS) == expected
+    assert "topsecret" not in "".join(p.read_text() for p in (tmp_path / "out").glob("part-*"))
+    assert all(peak < RSS_BUDGET_MIB for peak in peaks.values()), peaks
+    status = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable, "-m", "cmr", "status", result.job_id, "--json",
+            "--store", f"aws://{settings.bucket}/{settings.table}?prefix={settings.queue_prefix}",
+        ],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    doc = json.loads(status.stdout)
+    assert doc["state"] == "succeeded"
+    # Everything but the well-formed duplicate of task 0 is a stranger's; batches of a
+    # partition are read by its reducer, which may finish before seeing some of them.
+    assert doc["messages_rejected"] >= len(bodies[f"{q}-in"]) - 1 + 2, doc
+    await assert_cleaned(be, settings, result.job_id)
