@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cmr import compute, submit, wire
+from cmr import compute, records, wire
 from cmr import plan as plan_mod
 from cmr.errors import UsageError, WireError
 from cmr.plan import Plan
@@ -271,8 +271,9 @@ def test_the_plan_refuses_tasks_and_ranges_past_its_limits() -> None:
 
 
 def test_limits_agree_with_the_submitter() -> None:
-    """The job record's partitions are bounded by the same number the messages are."""
-    assert submit.MAX_PARTITIONS <= wire.MAX_PARTITIONS
+    """The job record's maps and partitions are bounded by the numbers the messages are."""
+    assert records.MAX_PARTITIONS <= wire.MAX_PARTITIONS
+    assert records.MAX_MAPS <= wire.MAX_TASKS
 
 
 def test_decode_async_gives_what_decode_gives() -> None:
