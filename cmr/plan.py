@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import msgpack
@@ -146,12 +147,7 @@ def _precount(raw: bytes) -> None:
         if up.unpack() != "tasks":
             up.skip()
             continue
-        ranges = 0
-        for i in range(_count(up, "map tasks", 0, wire.MAX_TASKS)):
-            n = _count(up, f"ranges in map task {i}", 1, MAX_RANGES_PER_TASK)
-            ranges += n
-            if ranges > MAX_PLAN_RANGES:
-                raise WireError(f"it has more than {MAX_PLAN_RANGES} ranges")
+        for _, n in _task_sizes(up):
             for _ in range(n):
                 up.skip()
         return
@@ -189,18 +185,25 @@ def _count(up: msgpack.Unpacker, what: str, low: int, high: int) -> int:
     return n
 
 
-def _tasks(up: msgpack.Unpacker) -> list[tuple[Range, ...]]:
-    tasks: list[tuple[Range, ...]] = []
-    # One str per distinct URL or name, checked once: a big file has many ranges.
-    urls: dict[str, str] = {}
-    names: dict[str, str] = {}
-    header, unpack = up.read_array_header, up.unpack  # the loop runs once per range
+def _task_sizes(up: msgpack.Unpacker) -> Iterator[tuple[int, int]]:
+    """(task, its range count) for each map task, the counts bounded as they are read; the
+    caller reads (or skips) that many ranges before asking for the next."""
     ranges = 0
     for i in range(_count(up, "map tasks", 0, wire.MAX_TASKS)):
         n = _count(up, f"ranges in map task {i}", 1, MAX_RANGES_PER_TASK)
         ranges += n
         if ranges > MAX_PLAN_RANGES:
             raise WireError(f"it has more than {MAX_PLAN_RANGES} ranges")
+        yield i, n
+
+
+def _tasks(up: msgpack.Unpacker) -> list[tuple[Range, ...]]:
+    tasks: list[tuple[Range, ...]] = []
+    # One str per distinct URL or name, checked once: a big file has many ranges.
+    urls: dict[str, str] = {}
+    names: dict[str, str] = {}
+    header, unpack = up.read_array_header, up.unpack  # the loop runs once per range
+    for i, n in _task_sizes(up):
         task = []
         total = 0
         for _ in range(n):
