@@ -184,19 +184,31 @@ def test_outputs_and_scratch_are_confined() -> None:
 # --- end to end: a worker serving every job meets a forged one ---------------------------
 
 
+async def _wordcount(be: Backend, source: Path, out: Path, **options: Any) -> JobSpec:
+    """Submit word count and start no worker: each test serves it its own way."""
+    return await submit.submit(
+        be,
+        job_ref(WORDCOUNT),
+        str(source),
+        str(out),
+        JobOptions(**options),
+        queue_prefix="cmr-",
+        parallelism=1,
+    )
+
+
+async def _serve_alone(be: Backend, spec: JobSpec, **settings: Any) -> None:
+    """One worker serving only ``spec``, taking code from the checkout, until it stops."""
+    ws = WorkerSettings(processes=1, poll_s=0.1, jobs_from=(str(REPO),), **settings)
+    with cpu_pool(1) as pool:
+        await asyncio.wait_for(Worker(be, ws, pool, only_job=spec.job_id).run(), 120)
+
+
 async def test_a_worker_never_imports_a_forged_jobs_code(embedded: Backend, tmp_path: Path) -> None:
     """A record written straight into the table names code outside --jobs-from, with a
     matching digest: the worker refuses it without importing it, and serves the real job."""
     (tmp_path / "in.txt").write_text("a b\nb\n")
-    real = await submit.submit(
-        embedded,
-        job_ref(WORDCOUNT),
-        str(tmp_path / "in.txt"),
-        str(tmp_path / "out"),
-        JobOptions(partitions=2),
-        queue_prefix="cmr-",
-        parallelism=1,
-    )
+    real = await _wordcount(embedded, tmp_path / "in.txt", tmp_path / "out", partitions=2)
     marker = tmp_path / "evil-ran"
     evil = tmp_path / "evil.py"
     evil.write_text(MARKER_JOB.format(marker=str(marker)))
@@ -232,15 +244,7 @@ async def test_forged_commit_records_fail_the_job_instead_of_publishing(
     secret = tmp_path / "secret.txt"
     secret.write_text("do not publish\n")
     (tmp_path / "in.txt").write_text("a\n")
-    spec = await submit.submit(
-        embedded,
-        job_ref(WORDCOUNT),
-        str(tmp_path / "in.txt"),
-        str(tmp_path / "out"),
-        JobOptions(partitions=1),
-        queue_prefix="cmr-",
-        parallelism=1,
-    )
+    spec = await _wordcount(embedded, tmp_path / "in.txt", tmp_path / "out", partitions=1)
     await embedded.table.update(
         Update(
             job_pk(spec.job_id),
@@ -253,10 +257,7 @@ async def test_forged_commit_records_fail_the_job_instead_of_publishing(
             },
         )
     )
-    ws = WorkerSettings(processes=1, poll_s=0.1, janitor_s=0.2, jobs_from=(str(REPO),))
-    with cpu_pool(1) as pool:
-        worker = Worker(embedded, ws, pool, only_job=spec.job_id)
-        await asyncio.wait_for(worker.run(), 120)
+    await _serve_alone(embedded, spec, janitor_s=0.2)
     job = await embedded.table.get(job_pk(spec.job_id), "job")
     assert job is not None and job["state"] == "failed"
     assert "not one of the job's own reduce outputs" in str(job["error"])
@@ -304,14 +305,8 @@ async def test_a_plan_naming_data_outside_the_input_fails_the_job(
     secret.write_text("topsecret\n")
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt").write_text("a\n")
-    spec = await submit.submit(
-        embedded,
-        job_ref(WORDCOUNT),
-        str(tmp_path / "in"),
-        str(tmp_path / "out"),
-        JobOptions(partitions=1, max_task_failures=1),
-        queue_prefix="cmr-",
-        parallelism=1,
+    spec = await _wordcount(
+        embedded, tmp_path / "in", tmp_path / "out", partitions=1, max_task_failures=1
     )
     assert spec.input_root == f"file://{tmp_path}/in/"
     forged = Plan(((Range(f"file://{tmp_path}/in/../secret.txt", 0, 10, "a.txt"),),))
@@ -320,10 +315,7 @@ async def test_a_plan_naming_data_outside_the_input_fails_the_job(
     await embedded.table.update(
         Update(job_pk(spec.job_id), "job", set_={"plan_digest": Plan.digest(data)})
     )
-    ws = WorkerSettings(processes=1, poll_s=0.1, jobs_from=(str(REPO),))
-    with cpu_pool(1) as pool:
-        worker = Worker(embedded, ws, pool, only_job=spec.job_id)
-        await asyncio.wait_for(worker.run(), 120)
+    await _serve_alone(embedded, spec)
     job = await embedded.table.get(job_pk(spec.job_id), "job")
     assert job is not None and job["state"] == "failed"
     assert "outside its input" in str(job["error"])
