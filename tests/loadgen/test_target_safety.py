@@ -270,15 +270,15 @@ def test_cmr_own_table_is_used_as_is_when_allowed(user_table: str, tmp_path: Pat
 # not local: confirmation, or --yes, before a single request ----------------------------------
 
 
-class CountingProxy:
-    """Accepts connections and closes them, counting: every AWS call goes through it."""
+class Listener:
+    """A socket on ``host`` whose accepted connections go to ``handle``, in a thread, until
+    ``close``."""
 
-    def __init__(self) -> None:
-        self.connections = 0
+    def __init__(self, host: str) -> None:
         self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
+        self._sock.bind((host, 0))
         self._sock.listen()
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self.url = f"http://{host}:{self._sock.getsockname()[1]}"
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -287,11 +287,25 @@ class CountingProxy:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            self.connections += 1
-            conn.close()
+            self.handle(conn)
+
+    def handle(self, conn: socket.socket) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         self._sock.close()
+
+
+class CountingProxy(Listener):
+    """Accepts connections and closes them, counting: every AWS call goes through it."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        super().__init__("127.0.0.1")
+
+    def handle(self, conn: socket.socket) -> None:
+        self.connections += 1
+        conn.close()
 
 
 @pytest.fixture
@@ -350,28 +364,19 @@ def _outward_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
-class Relay:
+class Relay(Listener):
     """Forwards connections from this machine's non-loopback address to DynamoDB Local: an
     endpoint the load generator cannot take for a local one, behind which is a real store."""
 
     def __init__(self, host: str, to_port: int) -> None:
         self._to = to_port
         self._open: list[socket.socket] = []
-        self._sock = socket.socket()
-        self._sock.bind((host, 0))
-        self._sock.listen()
-        self.url = f"http://{host}:{self._sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(host)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self._to))
-            self._open += [conn, upstream]
-            threading.Thread(target=self._relay, args=(conn, upstream), daemon=True).start()
+    def handle(self, conn: socket.socket) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self._to))
+        self._open += [conn, upstream]
+        threading.Thread(target=self._relay, args=(conn, upstream), daemon=True).start()
 
     def _relay(self, conn: socket.socket, upstream: socket.socket) -> None:
         back = threading.Thread(target=self._pipe, args=(upstream, conn), daemon=True)
@@ -390,7 +395,7 @@ class Relay:
             dst.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
-        self._sock.close()
+        super().close()
         for s in self._open:
             s.close()
 
