@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -27,7 +26,7 @@ from cmr import failures, wire
 from cmr.backends.base import AllOf, Condition, Eq, Missing, Present, Update
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, WireError
 from cmr.lease import in_background
-from cmr.lifecycle import begin_publishing, cleanup, end, job_scratch
+from cmr.lifecycle import begin_publishing, cleanup, end, job_scratch, reduce_output_url
 from cmr.publish import OutputConflict, Source, publish
 from cmr.records import ACTIVE_PK, JobSpec, JobState, job_pk, task_of
 from cmr.runtime import Runtime
@@ -37,14 +36,13 @@ WATCH_LEASES = 1.5  # a cleaner silent this many leases (on the watcher's clock)
 
 async def committed_parts(rt: Runtime, spec: JobSpec) -> list[Source] | None:
     """Every partition's committed output, or None while any is uncommitted. WireError when
-    a commit record names anything but one of this job's own attempt outputs: publication
-    copies what the records name into the output, so a record written by someone else must
-    not make it publish another job's data or any object the worker can read."""
+    a commit record names anything but the output its own claim uploaded: publication copies
+    what the records name into the output, so a record written by someone else must not make
+    it publish another job's data or any object the worker can read."""
     items = await rt.backend.table.query(job_pk(spec.job_id), prefix="reduce#")
     done = [i for i in items if i.get("state") == "committed"]
     if len(done) != spec.partitions:
         return None
-    own = f"{job_scratch(spec.scratch, spec.job_id)}out/"
     sources = []
     for item in done:
         try:
@@ -56,12 +54,10 @@ async def committed_parts(rt: Runtime, spec: JobSpec) -> list[Source] | None:
             )
         except (KeyError, TypeError, ValueError, OverflowError):
             raise WireError(f"the commit record {item.get('sk')!r} is malformed") from None
-        name = source.url.removeprefix(own)
-        if (
-            not source.url.startswith(own)
-            or not _OWN_PART.fullmatch(name)
-            or not name.startswith(f"p{source.partition:05d}-")
-        ):
+        own = reduce_output_url(
+            spec.scratch, spec.job_id, source.partition, item.get("epoch"), item.get("token")
+        )
+        if source.url != own:
             raise WireError(
                 f"the commit record of partition {source.partition} names "
                 f"{source.url[:200]!r}, not one of the job's own reduce outputs"
@@ -70,9 +66,6 @@ async def committed_parts(rt: Runtime, spec: JobSpec) -> list[Source] | None:
     if sorted(s.partition for s in sources) != list(range(spec.partitions)):
         raise WireError("the job's commit records do not name each partition once")
     return sources
-
-
-_OWN_PART = re.compile(r"p\d{5}-e\d+-[0-9a-f]{1,64}")  # what cmr.reducer names its output
 
 
 async def finalize(rt: Runtime, spec: JobSpec) -> bool:

@@ -70,6 +70,12 @@ def spill_url(scratch: str, job_id: str, task: int, attempt: str, p: int, seq: i
     return f"{job_scratch(scratch, job_id)}spill/{task}-{attempt}-{p}-{seq}"
 
 
+def reduce_output_url(scratch: str, job_id: str, p: int, epoch: object, token: object) -> str:
+    """Where the claim (epoch, token) of partition ``p`` uploads its output before it commits:
+    a commit record must name exactly this for its own claim (cmr.janitor checks it)."""
+    return f"{job_scratch(scratch, job_id)}out/p{p:05d}-e{epoch}-{token}"
+
+
 def _token() -> str:
     return secrets.token_hex(16)
 

@@ -33,7 +33,7 @@ from cmr.backends.base import Received
 from cmr.claim import Claim, Refusal, claim
 from cmr.errors import BackendError, BlobMissing, QueueGone, WireError
 from cmr.lease import in_background, message_lease
-from cmr.lifecycle import job_scratch, spill_url
+from cmr.lifecycle import reduce_output_url, spill_url
 from cmr.records import MAX_VISIBILITY_S, JobSpec, MapCommit, job_pk, task_of
 from cmr.runtime import Runtime, WorkerCrashed
 from cmr.timelimit import task_limit
@@ -356,10 +356,7 @@ async def _reduce_and_commit(
             rt, spec, failures.TaskRef.reduce(drain.partition), result.error, reduce_q, msg
         )
         return
-    url = (
-        f"{job_scratch(spec.scratch, spec.job_id)}out/"
-        f"p{drain.partition:05d}-e{owner.epoch}-{owner.token}"
-    )
+    url = reduce_output_url(spec.scratch, spec.job_id, drain.partition, owner.epoch, owner.token)
     nbytes = os.path.getsize(out_path)
     await rt.backend.blobs.upload_file(out_path, url)
     await rt.step("reduce.output_written", partition=drain.partition, output=url)
