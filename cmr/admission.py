@@ -26,11 +26,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cmr.errors import JobCodeError, UsageError
-from cmr.job import JobRef, location, source_path
+from cmr.job import JobRef, is_module_name, location, source_path
 from cmr.records import JobSpec
 from cmr.settings import WorkerSettings
-
-_MODULE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.")
 
 
 @dataclass(frozen=True)
@@ -52,11 +50,7 @@ class Admission:
             # turn into a directory allowance because the worker's cwd holds one by that name.
             if ("/" in entry or entry == ".") and os.path.isdir(entry):
                 directories.append(Path(entry).resolve())
-            elif (
-                entry
-                and set(entry) <= _MODULE_CHARS
-                and all(part.isidentifier() for part in entry.split("."))
-            ):
+            elif entry.isascii() and is_module_name(entry):
                 modules.append(entry)
             else:
                 raise UsageError(

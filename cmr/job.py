@@ -124,7 +124,7 @@ def module_source(name: str) -> Path:
     package's code before the worker has checked the job's digest or whether it may run it at
     all; here each level is looked up on the path its parent *would* have."""
     parts = name.split(".")
-    if not name or len(name) > 200 or not all(p.isidentifier() for p in parts):
+    if not is_module_name(name):
         raise JobCodeError(f"job {name!r} is neither a .py file nor a dotted module name")
     path: list[str] | None = None  # sys.path for the top level
     spec = None
@@ -151,6 +151,11 @@ def module_source(name: str) -> Path:
 def location(target: str) -> str:
     """The file or module a job target names, without its ``:Class``."""
     return _split(target)[0]
+
+
+def is_module_name(name: str) -> bool:
+    """A dotted module name (``pkg.mod``), of bounded length."""
+    return bool(name) and len(name) <= 200 and all(p.isidentifier() for p in name.split("."))
 
 
 def source_path(ref: JobRef) -> Path:

@@ -157,7 +157,7 @@ class JobSpec:
         every field is type- and range-checked here (where it points is the worker's
         admission's to judge: cmr.admission)."""
         fields = _Fields(job_id, item)
-        if not _JOB_ID.fullmatch(job_id):
+        if not wire.is_job_id(job_id):
             raise WireError(f"job record {job_id[:80]!r}: not a job id")
         params = item.get("params")
         if not isinstance(params, dict) or len(params) > MAX_PARAMS:
@@ -199,7 +199,6 @@ MAX_TASK_TIMEOUT_S = 7 * 24 * 3600
 MAX_PARAMS = 256
 MAX_PARAM = 64 * 1024  # a parameter's name and value together
 MAX_URL = 1024  # S3 keys are at most 1,024 bytes; local paths are shorter in practice
-_JOB_ID = re.compile(r"[0-9A-Za-z-]{1,64}")  # what wire.py accepts in a message
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _QUEUE_PREFIX = re.compile(r"[0-9A-Za-z_-]{0,40}")  # SQS queue names: 80 of these characters
 _URL = re.compile(r"(s3|file)://[^\x00-\x1f\x7f]+")
