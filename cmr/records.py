@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from cmr import wire
 from cmr.backends.base import Item
+from cmr.backends.embedded.blobs import file_path
 from cmr.errors import WireError
 from cmr.job import JobRef
 
@@ -205,7 +205,8 @@ _URL = re.compile(r"(s3|file)://[^\x00-\x1f\x7f]+")
 
 
 def _local_path(url: str) -> str:
-    return posixpath.normpath("/" + unquote(urlparse(url).path))
+    # Decoded as the embedded blob store decodes it to read, then normalised.
+    return posixpath.normpath("/" + str(file_path(url)))
 
 
 class _Fields:
