@@ -71,8 +71,8 @@ def main() -> None:
         cells = "  ".join(f"{n}: {row[n]}" for n in trees)
         print(f"{case.id:28s} {cells}", flush=True)
     for name in trees:
-        right = sum(1 for r in rows if r[name]["right"])
-        print(f"{name}: {right}/{len(rows)} right")
+        count = sum(1 for r in rows if r[name]["right"])
+        print(f"{name}: {count}/{len(rows)} right")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
 
