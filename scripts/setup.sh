@@ -53,8 +53,11 @@ lock() {
 pick_python() {
     local version
     if [[ -n "${PYTHON:-}" ]]; then
-        version="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" \
-            || { echo "error: PYTHON=$PYTHON does not run" >&2; return 1; }
+        if ! version="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>&1)"
+        then
+            echo "error: PYTHON=$PYTHON does not run ($(head -n1 <<<"$version"))" >&2
+            return 1
+        fi
         if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
             echo "error: PYTHON=$PYTHON is Python $version; cmr needs 3.11 or newer" >&2
             return 1
@@ -62,13 +65,18 @@ pick_python() {
         echo "$PYTHON"
         return
     fi
-    local found=() best="" best_minor=0 candidate minor
-    for candidate in python3.11 python3.12 python3.13 python3.14 python3.15 python3 python; do
+    local found=() best="" best_minor=0 candidate minor candidates
+    candidates=(python3.11 python3.12 python3.13 python3.14 python3.15 python3 python)
+    # pyenv's versions, which its shims run only when selected (pyenv global/local)
+    if command -v pyenv >/dev/null 2>&1; then
+        candidates+=("$(pyenv root)"/versions/3.*/bin/python3)
+    fi
+    for candidate in "${candidates[@]}"; do
         command -v "$candidate" >/dev/null 2>&1 || continue
-        # A pyenv shim exists for versions that are not installed: it must run to count.
+        # A pyenv shim exists for versions that are not selected: it must run to count.
         version="$("$candidate" -c 'import sys; print("%d.%d" % sys.version_info[:2])' \
             2>/dev/null)" || continue
-        found+=("$candidate ($version)")
+        found+=("$version")
         [[ "$version" == 3.* ]] || continue
         minor="${version#3.}"
         if ((minor == 11)); then
@@ -80,7 +88,8 @@ pick_python() {
         fi
     done
     if [[ -z "$best" ]]; then
-        echo "error: cmr needs Python 3.11 or newer; found ${found[*]:-no python3 on PATH}" \
+        found=("$(printf '%s\n' "${found[@]}" | sort -uV | paste -sd, -)")
+        echo "error: cmr needs Python 3.11 or newer; found ${found[*]:-no Python on PATH}" \
             "(install one, or name it: PYTHON=/path/to/python3.12 scripts/setup.sh)" >&2
         return 1
     fi
