@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Create .venv (Python 3.11+) and install cmr with its pinned, hashed dev requirements.
+# Create .venv (Python 3.11 or newer) and install cmr with what running a job needs, pinned
+# and hashed (requirements.txt).
 #   scripts/setup.sh        then: .venv/bin/cmr --help
-#   scripts/setup.sh lock   re-resolve requirements-dev.txt (same pins, fresh hashes); pass
+#   scripts/setup.sh dev    also the development tools (requirements-dev.txt: pytest, mypy,
+#                           ruff, moto ...), as scripts/test.sh does
+#   scripts/setup.sh lock   re-resolve both locks (same pins, fresh hashes); pass
 #                           --upgrade-package NAME (or --upgrade) to move a pin on purpose
+#   PYTHON=python3.12 scripts/setup.sh    use that interpreter for a new .venv (default:
+#                           python3.11 if found, else the newest 3.11+ on PATH)
 #
-# Every distribution installed is checked against a sha256 in requirements-dev.txt
-# (--require-hashes), the build backend of cmr's own editable install (hatchling) included:
-# a file that changed on the index, or on the way, is refused instead of run.
+# Every distribution installed is checked against a sha256 in the lock (--require-hashes),
+# the build backend of cmr's own editable install (hatchling) included: a file that changed
+# on the index, or on the way, is refused instead of run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -25,36 +30,103 @@ uv_cmd() {
 }
 
 lock() {
-    # pyproject's dev extra plus the build backend its [build-system] names, resolved for
-    # CI's interpreter and machine (Python 3.11, x86_64 Linux); hashes of every file of each
-    # pinned version. The current file is the constraint, so pins move only when asked.
+    # Resolved once for every Python from 3.11 on and every platform (--universal: a pin
+    # that only some interpreters need carries its marker), hashes of every file of each
+    # pinned version. requirements-dev.txt (pyproject's dev extra, the runtime and the build
+    # backend) is resolved first; the runtime lock takes its pins from it, so both agree.
+    # The current files are the constraints, so pins move only when asked.
     local build
     build="$(mktemp --suffix=.in)"
     trap 'rm -f "$build"' RETURN
     # pyproject.toml's [build-system], and what hatchling asks for to build an editable wheel
     printf '%s\n' hatchling editables >"$build"
-    uv_cmd pip compile pyproject.toml "$build" --extra dev --generate-hashes \
-        --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
-        --constraint requirements-dev.txt --custom-compile-command "scripts/setup.sh lock" \
-        --output-file requirements-dev.txt "$@"
-    sed -i "s|$build|pyproject.toml [build-system]|" requirements-dev.txt
+    local common=(--generate-hashes --universal --python-version 3.11
+                  --custom-compile-command "scripts/setup.sh lock")
+    uv_cmd pip compile pyproject.toml "$build" --extra dev "${common[@]}" \
+        --constraint requirements-dev.txt --output-file requirements-dev.txt "$@"
+    uv_cmd pip compile pyproject.toml "$build" "${common[@]}" \
+        --constraint requirements-dev.txt --output-file requirements.txt
+    sed -i "s|$build|pyproject.toml [build-system]|" requirements-dev.txt requirements.txt
 }
 
-if [[ "${1:-}" == lock ]]; then
-    shift
-    lock "$@"
-    exit 0
-fi
+# The interpreter for a new .venv: $PYTHON, else python3.11, else the newest 3.11+ found.
+pick_python() {
+    local version
+    if [[ -n "${PYTHON:-}" ]]; then
+        if ! version="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>&1)"
+        then
+            echo "error: PYTHON=$PYTHON does not run ($(head -n1 <<<"$version"))" >&2
+            return 1
+        fi
+        if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+            echo "error: PYTHON=$PYTHON is Python $version; cmr needs 3.11 or newer" >&2
+            return 1
+        fi
+        echo "$PYTHON"
+        return
+    fi
+    local found=() best="" best_minor=0 candidate minor candidates
+    candidates=(python3.11 python3.12 python3.13 python3.14 python3.15 python3 python)
+    # pyenv's versions, which its shims run only when selected (pyenv global/local)
+    if command -v pyenv >/dev/null 2>&1; then
+        candidates+=("$(pyenv root)"/versions/3.*/bin/python3)
+    fi
+    for candidate in "${candidates[@]}"; do
+        command -v "$candidate" >/dev/null 2>&1 || continue
+        # A pyenv shim exists for versions that are not selected: it must run to count.
+        version="$("$candidate" -c 'import sys; print("%d.%d" % sys.version_info[:2])' \
+            2>/dev/null)" || continue
+        found+=("$version")
+        [[ "$version" == 3.* ]] || continue
+        minor="${version#3.}"
+        if ((minor == 11)); then
+            echo "$candidate"
+            return
+        fi
+        if ((minor > 11 && minor > best_minor)); then
+            best="$candidate" best_minor="$minor"
+        fi
+    done
+    if [[ -z "$best" ]]; then
+        found=("$(printf '%s\n' "${found[@]}" | sort -uV | paste -sd, -)")
+        echo "error: cmr needs Python 3.11 or newer; found ${found[*]:-no Python on PATH}" \
+            "(install one, or name it: PYTHON=/path/to/python3.12 scripts/setup.sh)" >&2
+        return 1
+    fi
+    echo "$best"
+}
+
+case "${1:-}" in
+    lock)
+        shift
+        lock "$@"
+        exit 0
+        ;;
+    dev) locks=(requirements.txt requirements-dev.txt) ;;
+    "") locks=(requirements.txt) ;;
+    *)
+        echo "error: unknown argument '$1': use scripts/setup.sh [dev|lock]" >&2
+        exit 2
+        ;;
+esac
 
 step "Python environment (.venv)"
 if [[ ! -x .venv/bin/python ]]; then
-    uv_cmd venv --python python3.11 .venv
+    python="$(pick_python)"
+    uv_cmd venv --python "$python" .venv
 else
-    echo ".venv exists ($(.venv/bin/python --version))"
+    echo ".venv exists ($(.venv/bin/python --version)); remove it to use another Python"
+fi
+if ! .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "error: .venv has $(.venv/bin/python --version); cmr needs 3.11 or newer:" \
+        "rm -rf .venv and run scripts/setup.sh again" >&2
+    exit 1
 fi
 
-step "Install the pinned requirements (every file checked against its sha256)"
-uv_cmd pip install --python .venv/bin/python --require-hashes -r requirements-dev.txt
+for file in "${locks[@]}"; do
+    step "Install $file (every file checked against its sha256)"
+    uv_cmd pip install --python .venv/bin/python --require-hashes -r "$file"
+done
 
 step "Install cmr itself (editable: no hash to check; built by the hatchling just installed)"
 uv_cmd pip install --python .venv/bin/python --no-deps --no-build-isolation -e .

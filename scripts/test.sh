@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 step() { printf '\n==> %s\n' "$*"; }
 
-bash scripts/setup.sh
+bash scripts/setup.sh dev  # the runtime lock, then the development tools (requirements-dev.txt)
 
 step "Local AWS stack (scripts/stack.sh start)"
 bash scripts/stack.sh start

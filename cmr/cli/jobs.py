@@ -1,20 +1,30 @@
-"""``cmr status | wait | cancel | cleanup``: look after jobs that outlive their client (aws)."""
+"""``cmr status | wait | cancel | cleanup``: look after jobs that outlive their client (aws).
+
+Given no store (no --store, --backend or part of one, no $CMR_STORE), they look where the
+last ``cmr run`` ran (:mod:`cmr.cli.laststore`) and say so on stderr; a last run on the
+embedded backend kept no state once it ended, and they say that instead, with where its
+output is.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.text import Text
 
+from cmr.cli import laststore
 from cmr.cli.exits import Interrupted, ended, interruptible
 from cmr.cli.options import (
+    STORE_ENV,
     StoreFlags,
     Verbose,
     configure_logs,
@@ -24,30 +34,175 @@ from cmr.cli.options import (
     safe_text,
     shared,
 )
-from cmr.errors import JobFailed
-from cmr.settings import BackendName
+from cmr.cli.tables import keep_whole, print_table
+from cmr.errors import JobFailed, UsageError
+from cmr.settings import AwsSettings, BackendName, Store
 
 if TYPE_CHECKING:
     from cmr.backends.base import Backend
+    from cmr.publish import Manifest
     from cmr.records import JobSpec
     from cmr.watch import Progress
 
 T = TypeVar("T")
 JobId = Annotated[str, typer.Argument(help="the job id")]
+_PARTS = ("backend", "bucket", "table", "queue_prefix", "region", "profile")
+
+
+def shown(store: Store) -> str:
+    """A store's URL as the user would type it (no empty query)."""
+    return store.url.removesuffix("?")
+
+
+@dataclass(frozen=True)
+class Where:
+    """The store these commands look in, and why that one."""
+
+    store: Store
+    why: str  # "" when the command line named it
+    last: laststore.LastRun | None  # the last run remembered, if any
+
+
+def where(flags: StoreFlags) -> Where:
+    """Command-line flags, then $CMR_STORE, then the store of the last `cmr run`, then the
+    default aws store: the first that says anything. Nothing here creates a bucket or table."""
+    last = laststore.recall()
+    env = os.environ.get(STORE_ENV)
+    from_env = bool(env) and flags.store is not None and flags.store == _parsed(env)
+    if any(getattr(flags, n) is not None for n in _PARTS) or (
+        flags.store is not None and not from_env
+    ):
+        return Where(flags.resolve(BackendName.aws, create=False), "", last)
+    if from_env:
+        return Where(flags.resolve(BackendName.aws, create=False), f"from ${STORE_ENV}", last)
+    if last is not None:
+        store = Store(last.store.backend, _no_create(last.store))
+        return Where(store, f"the store of your last `cmr run`, job {last.job_id}", last)
+    store = flags.resolve(BackendName.aws, create=False)
+    return Where(store, "the default store: no `cmr run` remembered; --store names another", None)
+
+
+def _parsed(text: str | None) -> Store | None:
+    try:
+        return Store.parse(text or "")
+    except UsageError:
+        return None
+
+
+def _no_create(store: Store) -> AwsSettings:
+    return replace(store.aws, create=False)
+
+
+def announce(w: Where) -> None:
+    """One stderr line saying which store is looked in and why (none when the user named it)."""
+    if w.why and w.store.backend == BackendName.aws:
+        err.print(
+            Text.assemble("looking in ", safe_text(shown(w.store)), f" ({w.why})"),
+            highlight=False,
+        )
+
+
+@dataclass(frozen=True)
+class EmbeddedRun:
+    """The last run, which ran on the embedded backend, and what its output says of it."""
+
+    last: laststore.LastRun
+    manifest: Manifest | None  # its _SUCCESS, when the output holds the job's own
+
+    @property
+    def state(self) -> str:
+        return "succeeded" if self.manifest is not None else "unknown"
+
+    def sentence(self) -> str:
+        job, output = self.last.job_id, self.last.output
+        if self.manifest is not None:
+            said = (
+                f"job {job} ran on the embedded backend, in `cmr run` itself, and succeeded: "
+                f"{self.manifest.records} records in {len(self.manifest.parts)} parts; its "
+                f"output and _SUCCESS manifest are in {output}"
+            )
+        else:
+            said = (
+                f"job {job} ran on the embedded backend, in `cmr run` itself, and finished "
+                f"with it; {output} holds no _SUCCESS manifest of it (the run failed or was "
+                "stopped, or a later run replaced its output)"
+            )
+        return said + f". {_KEEPS_NO_JOBS}"
+
+    def to_json(self) -> dict[str, Any]:
+        m, output = self.manifest, self.last.output
+        return {
+            "job": self.last.job_id,
+            "store": "embedded",
+            "state": self.state,
+            "output": output,
+            "published": {"place": output, "manifest": output.rstrip("/") + "/_SUCCESS"}
+            if m is not None
+            else None,
+            "records_out": m.records if m is not None else None,
+            "parts": len(m.parts) if m is not None else None,
+        }
+
+
+_KEEPS_NO_JOBS = (
+    "The embedded backend keeps no jobs after the run: for a store that keeps them, run "
+    "with --store aws://BUCKET/TABLE"
+)
+
+
+def embedded_run(w: Where, job: str | None) -> EmbeddedRun | None:
+    """None when ``w`` is an aws store. On the embedded backend: the last run's report when
+    it ran there and ``job`` is it (or no job is named); otherwise one error line."""
+    if w.store.backend != BackendName.embedded:
+        return None
+    last = w.last if w.last is not None and w.last.store.backend == BackendName.embedded else None
+    if last is None:
+        fail(
+            "the embedded backend keeps no state after `cmr run` ends; these commands are for "
+            "a store that keeps jobs: --store aws://BUCKET/TABLE"
+        )
+    if job is not None and job != last.job_id:
+        fail(
+            f"job {job} is not known here: the embedded backend keeps no jobs once `cmr run` "
+            f"ends (your last run, job {last.job_id}, ran there); give the store job {job} "
+            "ran in: --store aws://BUCKET/TABLE"
+        )
+    return EmbeddedRun(last, _own_manifest(last))
+
+
+def _own_manifest(last: laststore.LastRun) -> Manifest | None:
+    """The output's _SUCCESS when it is the last run's own (a local output only)."""
+    from cmr.publish import Manifest, OutputConflict
+
+    if "://" in last.output:
+        return None
+    try:
+        with open(os.path.join(last.output, "_SUCCESS"), "rb") as f:
+            manifest = Manifest.from_bytes(f.read(1 << 24))
+    except (OSError, OutputConflict):
+        return None
+    return manifest if manifest.job == last.job_id else None
 
 
 @asynccontextmanager
-async def _opened(store: StoreFlags) -> AsyncIterator[Backend]:
-    """The store the flags name, as it is: these commands create nothing."""
+async def _opened(store: Store) -> AsyncIterator[Backend]:
+    """The store, as it is: these commands create nothing."""
     from cmr import api
+    from cmr.backends.aws.provisioning import StoreMissing
 
-    where = store.resolve(BackendName.aws, create=False)
-    async with api.open_backend(where.backend, where.aws) as be:
-        yield be
+    try:
+        async with api.open_backend(store.backend, store.aws) as be:
+            yield be
+    except StoreMissing as exc:
+        flag = "--bucket" if exc.kind == "bucket" else "--table"
+        raise UsageError(
+            f"{'bucket' if exc.kind == 'bucket' else 'DynamoDB table'} {exc.name} does not "
+            f"exist: no job has run in this store ({shown(store)}) yet; check --store/{flag}"
+        ) from None
 
 
 def _on_job(
-    store: StoreFlags, job: str, body: Callable[[Backend, JobSpec], Awaitable[T]]
+    store: Store, job: str, body: Callable[[Backend, JobSpec], Awaitable[T]]
 ) -> Callable[[], Coroutine[Any, Any, T]]:
     """A coroutine function running ``body`` with the job's spec, on the opened store."""
 
@@ -94,19 +249,27 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object (or a list)")] = False,
     verbose: Verbose = 0,
 ) -> None:
-    """Jobs and their map/reduce progress, or one job's record and duplicate counters."""
+    """Jobs and their map/reduce progress, or one job's record and duplicate counters.
+
+    With no store given: $CMR_STORE, else the store of your last `cmr run`."""
     from rich.table import Table
 
     from cmr import lifecycle, watch
 
     configure_logs(logging.WARNING - 10 * verbose)
-    if store.resolve(BackendName.aws).backend != BackendName.aws:
-        fail(
-            "the embedded backend keeps no state after `cmr run` ends; status is for --backend aws"
-        )
+    w = where(store)
+    here = embedded_run(w, job)
+    if here is not None:
+        doc = here.to_json()
+        if as_json:
+            print(json.dumps(doc if job is not None else [doc]))
+        else:
+            out.print(safe_text(here.sentence()), highlight=False, soft_wrap=True)
+        return
+    announce(w)
 
     async def show() -> None:
-        async with _opened(store) as be:
+        async with _opened(w.store) as be:
             if job is None:
                 rows = []
                 for row in await watch.list_jobs(be):
@@ -128,7 +291,8 @@ def status(
                         str(rec.get("input", "")),
                     )
                     t.add_row(*map(safe_text, cells))  # data from the table: never obeyed
-                out.print(t)
+                keep_whole(t, 0, (safe_text(spec.job_id).plain for spec, _, _ in rows))
+                print_table(out, t)
                 return
             spec, rec = await lifecycle.load_spec(be, job)
             p = await watch.progress(be, spec)
@@ -151,7 +315,8 @@ def status(
             t = Table("field", "value", show_header=False)
             for field_, value in fields:
                 t.add_row(safe_text(field_), safe_text(value))  # data: never obeyed
-            out.print(t)
+            keep_whole(t, 1, [safe_text(spec.job_id).plain])
+            print_table(out, t)
             if rec.get("error"):
                 out.print(
                     Text.assemble(("error:", "bold red"), " ", safe_text(rec["error"])),
@@ -167,13 +332,22 @@ def wait(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     configure_logs(logging.WARNING - 10 * verbose)
     from cmr import watch
 
+    w = where(store)
+    here = embedded_run(w, job)
+    if here is not None:
+        if here.manifest is None:
+            fail(here.sentence())
+        err.print(safe_text(here.sentence()), highlight=False)
+        return
+    announce(w)
+
     async def body(be: Backend, spec: JobSpec) -> dict[str, Any]:
         record = await watch.wait(be, spec)
         await watch.fetch_output(be, spec, record)
         return record
 
     try:
-        record = interruptible(_on_job(store, job, body)())
+        record = interruptible(_on_job(w.store, job, body)())
     except Interrupted:
         fail(f"stopped waiting; job {job} goes on (`cmr cancel {job}` cancels it)", code=130)
     except JobFailed as exc:
@@ -196,10 +370,17 @@ def cancel(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     from cmr import lifecycle
     from cmr.records import JobState
 
+    w = where(store)
+    if embedded_run(w, job) is not None:
+        fail(
+            f"job {job} ran on the embedded backend and ended with its `cmr run`: nothing to cancel"
+        )
+    announce(w)
+
     async def body(be: Backend, spec: JobSpec) -> bool:
         return await lifecycle.end(be, spec, JobState.CANCELLED, reason="cancelled by `cmr cancel`")
 
-    if not asyncio.run(_on_job(store, job, body)()):
+    if not asyncio.run(_on_job(w.store, job, body)()):
         fail(f"job {job} had ended already (`cmr status {job}`)")
     err.print(
         Text.assemble("job ", safe_text(job), " cancelled; its workers clean it up"),
@@ -214,12 +395,24 @@ def cleanup(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     from cmr import lifecycle
     from cmr.records import JobState, job_pk
 
+    w = where(store)
+    if embedded_run(w, job) is not None:
+        err.print(
+            safe_text(
+                f"job {job} ran on the embedded backend, whose state ended with its `cmr run`: "
+                "nothing to clean up"
+            ),
+            highlight=False,
+        )
+        return
+    announce(w)
+
     async def body(be: Backend, spec: JobSpec) -> None:
         await lifecycle.end(be, spec, JobState.CANCELLED, reason="cancelled by cmr cleanup")
         rec = await be.table.get(job_pk(job), "job") or {}
         await lifecycle.cleanup(be, spec, JobState(str(rec.get("state", "cancelled"))))
 
-    asyncio.run(_on_job(store, job, body)())
+    asyncio.run(_on_job(w.store, job, body)())
     err.print(
         Text.assemble("job ", safe_text(job), ": queues, scratch data and task records removed"),
         highlight=False,

@@ -34,6 +34,7 @@ from cmr.cli.options import (
     out,
     safe_text,
 )
+from cmr.cli.tables import print_table
 from cmr.errors import JobFailed, UsageError
 from cmr.loadgen import plan, report
 from cmr.loadgen.spec import TARGETS, LoadTask
@@ -63,7 +64,14 @@ class LoadFlags:
     """The flags of every load test: what it loads, where its results go, who runs it."""
 
     target: Annotated[str, choice_option(Target, "--target", "the store to load")]
-    json_path: Annotated[Path, typer.Option("--json", help="write the results here (JSON)")]
+    json_path: Annotated[
+        Path,
+        typer.Option(
+            "--json",
+            help="write the results here (JSON); '-': print them on stdout, as one JSON "
+            "document (the tables then go to stderr)",
+        ),
+    ]
     seed: Annotated[int, typer.Option(help="random seed; task i uses seed + i")] = 0
     sim: Annotated[
         list[str],
@@ -187,9 +195,13 @@ def engine_of(load: LoadFlags, store: StoreFlags) -> Engine:
     )
 
 
+STDOUT = Path("-")  # --json -: the results on stdout
+
+
 def _writable(path: Path, plots_dir: Path | None) -> None:
     """Fail before the test, not after it, when its results could not be saved."""
-    for flag, directory in (("--json", path.parent), ("--plots", plots_dir)):
+    json_dir = None if path == STDOUT else path.parent
+    for flag, directory in (("--json", json_dir), ("--plots", plots_dir)):
         if directory is None:
             continue
         try:
@@ -295,18 +307,24 @@ def _kept(prepared: Prepared) -> None:
 
 
 def finish(load: LoadFlags, kind: str, data: Mapping[str, Any], tables: Sequence[Any]) -> None:
-    """Save the JSON first (the contract), then show the tables and draw the figures."""
-    try:
-        load.json_path.parent.mkdir(parents=True, exist_ok=True)
-        load.json_path.write_text(json.dumps(data, indent=2) + "\n")
-    except OSError as exc:
-        fail(f"cannot write {load.json_path}: {exc.strerror or exc}")
+    """Save the JSON first (the contract), then show the tables and draw the figures. With
+    ``--json -`` stdout holds the JSON document alone, and the tables go to stderr."""
+    to_stdout = load.json_path == STDOUT
+    if to_stdout:
+        print(json.dumps(data, indent=2), flush=True)
+    else:
+        try:
+            load.json_path.parent.mkdir(parents=True, exist_ok=True)
+            load.json_path.write_text(json.dumps(data, indent=2) + "\n")
+        except OSError as exc:
+            fail(f"cannot write {load.json_path}: {exc.strerror or exc}")
     for t in tables:
-        out.print(t)
+        print_table(err if to_stdout else out, t)
     out.file.flush()  # the tables before the stderr lines below, even when piped
     for warning in data.get("warnings") or []:
         err.print(Text.assemble(("warning:", "yellow"), " ", safe_text(warning)), highlight=False)
-    err.print(f"results: {load.json_path}", highlight=False, markup=False)
+    if not to_stdout:
+        err.print(f"results: {load.json_path}", highlight=False, markup=False)
     if load.plots_dir is not None:
         err.print("figures: " + _plot(load.plots_dir, kind, data), highlight=False, markup=False)
 

@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from cmr.cli.options import safe_text
+from cmr.cli.tables import keep_whole, print_table
 from cmr.errors import FleetError
 from cmr.fleet.cost import PRICES, hourly_cost, load_prices
 from cmr.fleet.lookups import fleet_instances, idle_alarm, running_jobs
@@ -16,24 +18,40 @@ from cmr.fleet.params import DEFAULTS, store_url
 from cmr.fleet.stack import Aws, describe_stack, find_group, group_name, stack_outputs, stack_params
 from cmr.text import inert
 
+# The outputs `cmr fleet up` leaves on a stack it made; one without them was left
+# half-created (a failed `up` whose rollback was disabled, or still in progress).
+OUTPUTS = ("GroupName", "BucketName", "TableName", "QueuePrefix", "IdleAlarmName")
+
 
 def report(aws: Aws, stack: str) -> dict[str, Any]:
-    """The status report, as ``cmr fleet status --json`` prints it."""
-    got = describe_stack(aws.client("cloudformation"), stack)
+    """The status report, as ``cmr fleet status --json`` prints it: whatever of the fleet
+    exists, and what it lacks (a stack left half-created has no outputs, no group)."""
+    cfn = aws.client("cloudformation")
+    got = describe_stack(cfn, stack)
     if got is None:
-        raise FleetError(f"no fleet stack {stack}")
+        raise FleetError(f"no fleet stack {stack}: run `cmr fleet up` first")
     outputs, params = stack_outputs(got), stack_params(got)
-    group, why = find_group(aws.client("autoscaling"), outputs["GroupName"])
+    missing = [name for name in OUTPUTS if not outputs.get(name)]
+    name = outputs.get("GroupName")
+    if name:
+        group, why = find_group(aws.client("autoscaling"), name)
+    else:
+        group, why = None, "the stack has no GroupName output"
     instances = fleet_instances(aws, group) if group else []
-    table = outputs.get("TableName", params.get("TableName", DEFAULTS["TableName"]))
+    table = outputs.get("TableName") or params.get("TableName") or DEFAULTS["TableName"]
     jobs = running_jobs(aws, table)
     prices = load_prices(None)
     cost, unknown = hourly_cost(instances, prices)
+    parts = ("BucketName", "TableName", "QueuePrefix")
+    named = {k: v for k in parts if (v := outputs.get(k) or params.get(k))}
     return {
         "stack": stack,
         "stack_status": got["StackStatus"],
-        "store": store_url(params, aws.account()) if "BucketName" in params else None,
-        "group": outputs["GroupName"],
+        "stack_reason": got.get("StackStatusReason"),
+        "missing_outputs": missing,
+        "resources": stack_resources(cfn, stack),
+        "store": store_url(named, aws.account()) if len(named) == len(parts) else None,
+        "group": name,
         "group_missing": why or None,
         "desired": int(group["DesiredCapacity"]) if group else None,
         "min": int(group["MinSize"]) if group else None,
@@ -50,8 +68,31 @@ def report(aws: Aws, stack: str) -> dict[str, Any]:
     }
 
 
+def stack_resources(cfn: Any, stack: str) -> list[dict[str, str]]:
+    """The stack's resources and their states (what a half-made stack does hold)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        got = cfn.describe_stack_resources(StackName=stack)["StackResources"]
+    except ClientError:
+        return []  # status reports what it can: the outputs and the group say the rest
+    return [
+        {
+            "logical_id": str(r.get("LogicalResourceId", "?")),
+            "type": str(r.get("ResourceType", "?")),
+            "physical_id": str(r.get("PhysicalResourceId") or ""),
+            "status": str(r.get("ResourceStatus", "?")),
+        }
+        for r in got
+    ]
+
+
 def print_json(out: Console, report: dict[str, Any]) -> None:
-    out.print_json(json.dumps(report))
+    print(json.dumps(report), file=out.file)  # one document, unwrapped, uncoloured
+
+
+def _line(out: Console, text: str) -> None:
+    out.print(Text(inert(text)), highlight=False)  # names from the account: never markup
 
 
 def show(out: Console, report: dict[str, Any]) -> None:
@@ -62,21 +103,35 @@ def show(out: Console, report: dict[str, Any]) -> None:
         if not why
         else f"not available: {why}"
     )
-    out.print(
-        f"stack {stack} {report['stack_status']}  group {report['group']}  {sizes}",
-        highlight=False,
-    )
+    group = report["group"] or "(none)"
+    _line(out, f"stack {stack} {report['stack_status']}  group {group}  {sizes}")
+    if report["missing_outputs"]:
+        reason = f" ({report['stack_reason']})" if report.get("stack_reason") else ""
+        _line(
+            out,
+            f"stack {stack} lacks the outputs {', '.join(report['missing_outputs'])}{reason}: "
+            f"it was left half-created (by a failed `cmr fleet up`?); `cmr fleet down --stack "
+            f"{stack}` removes it, `cmr fleet up --stack {stack}` makes it anew",
+        )
+        made = report["resources"]
+        _line(out, f"the stack holds {len(made)} resources{':' if made else ''}")
+        for r in made:
+            _line(out, f"  {r['logical_id']} {r['type']} {r['status']} {r['physical_id']}".rstrip())
     if report.get("store"):
         out.print(f"submit with: --store '{report['store']}'", highlight=False, markup=False)
-    t = Table("instance", "type", "market", "state", "lifecycle", "health", "zone")
-    t.columns[0].no_wrap = True
-    for i in report["instances"]:
-        t.add_row(
-            i["id"], i["type"], i["market"], i["state"], i["lifecycle"], i["health"], i["zone"]
-        )
-    out.print(t)
+    if report["instances"] or not why:
+        t = Table("instance", "type", "market", "state", "lifecycle", "health", "zone")
+        for i in report["instances"]:
+            t.add_row(
+                *(
+                    safe_text(i[k])
+                    for k in ("id", "type", "market", "state", "lifecycle", "health", "zone")
+                )
+            )
+        keep_whole(t, 0, (safe_text(i["id"]).plain for i in report["instances"]))
+        print_table(out, t)
     jobs = report["running_jobs"]
-    out.print(Text(inert(f"running jobs: {', '.join(jobs) if jobs else 'none'}")), highlight=False)
+    _line(out, f"running jobs: {', '.join(jobs) if jobs else 'none'}")
     alarm = report["idle_alarm"]
     if "idle_minutes" in alarm:
         out.print(
@@ -86,7 +141,7 @@ def show(out: Console, report: dict[str, Any]) -> None:
             highlight=False,
         )
     else:
-        out.print(Text(inert(f"idle scale-in: state unknown ({alarm['why']})")), highlight=False)
+        _line(out, f"idle scale-in: state unknown ({alarm['why']})")
     discount = load_prices(None)["spot_discount_assumption"]
     priced_as = report["prices_region"]
     note = "" if report["region"] == priced_as else f", priced as {priced_as}"

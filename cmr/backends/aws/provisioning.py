@@ -30,6 +30,15 @@ from cmr.errors import BackendError, BlobMissing, UsageError
 from cmr.settings import AwsSettings
 
 
+class StoreMissing(UsageError):
+    """The bucket or table is missing and this opening may not create it: the caller knows
+    best what the user should do about it (``cmr status`` never creates anything)."""
+
+    def __init__(self, kind: str, name: str, message: str) -> None:
+        super().__init__(message)
+        self.kind, self.name = kind, name
+
+
 async def _ensure_bucket(
     s3: Any, bucket: str, region: str, create: bool, owner: str | None = None
 ) -> None:
@@ -46,7 +55,9 @@ async def _ensure_bucket(
     else:
         return
     if not create:
-        raise UsageError(f"bucket {bucket} does not exist: create it or enable bucket creation")
+        raise StoreMissing(
+            "bucket", bucket, f"bucket {bucket} does not exist: create it or enable bucket creation"
+        )
     kwargs: dict[str, Any] = {"Bucket": bucket}
     if region != "us-east-1":
         # us-east-1 is the one region that rejects an explicit LocationConstraint.
@@ -73,8 +84,10 @@ async def _ensure_table(db: Any, table: str, create: bool) -> None:
         if exc.code != "ResourceNotFoundException":
             raise
         if not create:
-            raise UsageError(
-                f"DynamoDB table {table} does not exist: create it or enable table creation"
+            raise StoreMissing(
+                "table",
+                table,
+                f"DynamoDB table {table} does not exist: create it or enable table creation",
             ) from exc
         try:
             with _translate("dynamodb", table):
