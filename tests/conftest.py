@@ -21,6 +21,15 @@ def _no_real_aws(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
+@pytest.fixture(autouse=True)
+def _own_state_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cmr run` remembers where it ran (cmr.cli.laststore): tests keep that to themselves,
+    never overwriting the developer's own last run."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
 @pytest.fixture
 def aws_stack(_no_real_aws: None, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Point the standard AWS settings at the local stack; skip (fail in CI) when it is down."""

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
+from cmr.cli import laststore
 from cmr.cli.exits import Interrupted, interruptible
 from cmr.cli.options import (
     StoreFlags,
@@ -95,6 +96,7 @@ def run(
 
     def on_submit(job_id: str) -> None:
         submitted.append(job_id)
+        laststore.remember(where, job_id, output)  # `cmr status` looks there next
         err.print(f"submitted job [bold]{job_id}[/] ({where.backend} backend)", highlight=False)
 
     def on_progress(p: watch.Progress) -> None:
