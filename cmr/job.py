@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from cmr.errors import JobCodeError
 from cmr.partition import stable_partition
+from cmr.usercode import a_type
 
 Pair = tuple[Any, Any]
 
@@ -104,7 +105,7 @@ def _json_default(x: Any) -> Any:
     # yielded. Bytes inside a list or dict read as text, as top-level bytes do.
     if isinstance(x, bytes | bytearray):
         return bytes(x).decode("utf-8", "replace")
-    raise TypeError(f"a {type(x).__name__} has no JSON form")
+    raise TypeError(f"{a_type(x)} has no JSON form")
 
 
 @dataclass(frozen=True)

@@ -115,8 +115,13 @@ def quote(x: Any) -> str:
         text = f"<{type(x).__name__} object>"
     if len(text) > SHOWN:
         text = text[: SHOWN - 3] + "..."
+    return f"{text} ({a_type(x)})"
+
+
+def a_type(x: Any) -> str:
+    """'a str', 'an int': the type of ``x`` as a message says it."""
     kind = type(x).__name__
-    return f"{text} ({'an' if kind[:1] in 'aeiou' else 'a'} {kind})"
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
 
 
 def innermost_code(exc: BaseException) -> Any:
@@ -171,7 +176,7 @@ def wire_problem(x: Any, depth: int = 0) -> str | None:
             return f"{quote(x)}, which is not valid Unicode (a lone surrogate)"
         return None
     if isinstance(x, int):
-        return None if -(2**63) <= x < 2**64 else f"{quote(x)}, out of msgpack's 64-bit range"
+        return None if -(2**63) <= x < 2**64 else f"{quote(x)}, outside the 64-bit range of wire ints"
     if isinstance(x, list | tuple):
         for e in x:
             if (problem := wire_problem(e, depth + 1)) is not None:
