@@ -361,6 +361,7 @@ def _map_into(
         n = spec.partitions
         combiner = Combiner(job) if job.combine is not None and spec.combine else None
         groups: dict[Any, list[Any]] = {}
+        grouped = groups.get  # per pair: one lookup saved (groups is cleared, never replaced)
         # What was being handled when something failed: the culprit is diagnosed from it.
         pair, source = None, usercode.NOTHING
         try:
@@ -383,15 +384,15 @@ def _map_into(
                             shuffle.add(part(key, n), key, value)
                             continue
                         try:
-                            vals = groups.get(key)
+                            vals = grouped(key)
                         except TypeError:  # a list key: grouped as the tuple it arrives as
                             key = usercode.key_of(key, mapper)
-                            vals = groups.get(key)
+                            vals = grouped(key)
                         if vals is None:
                             groups[key] = [value]
                             if len(groups) >= COMBINE_KEYS:
                                 _flush(combiner, groups, shuffle, part, mapper)
-                                groups = {}
+                                groups.clear()
                         else:
                             vals.append(value)
                             if len(vals) >= REDUCE_COMBINE_AT and combiner.due(key, len(vals)):

@@ -176,7 +176,9 @@ def wire_problem(x: Any, depth: int = 0) -> str | None:
             return f"{quote(x)}, which is not valid Unicode (a lone surrogate)"
         return None
     if isinstance(x, int):
-        return None if -(2**63) <= x < 2**64 else f"{quote(x)}, outside the 64-bit range of wire ints"
+        if -(2**63) <= x < 2**64:
+            return None
+        return f"{quote(x)}, outside the 64-bit range of wire ints"
     if isinstance(x, list | tuple):
         for e in x:
             if (problem := wire_problem(e, depth + 1)) is not None:
