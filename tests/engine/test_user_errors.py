@@ -33,10 +33,10 @@ def _input(tmp_path: Path) -> str:
     return str(src)
 
 
-async def _reason(embedded: Backend, tmp_path: Path, job: str, **kw: object) -> str:
+async def _reason(embedded: Backend, tmp_path: Path, job: str) -> str:
     out = tmp_path / "out"
     with pytest.raises(JobFailed) as info:
-        await run_on(embedded, job, _input(tmp_path), str(out), reducers=2, **kw)
+        await run_on(embedded, job, _input(tmp_path), str(out), reducers=2)
     assert not out.exists() or not any(out.iterdir())  # nothing published
     reason = info.value.reason
     # Only the user's frames: none of cmr's, none of msgpack's.
