@@ -52,7 +52,13 @@ def ours(filename: str) -> bool:
 
 
 def _users(filename: str) -> bool:
-    return not ours(filename) and not os.path.abspath(filename).startswith(_STDLIB_DIRS)
+    if ours(filename):
+        return False
+    path = os.path.abspath(filename)
+    # Installed packages may lie under the stdlib's directory (a Python without a venv).
+    return not path.startswith(_STDLIB_DIRS) or any(
+        d in path for d in ("/site-packages/", "/dist-packages/")
+    )
 
 
 def _frames(tb: TracebackType | None) -> Iterator[FrameType]:
