@@ -5,8 +5,10 @@ compression happen here, one task per pool process, so every core works. Results
 through local spool files rather than return values, which keeps a task's memory bounded
 by its buffers, not by its output.
 
-User exceptions are caught here and returned as text (type, message, traceback): they are
-recorded in the job, never re-raised across the process boundary.
+User exceptions are caught here and returned as text: the method that raised and the
+user's own frames (:mod:`cmr.usercode`); they are recorded in the job, never re-raised
+across the process boundary. What user code yields is checked as cheaply as the hot loops
+allow: one type test per pair, and a diagnosis of the pair only once handling it failed.
 
 Kept whole (past ~400 lines): it is all that pool processes run, so a pool child imports
 one module, and the map and reduce halves share the spool format and error capture.
@@ -22,13 +24,13 @@ import os
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
-from cmr import taskprogress, wire
+from cmr import taskprogress, usercode, wire
 from cmr.job import Job, JobRef, load_job_class
 from cmr.timelimit import TimeLimitExceeded, time_limit
 
@@ -44,7 +46,12 @@ def map_piece_bytes(memory_bytes: int) -> int:
     return max(MAP_PIECE_MIN, memory_bytes // MAP_PIECE_OF_BUDGET)
 
 
-REDUCE_COMBINE_AT = 64  # values per key the reducer holds before combining them
+REDUCE_COMBINE_AT = 64  # values per key held before combining them (map and reduce side)
+# After a combine that left a key n values (a combiner that does not shrink, e.g. one that
+# drops duplicates), the key is combined again only at COMBINE_GROWTH * n values: each
+# combine then costs at most a constant per value added since the last, so combining stays
+# linear in the values, whatever the combiner yields.
+COMBINE_GROWTH = 2
 OBJECT_OVERHEAD = 4  # rough Python-object bytes per packed byte, for the memory budget
 # What holding a pair costs the reducer beyond the sizes of its key and value objects
 # (measured on CPython 3.11: ~195 B for a new 9-character key, ~31 B per added int):
@@ -65,6 +72,7 @@ class MapSpec:
     combine: bool = True  # run the job's combine, if it has one
     piece_bytes: int = MAP_PIECE_MIN  # map_chunk sees at most about this much at once
     limit_s: float = 0.0  # the task's time limit (cmr.timelimit); 0: none
+    lines: str = ""  # line endings ("lf", "universal"); "": the job class's own
 
 
 @dataclass
@@ -93,13 +101,16 @@ _instances: collections.OrderedDict[str, tuple[JobRef, dict[str, str], Job]] = (
 INSTANCES_KEPT = 8  # jobs whose instance a pool process keeps (a fleet worker serves many)
 
 
-def job_instance(job_id: str, ref: JobRef, params: dict[str, str]) -> Job:
-    """One set-up instance per job per process (``setup`` runs once, not per task)."""
+def job_instance(job_id: str, ref: JobRef, params: dict[str, str], lines: str = "") -> Job:
+    """One set-up instance per job per process (``setup`` runs once, not per task).
+    ``lines``: the job's line endings as submitted, if it chose them ("": the class's)."""
     kept = _instances.get(job_id)
     if kept is not None and kept[0] == ref and kept[1] == params:
         _instances.move_to_end(job_id)
         return kept[2]
     inst = load_job_class(ref)(params)
+    if lines:
+        inst.lines = lines  # type: ignore[misc]  # the submission's choice, seen by setup too
     inst.setup()
     _instances[job_id] = (ref, dict(params), inst)
     while len(_instances) > INSTANCES_KEPT:
@@ -107,13 +118,10 @@ def job_instance(job_id: str, ref: JobRef, params: dict[str, str]) -> Job:
     return inst
 
 
-def _user_error() -> str:
-    return traceback.format_exc(limit=-8)
-
-
 def _timed_out(exc: TimeLimitExceeded) -> str:
     # The user's frames show where the code was stuck when the limit struck.
-    return f"TimeLimitExceeded: {exc}\n" + "".join(traceback.format_tb(exc.__traceback__, -8))
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not usercode.ours(f.filename)]
+    return f"TimeLimitExceeded: {exc}\n" + "".join(traceback.format_list(frames[-8:]))
 
 
 class _Shuffle:
@@ -146,6 +154,8 @@ class _Shuffle:
         self.floor = max(1, min(64 * 1024, spec.max_message_bytes // 4))
 
     def add(self, p: int, key: Any, value: Any) -> None:
+        # An out-of-range p is refused before this (a custom partition() is checked); key and
+        # value that are not wire data make pack raise, diagnosed by the caller.
         data = self.packer.pack((key, value))
         if len(data) > self.spec.max_message_bytes // 2:
             self._emit(p, [data], 1, spilled=True)
@@ -204,12 +214,49 @@ class _Shuffle:
             self.flush(p)
 
 
-def _combined(job: Job, groups: dict[Any, list[Any]]) -> Iterator[tuple[Any, Any]]:
-    for key, values in groups.items():
-        if len(values) == 1:
-            yield key, values[0]
+class Combiner:
+    """A job's combine, run on a key's values as they pile up: at REDUCE_COMBINE_AT values,
+    then again only once the values doubled since the last combine (COMBINE_GROWTH), so its
+    cost is linear in the values however little the combiner shrinks them. What combine
+    yields is checked (it is called once per many values, not per pair)."""
+
+    def __init__(self, job: Job) -> None:
+        self.combine = job.combine
+        self.method = f"{type(job).__name__}.combine"
+        self.next_at: dict[Any, int] = {}  # keys whose combine left many values: when next
+
+    def due(self, key: Any, held: int) -> bool:
+        """Whether a key now holding ``held`` values (>= REDUCE_COMBINE_AT) is combined now."""
+        return held >= self.next_at.get(key, REDUCE_COMBINE_AT)
+
+    def values(self, key: Any, values: list[Any]) -> list[Any]:
+        """The key's values, combined; remembers when to combine the key next."""
+        out = [v for _, v in self.pairs(key, values)]
+        if len(out) * COMBINE_GROWTH > REDUCE_COMBINE_AT:
+            self.next_at[key] = len(out) * COMBINE_GROWTH
         else:
-            yield from job.combine(key, iter(values))
+            self.next_at.pop(key, None)
+        return out
+
+    def pairs(self, key: Any, values: list[Any]) -> Iterator[tuple[Any, Any]]:
+        source = self.combine(key, iter(values))
+        for pair in source:
+            if type(pair) is tuple and len(pair) == 2:
+                yield pair
+            else:
+                yield usercode.as_pair(pair, self.method, source)
+
+    def forget(self) -> None:
+        """The groups were flushed or spilled: every key starts afresh."""
+        self.next_at.clear()
+
+    def flushed(self, groups: dict[Any, list[Any]]) -> Iterator[tuple[Any, Any]]:
+        self.forget()
+        for key, values in groups.items():
+            if len(values) == 1:
+                yield key, values[0]
+            else:
+                yield from self.pairs(key, values)
 
 
 def _pieces(data: bytes, size: int) -> Iterator[bytes]:
@@ -226,14 +273,62 @@ def _pieces(data: bytes, size: int) -> Iterator[bytes]:
 @contextlib.contextmanager
 def _reported(result: MapResult | ReduceResult, limit_s: float, what: str) -> Iterator[None]:
     """Run a task's body under its time limit; whatever it raises becomes ``result.error``
-    (the user's traceback, or the time limit's message), never an exception out of the pool."""
+    (what the user's code did wrong and its frames, or the time limit's message), never an
+    exception out of the pool."""
     try:
         with time_limit(limit_s, what):
             yield
     except TimeLimitExceeded as exc:
         result.error = _timed_out(exc)
-    except Exception:
-        result.error = _user_error()
+    except Exception as exc:
+        result.error = usercode.describe(exc)
+
+
+def universal_lines(data: bytes) -> bytes:
+    """``data`` with "\r\n" and lone "\r" line endings made "\n" (Job.lines "universal")."""
+    if b"\r" not in data:
+        return data
+    return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+
+def _partitioner(job: Job, partitions: int) -> Callable[[Any, int], int]:
+    """The job's partition(); a custom one is checked to return a partition that exists."""
+    part = job.partition
+    if type(job).partition is Job.partition:
+        return part  # stable_partition: in range by construction
+    method = f"{type(job).__name__}.partition"
+
+    def checked(key: Any, n: int) -> int:
+        p = part(key, n)
+        if type(p) is not int or not 0 <= p < n:
+            raise usercode.bad_partition(method, p, key, n)
+        return p
+
+    return checked
+
+
+def _flush(
+    combiner: Combiner,
+    groups: dict[Any, list[Any]],
+    shuffle: _Shuffle,
+    part: Callable[[Any, int], int],
+    mapper: str,
+) -> None:
+    """Send the combined groups to the shuffle."""
+    n = shuffle.spec.partitions
+    pair = None
+    try:
+        for pair in combiner.flushed(groups):
+            shuffle.add(part(pair[0], n), pair[0], pair[1])
+    except (TypeError, ValueError, OverflowError) as exc:
+        if usercode.culprit(exc) is not None:
+            raise
+        raise usercode.bad_output(f"{mapper} (or {combiner.method})", pair, exc) from exc
+
+
+def _mapper_name(job: Job) -> str:
+    cls = type(job)
+    return f"{cls.__name__}.{'map_chunk' if cls.map_chunk is not Job.map_chunk else 'map'}"
 
 
 def run_map(
@@ -257,63 +352,72 @@ def _map_into(
     fd: int,
     result: MapResult,
 ) -> None:
-    job = job_instance(spec.job, ref, params)
+    job = job_instance(spec.job, ref, params, spec.lines)
+    universal = (spec.lines or job.lines) == "universal"
+    mapper = _mapper_name(job)
     with os.fdopen(fd, "wb") as out:
         shuffle = _Shuffle(spec, out)
-        part = job.partition
+        part = _partitioner(job, spec.partitions)
         n = spec.partitions
-        combine = job.combine is not None and spec.combine
+        combiner = Combiner(job) if job.combine is not None and spec.combine else None
         groups: dict[Any, list[Any]] = {}
-        for name, chunk in chunks:
-            # The last line's newline ends it; it opens no new (empty) line.
-            data = chunk[:-1] if chunk.endswith(b"\n") else chunk
-            result.records_in += data.count(b"\n") + 1 if chunk else 0
-            pairs: Iterable[tuple[Any, Any]] = (
-                itertools.chain.from_iterable(
-                    job.map_chunk(name, piece) for piece in _pieces(data, spec.piece_bytes)
-                )
-                if chunk
-                else ()
-            )
-            for key, value in pairs:
-                if combine:
-                    vals = groups.get(key)
-                    if vals is None:
-                        groups[key] = [value]
-                        if len(groups) >= COMBINE_KEYS:
-                            for k, v in _combined(job, groups):
-                                shuffle.add(part(k, n), k, v)
-                            groups = {}
-                    else:
-                        vals.append(value)
-                        if len(vals) >= REDUCE_COMBINE_AT:
-                            groups[key] = [v for _, v in job.combine(key, iter(vals))]
-                else:
-                    shuffle.add(part(key, n), key, value)
-        for k, v in _combined(job, groups):
-            shuffle.add(part(k, n), k, v)
+        grouped = groups.get  # per pair: one lookup saved (groups is cleared, never replaced)
+        # What was being handled when something failed: the culprit is diagnosed from it.
+        pair, source = None, usercode.NOTHING
+        try:
+            for name, given in chunks:
+                chunk = universal_lines(given) if universal else given
+                # The last line's newline ends it; it opens no new (empty) line.
+                data = chunk[:-1] if chunk.endswith(b"\n") else chunk
+                result.records_in += data.count(b"\n") + 1 if chunk else 0
+                if not chunk:
+                    continue
+                for piece in _pieces(data, spec.piece_bytes):
+                    source = job.map_chunk(name, piece)
+                    pair = None
+                    for pair in source:
+                        if type(pair) is tuple:
+                            key, value = pair
+                        else:  # a str of 2 would unpack as a pair
+                            key, value = usercode.as_pair(pair, mapper, source)
+                        if combiner is None:
+                            shuffle.add(part(key, n), key, value)
+                            continue
+                        try:
+                            vals = grouped(key)
+                        except TypeError:  # a list key: grouped as the tuple it arrives as
+                            key = usercode.key_of(key, mapper)
+                            vals = grouped(key)
+                        if vals is None:
+                            groups[key] = [value]
+                            if len(groups) >= COMBINE_KEYS:
+                                _flush(combiner, groups, shuffle, part, mapper)
+                                groups.clear()
+                        else:
+                            vals.append(value)
+                            if len(vals) >= REDUCE_COMBINE_AT and combiner.due(key, len(vals)):
+                                groups[key] = combiner.values(key, vals)
+        except (TypeError, ValueError, OverflowError) as exc:
+            if usercode.culprit(exc) is not None:
+                raise  # the user's code raised it: reported as such
+            if usercode.innermost_code(exc) is Job.map_chunk.__code__:
+                # Job.map_chunk's `yield from self.map(...)`: map returned no iterable.
+                method = f"{type(job).__name__}.map"
+                raise usercode.not_pairs(method, usercode.NOTHING, exc) from exc
+            raise usercode.bad_output(mapper, pair, exc, source) from exc
+        if combiner is not None:
+            _flush(combiner, groups, shuffle, part, mapper)
         shuffle.close()
     result.batches, result.records = shuffle.batches, shuffle.records
 
 
-def sort_key(key: Any) -> tuple[int, Any]:
-    """A total order over msgpack keys: numbers, then strings, then bytes, then the rest by
-    their encoding, so output is sorted the way people expect for the common types."""
-    if isinstance(key, bool) or key is None:
-        return (3, wire.pack(key))
-    if isinstance(key, int | float):
-        return (0, key)
-    if isinstance(key, str):
-        return (1, key)
-    if isinstance(key, bytes):
-        return (2, key)
-    return (3, wire.pack(key))
+sort_key = usercode.sort_key  # the order of keys within a part (see cmr.Job)
 
 
 def _sorted_keys(groups: dict[Any, list[Any]]) -> list[Any]:
-    """The keys in sort_key order; plain sorting when all are str (the same order, ~4x
-    faster than calling sort_key per key)."""
-    if all(type(k) is str for k in groups):
+    """The keys in sort_key order; plain sorting when all are str, or all int (the same
+    order, ~4x faster than calling sort_key per key)."""
+    if all(type(k) is str for k in groups) or all(type(k) is int for k in groups):
         return sorted(groups)
     return sorted(groups, key=sort_key)
 
@@ -361,6 +465,36 @@ def _merge_runs(runs: list[str], spill_dir: str, read_size: int) -> str:
     return path
 
 
+def _write_output(
+    job: Job, keyed: Iterator[tuple[Any, Iterator[Any]]], out: Any, result: ReduceResult
+) -> None:
+    """Reduce each key's values and write the lines ``format`` makes of what reduce yields."""
+    reducer = f"{type(job).__name__}.reduce"
+    fmt = job.format
+    pair: Any = None
+    source: Any = usercode.NOTHING
+    try:
+        for key, values in keyed:
+            result.keys += 1
+            source = job.reduce(key, values)
+            pair = None
+            for pair in source:
+                if type(pair) is tuple:
+                    k, v = pair
+                else:  # a str of 2 would unpack as a pair
+                    k, v = usercode.as_pair(pair, reducer, source)
+                out.write(fmt(k, v))
+                out.write("\n")
+                result.records_out += 1
+    except (TypeError, ValueError, OverflowError) as exc:
+        if usercode.culprit(exc) is not None:
+            raise  # the user's code raised it (their own format() too): reported as such
+        problem = usercode.bad_output(reducer, pair, exc, source, wire=False)
+        if problem is exc:  # a pair of the right shape: format (ours) could not write it
+            problem = usercode.unrenderable(reducer, pair, exc, source)
+        raise problem from exc
+
+
 def run_reduce(
     job_id: str,
     ref: JobRef,
@@ -381,7 +515,7 @@ def run_reduce(
     try:
         with taskprogress.running(job_id), _reported(result, limit_s, what):
             job = job_instance(job_id, ref, params)
-            combine = job.combine if use_combiner else None
+            combiner = Combiner(job) if use_combiner and job.combine is not None else None
             groups: dict[Any, list[Any]] = {}
             held = 0
             for spool in spools:
@@ -394,18 +528,27 @@ def run_reduce(
                         max_buffer_size=wire.MAX_DECODED,
                     )
                     for key, value in unpacker:
-                        vals = groups.get(key)
+                        try:
+                            vals = groups.get(key)
+                        except TypeError:  # a dict in the key: the map's to answer for
+                            raise usercode.unhashable_key(key, _mapper_name(job)) from None
                         if vals is None:
                             groups[key] = [value]
                             held += KEY_COST + sys.getsizeof(key) + sys.getsizeof(value)
                         else:
                             vals.append(value)
                             held += VALUE_COST + sys.getsizeof(value)
-                            if combine is not None and len(vals) >= REDUCE_COMBINE_AT:
-                                groups[key] = [v for _, v in combine(key, iter(vals))]
+                            if (
+                                combiner is not None
+                                and len(vals) >= REDUCE_COMBINE_AT
+                                and combiner.due(key, len(vals))
+                            ):
+                                groups[key] = combiner.values(key, vals)
                         if held >= memory_bytes:
                             runs.append(_write_run(groups, spill_dir))
                             groups, held = {}, 0
+                            if combiner is not None:
+                                combiner.forget()
             if runs:
                 if groups:
                     runs.append(_write_run(groups, spill_dir))
@@ -425,12 +568,7 @@ def run_reduce(
             else:
                 keyed = ((k, iter(groups[k])) for k in _sorted_keys(groups))
             with open(out_path, "w", encoding="utf-8", newline="\n") as out:
-                for key, values in keyed:
-                    result.keys += 1
-                    for k, v in job.reduce(key, values):
-                        out.write(job.format(k, v))
-                        out.write("\n")
-                        result.records_out += 1
+                _write_output(job, keyed, out, result)
     finally:
         for r in runs:
             with contextlib.suppress(FileNotFoundError):

@@ -21,15 +21,31 @@ from typing import Any, ClassVar
 
 from cmr.errors import JobCodeError
 from cmr.partition import stable_partition
+from cmr.usercode import a_type
 
 Pair = tuple[Any, Any]
 
 
 class Job:
-    """Subclass this. Keys and values must be msgpack data (str, bytes, int, float, bool,
-    None, lists and dicts of those; lists arrive as tuples)."""
+    """Subclass this, defining ``map`` (or ``map_chunk``) and ``reduce``.
+
+    Keys and values must be msgpack data (str, bytes, int, float, bool, None, lists and
+    dicts of those; lists arrive as tuples). Keys must not contain dicts: values are grouped
+    by key, and a list key is grouped as the tuple it arrives as.
+
+    Key order: each output part holds its keys in this order: numbers (int and float
+    together, by value; NaN after them), then str (by code point), then bytes, then tuples
+    (lists arrive as tuples), compared element by element in this same order (a shorter
+    tuple before its extensions), then False, True, then None. Keys of mixed types never
+    make the sort fail. Which part a key lands in is ``partition``'s choice (a hash by
+    default), so the order holds within a part, not across parts.
+    """
 
     reducers: ClassVar[int] = 4  # default partition count; ``--reducers`` overrides it
+    # Line endings of the input: "lf" (lines end at "\n" only: a CRLF line keeps its "\r")
+    # or "universal" ("\r\n", "\n" and a lone "\r" each end a line). A job's submission
+    # may choose for it (``cmr run --lines``); map_chunk sees "\n"-separated lines either way.
+    lines: ClassVar[str] = "lf"
 
     def __init__(self, params: dict[str, str] | None = None) -> None:
         self.params: dict[str, str] = dict(params or {})
@@ -46,8 +62,11 @@ class Job:
     def map_chunk(self, source: str, data: bytes) -> Iterable[Pair]:
         """All records of a split at once: ``data`` is whole lines of ``source``. Override it
         for speed when per-line calls dominate; it must yield what ``map`` would."""
-        for line in data.split(b"\n"):
-            yield from self.map(source, line.decode("utf-8", "replace"))
+        # Decoded whole, then split: the same lines as decoding each (b"\n" never occurs
+        # inside a UTF-8 sequence, and an invalid one ends at it either way), one call.
+        map_line = self.map
+        for line in data.decode("utf-8", "replace").split("\n"):
+            yield from map_line(source, line)
 
     # ``combine`` is optional: a job without it is not combined. It must be associative
     # and commutative over values, and yield pairs with the same key.
@@ -81,7 +100,15 @@ def _text(x: Any) -> str:
         return x.decode("utf-8", "replace")
     if isinstance(x, tuple):
         x = list(x)
-    return json.dumps(x, ensure_ascii=False, default=str)
+    return json.dumps(x, ensure_ascii=False, default=_json_default)
+
+
+def _json_default(x: Any) -> Any:
+    # What JSON has no form for is an error, never its repr: output must say what reduce
+    # yielded. Bytes inside a list or dict read as text, as top-level bytes do.
+    if isinstance(x, bytes | bytearray):
+        return bytes(x).decode("utf-8", "replace")
+    raise TypeError(f"{a_type(x)} has no JSON form")
 
 
 @dataclass(frozen=True)
@@ -214,5 +241,32 @@ def load_job_class(ref: JobRef) -> type[Job]:
             f"{src} must define exactly one cmr.Job subclass (found: {names}); "
             f"name one as {where}:ClassName"
         )
+    check_job_class(cls)
     _loaded[ref] = cls
     return cls
+
+
+LINE_ENDINGS = ("lf", "universal")
+
+
+def check_job_class(cls: type[Job]) -> None:
+    """Refuse a class that cannot run as a job, when it is loaded (at submit, on the client)
+    rather than when its first task fails."""
+    name = cls.__name__
+    has_map = cls.map is not Job.map or cls.map_chunk is not Job.map_chunk
+    missing = [
+        what
+        for what, ok in (("map()", has_map), ("reduce()", cls.reduce is not Job.reduce))
+        if not ok
+    ]
+    if missing:
+        raise JobCodeError(
+            f"{name} defines no {' and no '.join(missing)}: a job needs map (or map_chunk) "
+            "and reduce"
+        )
+    if cls.lines not in LINE_ENDINGS:
+        raise JobCodeError(
+            f"{name}.lines is {cls.lines!r}: it must be one of {', '.join(map(repr, LINE_ENDINGS))}"
+        )
+    if cls.combine is not None and not callable(cls.combine):
+        raise JobCodeError(f"{name}.combine is {cls.combine!r}: it must be a method, or None")

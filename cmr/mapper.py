@@ -72,6 +72,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 combine=rt.settings.use_combiner,
                 piece_bytes=compute.map_piece_bytes(rt.settings.memory_mb * 1024 * 1024),
                 limit_s=task_limit(spec.task_timeout_s, nbytes),
+                lines=spec.lines,
             ),
             limit_s=task_limit(spec.task_timeout_s, nbytes),
         )

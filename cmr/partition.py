@@ -17,6 +17,9 @@ def stable_partition(key: Any, partitions: int) -> int:
         data = key.encode("utf-8", "surrogatepass")
     elif isinstance(key, bytes):
         data = key
+    elif isinstance(key, dict):
+        # Values are grouped by key, and a dict cannot be: refused where the map yields it.
+        raise TypeError("a dict cannot be a key")
     else:
         data = msgpack.packb(key, use_bin_type=True)
     return zlib.crc32(data) % partitions

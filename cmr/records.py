@@ -29,7 +29,7 @@ from cmr import wire
 from cmr.backends.base import Item
 from cmr.backends.embedded.blobs import file_path
 from cmr.errors import WireError
-from cmr.job import JobRef
+from cmr.job import LINE_ENDINGS, JobRef
 
 JOBS_PK = "jobs"  # every job ever submitted (what `cmr status` lists)
 ACTIVE_PK = "jobs#active"  # jobs with duties left: what workers poll, so it stays small
@@ -113,6 +113,7 @@ class JobSpec:
     plan_digest: str = ""  # sha256 of the plan blob: task messages only point into it
     replaces: str = ""  # the output's manifest etag when submitted ("": there was none)
     input_root: str = ""  # the file or prefix every range of the plan lies under
+    lines: str = ""  # input line endings, "lf" or "universal"; "": the job class's ``lines``
 
     def owns_input(self, url: str) -> bool:
         """Whether ``url`` is (under) the job's recorded input: a plan's range elsewhere is
@@ -148,6 +149,7 @@ class JobSpec:
             "plan_digest": self.plan_digest,
             "replaces": self.replaces,
             "input_root": self.input_root,
+            "lines": self.lines,
         }
 
     @staticmethod
@@ -169,6 +171,9 @@ class JobSpec:
         plan_digest = fields.text("plan_digest", 64, default="")
         if not _SHA256.fullmatch(digest) or (plan_digest and not _SHA256.fullmatch(plan_digest)):
             raise WireError(f"job record {job_id}: a digest is not a sha256")
+        lines = fields.text("lines", 20, default="")
+        if lines and lines not in LINE_ENDINGS:
+            raise WireError(f"job record {job_id}: field 'lines' must be '', 'lf' or 'universal'")
         queue_prefix = fields.text("queue_prefix", 40)
         if not _QUEUE_PREFIX.fullmatch(queue_prefix):
             raise WireError(f"job record {job_id}: queue_prefix is not a queue name prefix")
@@ -188,6 +193,7 @@ class JobSpec:
             plan_digest,
             fields.text("replaces", 200, default=""),
             fields.url("input_root"),
+            lines,
         )
 
 
