@@ -85,9 +85,13 @@ async def test_one_jobs_messages_cannot_affect_another(embedded: Backend, tmp_pa
     assert counts_from_parts(tmp_path / "out-wordcount.py", REDUCERS) == word_count(words)
     assert index_from_parts(tmp_path / "out-invertedindex.py", REDUCERS) == inverted_index(docs)
     assert copied["map"] > 0 and copied["batch"] > 0 and copied["reduce"] > 0, copied
+    rejected = 0
     for spec, out in ((wc, "out-wordcount.py"), (ii, "out-invertedindex.py")):
         record = await embedded.table.get(job_pk(spec.job_id), "job")
         assert record is not None and record["state"] == "succeeded"
-        assert record["messages_rejected"] > 0  # the other job's messages, counted
+        # Whether a copy reached a job's worker before that job ended is timing: one job may
+        # see none. The other job's messages that did arrive are counted, not obeyed.
+        rejected += record.get("messages_rejected", 0)
         manifest = Manifest.from_bytes((tmp_path / out / MANIFEST).read_bytes())
         assert manifest.job == spec.job_id
+    assert rejected > 0
