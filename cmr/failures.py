@@ -59,6 +59,18 @@ def describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc, limit=-8))
 
 
+def headline(error: str) -> tuple[str, str]:
+    """A task's error as (the one line that says what went wrong, the rest): user code's
+    errors begin with it (``J.map raised ValueError: boom``, then the user's frames); a bare
+    traceback ends with it."""
+    lines = error.strip().splitlines()
+    if not lines:
+        return "?", ""
+    if lines[0].startswith("Traceback"):
+        return lines[-1], "\n".join(lines)
+    return lines[0], "\n".join(lines[1:])
+
+
 async def guarded(
     rt: Runtime, spec: JobSpec, task: TaskRef, queue: str, msg: Received, work: Awaitable[None]
 ) -> None:
@@ -83,10 +95,10 @@ async def task_failed(
     permanent: bool = False,
 ) -> None:
     """Count a failure; retry the task at once, or fail the job once it keeps failing."""
-    last = error.strip().splitlines()[-1] if error.strip() else "?"
+    last, details = headline(error)
     if permanent:
         rt.log.warning("task cannot succeed", job=spec.job_id, task=task.what, error=last)
-        await fail_job(rt, spec, f"{task.what} failed, and would fail again:\n{error}")
+        await fail_job(rt, spec, f"{task.what} failed, and would fail again: {last}\n{details}")
         return
     item = await _count(rt, spec, task, set_={"error": error[-4000:]}, add={"count": 1})
     if item is None:
@@ -94,7 +106,8 @@ async def task_failed(
     failures = int(item.get("count", 0))
     rt.log.warning("task failed", job=spec.job_id, task=task.what, failures=failures, error=last)
     if failures >= spec.max_task_failures:
-        await fail_job(rt, spec, f"{task.what} failed {failures} times; last error:\n{error}")
+        # The reason's first line says what went wrong; the user's frames follow it.
+        await fail_job(rt, spec, f"{task.what} failed {failures} times: {last}\n{details}")
         return
     await rt.add_stats(spec.job_id, Counter(tasks_retried=1))
     await rt.backend.queues.change_visibility(queue, [msg.receipt], 0)
