@@ -113,6 +113,7 @@ class JobSpec:
     plan_digest: str = ""  # sha256 of the plan blob: task messages only point into it
     replaces: str = ""  # the output's manifest etag when submitted ("": there was none)
     input_root: str = ""  # the file or prefix every range of the plan lies under
+    lines: str = ""  # how input lines end: "lf", "universal"; "": the job class's own
 
     def owns_input(self, url: str) -> bool:
         """Whether ``url`` is (under) the job's recorded input: a plan's range elsewhere is
