@@ -63,7 +63,7 @@ def probe_output_dir(output: str) -> Path:
     its nearest existing parent (where ``make_output_dir`` will create it)."""
     path = local_path(output)
     if path.exists() and not path.is_dir():
-        raise UsageError(f"output {output} is a file, not a directory: give a directory")
+        raise UsageError(f"output {output} exists and is not a directory: give a directory")
     nearest = path
     while not nearest.exists():
         if nearest.is_symlink():
