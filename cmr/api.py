@@ -78,7 +78,7 @@ def _needs(cls: type[Job], ref: JobRef) -> None:
     if missing:
         raise UsageError(
             f"job class {cls.__name__} ({where}) does not define {' nor '.join(missing)}: "
-            "add it (each yields (key, value) pairs)"
+            f"add {'them' if len(missing) > 1 else 'it'} (each yields (key, value) pairs)"
         )
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from cmr import places, wire
 from cmr.backends.base import Backend, BlobInfo, Blobs
 from cmr.backends.embedded import EmbeddedBlobs, file_url
@@ -44,6 +46,10 @@ from cmr.settings import LineEnds
 from cmr.split import Input, choose_split_bytes, input_name, plan
 
 STAGE_CONCURRENCY = 16
+# Reducers past both of these for a job's map tasks are mostly empty parts: a warning.
+FEW_REDUCERS = 64
+REDUCERS_PER_MAP = 16
+log = structlog.get_logger("cmr.submit")
 MAX_REPLACED_LOCAL = 5_000  # part files a fetched local output may replace (kept in the record)
 LINE_MODES = tuple(str(m) for m in LineEnds)
 
@@ -300,6 +306,13 @@ async def _submit(
     input_root, inputs = await _input_blobs(backend, source, local, job_id)
     total = sum(i.size for i in inputs)
     tasks = plan(inputs, split_bytes or choose_split_bytes(total, parallelism, memory_bytes))
+    if options.partitions > max(FEW_REDUCERS, REDUCERS_PER_MAP * len(tasks)):
+        log.warning(
+            "far more reducers than the input needs: most parts will be empty, and each "
+            "costs a queue and a reduce task; fewer --reducers are faster",
+            reducers=options.partitions,
+            map_tasks=len(tasks),
+        )
     scratch = job_scratch(backend.scratch, job_id)
     data = Plan(tuple(tasks), place.replaced).to_bytes()
     await backend.blobs.put(plan_url(scratch), data)
