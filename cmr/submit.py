@@ -88,8 +88,9 @@ class JobOptions:
         )
         need(
             1 <= self.max_task_failures <= MAX_TASK_TRIES,
-            f"max_task_failures must be between 1 and {MAX_TASK_TRIES:,} (how often one task "
-            f"may raise before the job fails; workers refuse more); got {self.max_task_failures}",
+            f"max_task_failures must be at least 1 and at most {MAX_TASK_TRIES:,} (how often "
+            f"one task may raise before the job fails; workers refuse more); got "
+            f"{self.max_task_failures}",
         )
         need(
             1 <= self.max_task_attempts <= MAX_TASK_TRIES,
