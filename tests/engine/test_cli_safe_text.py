@@ -92,6 +92,8 @@ def test_a_failed_jobs_reason_prints_as_text(tmp_path: Path) -> None:
         "class Hostile(cmr.Job):\n"
         "    def map(self, key, line):\n"
         f"        raise ValueError({HOSTILE!r})\n"
+        "    def reduce(self, key, values):\n"  # a job without one is refused at submit
+        "        yield key, 0\n"
     )
     (tmp_path / "in.txt").write_text("one line\n")
     code, text = _cli(
