@@ -1,7 +1,8 @@
 """Submitting a job: the client is not a master, only a convenience.
 
-Submission checks the settings and the output place, lists and cuts the input, writes the
-plan, creates the job's queues, enqueues every task (pointers into the plan), and only then
+Submission checks everything it can before anything is written (the settings; the input
+and output apart; a local input's every file; the output usable), lists and cuts the input,
+writes the plan, creates the job's queues, enqueues every task (pointers into the plan), and only then
 makes the job exist, in one transaction, so a worker that finds the job finds it complete.
 What follows is watching (:mod:`cmr.watch`): the submitter never finalizes or cleans up, so
 a job whose client died, or never waited, ends exactly as one whose client watched.
@@ -46,12 +47,13 @@ from cmr.settings import LineEnds
 from cmr.split import Input, choose_split_bytes, input_name, plan
 
 STAGE_CONCURRENCY = 16
+MAX_REPLACED_LOCAL = 5_000  # part files a fetched local output may replace (kept in the record)
+LINE_MODES = tuple(str(m) for m in LineEnds)
 # Reducers past both of these for a job's map tasks are mostly empty parts: a warning.
 FEW_REDUCERS = 64
 REDUCERS_PER_MAP = 16
+
 log = structlog.get_logger("cmr.submit")
-MAX_REPLACED_LOCAL = 5_000  # part files a fetched local output may replace (kept in the record)
-LINE_MODES = tuple(str(m) for m in LineEnds)
 
 is_local = places.is_local
 local_path = places.local_path  # where cmr.watch finds it
