@@ -2,8 +2,9 @@
 
 Submission checks everything it can before anything is written (the settings; the input
 and output apart; a local input's every file; the output usable), lists and cuts the input,
-writes the plan, creates the job's queues, enqueues every task (pointers into the plan), and only then
-makes the job exist, in one transaction, so a worker that finds the job finds it complete.
+writes the plan, creates the job's queues, enqueues every task (pointers into the plan),
+and only then makes the job exist, in one transaction, so a worker that finds the job finds
+it complete.
 What follows is watching (:mod:`cmr.watch`): the submitter never finalizes or cleans up, so
 a job whose client died, or never waited, ends exactly as one whose client watched.
 """
