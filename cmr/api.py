@@ -29,6 +29,8 @@ from cmr.records import JobSpec, JobState
 from cmr.settings import AwsSettings, BackendName, Store, WorkerSettings, default_cores
 from cmr.worker import Worker
 
+MAX_WORKERS = 64  # workers one `cmr run` starts on its own machine
+
 
 @dataclass
 class RunResult:
@@ -56,8 +58,28 @@ def job_ref(job: str | type[Job]) -> JobRef:
                 "from files, so put it in a .py file"
             )
         ref = JobRef.parse(f"{src}:{job.__name__}")
-    load_job_class(ref)  # fail here, with the user's error, before anything is submitted
+    # Fail here, with the user's error, before anything is submitted.
+    _needs(load_job_class(ref), ref)
     return ref
+
+
+def _needs(cls: type[Job], ref: JobRef) -> None:
+    """Refuses a job class without what every job runs: a map (or map_chunk) and a reduce;
+    otherwise each task would fail on it, attempt after attempt, after the job started."""
+    where = ref.target.rpartition(":")[0] if ref.target.endswith(f":{cls.__name__}") else ref.target
+    missing = [
+        what
+        for what, ok in (
+            ("map(self, key, line)", cls.map is not Job.map or cls.map_chunk is not Job.map_chunk),
+            ("reduce(self, key, values)", cls.reduce is not Job.reduce),
+        )
+        if not ok
+    ]
+    if missing:
+        raise UsageError(
+            f"job class {cls.__name__} ({where}) does not define {' nor '.join(missing)}: "
+            f"add {'them' if len(missing) > 1 else 'it'} (each yields (key, value) pairs)"
+        )
 
 
 @contextlib.asynccontextmanager
@@ -99,6 +121,7 @@ class RunOptions:
     max_task_failures: int = 3
     max_task_attempts: int = 10
     overwrite: bool = False
+    lines: str = ""  # "lf", "universal" (\r\n and \r end lines too); "": the job's ``lines``
     split_bytes: int | None = None  # None: chosen from the input and the parallelism
     detach: bool = False  # submit only, and return at once
     aws: AwsSettings = field(default_factory=AwsSettings)  # queue prefix; where workers look
@@ -124,6 +147,7 @@ class RunOptions:
             task_timeout_s=self.task_timeout,
             overwrite=self.overwrite,
             params=dict(self.params),
+            lines=self.lines,
         )
 
 
@@ -174,8 +198,14 @@ async def run_on(
             )
     elif workers < 0 or (be.capabilities.in_process and workers < 1):
         raise UsageError(
-            "--workers must be at least 1 with the embedded backend (no other "
-            "process can reach its in-memory queues)"
+            f"--workers must be at least 1 with the embedded backend (no other "
+            f"process can reach its in-memory queues); got {workers}"
+        )
+    if workers > MAX_WORKERS:
+        raise UsageError(
+            f"--workers must be at most {MAX_WORKERS} (workers started here share this "
+            f"machine's CPUs and memory; more only compete for them): for more, run `cmr "
+            f"worker` on other machines, or a fleet (`cmr fleet`); got {workers}"
         )
     ws = opts.worker_settings or WorkerSettings(
         # In-process queues and table cost nothing to poll: short waits, prompt reactions.

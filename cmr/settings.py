@@ -29,6 +29,13 @@ class BackendName(StrEnum):
     aws = "aws"  # SQS, S3 and DynamoDB (or the local stack)
 
 
+class LineEnds(StrEnum):
+    """What ends an input line (a job's ``lines``, ``cmr run --lines``)."""
+
+    lf = "lf"  # \n only: a \r before it stays in the line
+    universal = "universal"  # \r\n and a lone \r end lines too: Windows (and old Mac) text
+
+
 @dataclass(frozen=True)
 class AwsSettings:
     """Where the AWS backend keeps things. Endpoints and credentials are never here: they

@@ -1,8 +1,10 @@
 """Submitting a job: the client is not a master, only a convenience.
 
-Submission checks the settings and the output place, lists and cuts the input, writes the
-plan, creates the job's queues, enqueues every task (pointers into the plan), and only then
-makes the job exist, in one transaction, so a worker that finds the job finds it complete.
+Submission checks everything it can before anything is written (the settings; the input
+and output apart; a local input's every file; the output usable), lists and cuts the input,
+writes the plan, creates the job's queues, enqueues every task (pointers into the plan),
+and only then makes the job exist, in one transaction, so a worker that finds the job finds
+it complete.
 What follows is watching (:mod:`cmr.watch`): the submitter never finalizes or cleans up, so
 a job whose client died, or never waited, ends exactly as one whose client watched.
 """
@@ -11,17 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cmr import wire
+import structlog
+
+from cmr import places, wire
 from cmr.backends.base import Backend, BlobInfo, Blobs
 from cmr.backends.embedded import EmbeddedBlobs, file_url
 from cmr.errors import BackendError, BlobMissing, QueueGone, UsageError
 from cmr.job import JobRef
 from cmr.lifecycle import cleanup, end, job_scratch, load_spec, record_submit
+from cmr.localinput import local_files
+from cmr.places import check_apart, make_output_dir, probe_output_dir
 from cmr.plan import Plan, plan_url
 from cmr.publish import (
     OutputConflict,
@@ -30,6 +35,8 @@ from cmr.publish import (
 )
 from cmr.records import (
     MAX_PARTITIONS,
+    MAX_TASK_TIMEOUT_S,
+    MAX_TASK_TRIES,
     MAX_VISIBILITY_S,
     OUTPUTS_PK,
     JobSpec,
@@ -37,10 +44,20 @@ from cmr.records import (
     job_pk,
     new_job_id,
 )
+from cmr.settings import LineEnds
 from cmr.split import Input, choose_split_bytes, input_name, plan
 
 STAGE_CONCURRENCY = 16
 MAX_REPLACED_LOCAL = 5_000  # part files a fetched local output may replace (kept in the record)
+LINE_MODES = tuple(str(m) for m in LineEnds)
+# Reducers past both of these for a job's map tasks are mostly empty parts: a warning.
+FEW_REDUCERS = 64
+REDUCERS_PER_MAP = 16
+
+log = structlog.get_logger("cmr.submit")
+
+is_local = places.is_local
+local_path = places.local_path  # where cmr.watch finds it
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,7 @@ class JobOptions:
     task_timeout_s: int = 0  # 0: grows with each task's input (cmr.timelimit)
     overwrite: bool = False
     params: dict[str, str] = field(default_factory=dict)
+    lines: str = ""  # how input lines end ("": the job class's own ``lines``)
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -67,40 +85,33 @@ class JobOptions:
         )
         need(
             1 <= self.visibility_s <= MAX_VISIBILITY_S,
-            f"--visibility-timeout must be between 1 and {MAX_VISIBILITY_S} seconds (a task's "
-            f"lease: 0 would hand every task to every worker at once); got {self.visibility_s}",
+            f"--visibility-timeout must be between 1 and {MAX_VISIBILITY_S:,} seconds (a task's "
+            f"lease: 0 would hand every task to every worker at once, and SQS holds one 12 "
+            f"hours at most); got {self.visibility_s}",
         )
         need(
-            self.max_task_failures >= 1,
-            f"max_task_failures must be at least 1; got {self.max_task_failures}",
+            1 <= self.max_task_failures <= MAX_TASK_TRIES,
+            f"max_task_failures must be at least 1 and at most {MAX_TASK_TRIES:,} (how often "
+            f"one task may raise before the job fails; workers refuse more); got "
+            f"{self.max_task_failures}",
         )
         need(
-            self.max_task_attempts >= 1,
-            f"max_task_attempts must be at least 1; got {self.max_task_attempts}",
+            1 <= self.max_task_attempts <= MAX_TASK_TRIES,
+            f"--max-task-attempts must be between 1 and {MAX_TASK_TRIES:,} (how often one task "
+            f"may be started before the job fails; workers refuse more); got "
+            f"{self.max_task_attempts}",
         )
         need(
-            self.task_timeout_s >= 0,
-            f"--task-timeout must be a number of seconds, or 0 for the default that grows "
-            f"with each task's input; got {self.task_timeout_s}",
+            0 <= self.task_timeout_s <= MAX_TASK_TIMEOUT_S,
+            f"--task-timeout must be between 1 and {MAX_TASK_TIMEOUT_S:,} seconds (a week: "
+            f"workers refuse more), or 0 for the default that grows with each task's input; "
+            f"got {self.task_timeout_s}",
         )
-
-
-def is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
-
-
-def local_path(path: str) -> Path:
-    return Path(path.removeprefix("file://")).absolute()
-
-
-def _utf8_name(p: Path) -> None:
-    try:
-        str(p).encode("utf-8")
-    except UnicodeEncodeError:
-        raise UsageError(
-            f"input file {os.fsencode(p)!r} has a name that is not valid UTF-8 (map would "
-            "receive a garbled name): rename it, or remove it from the input"
-        ) from None
+        if self.lines and self.lines not in LINE_MODES:
+            raise UsageError(
+                f"unknown --lines {self.lines!r}: use one of {', '.join(LINE_MODES)} (or leave "
+                "it out for the job's own)"
+            )
 
 
 async def _stage(
@@ -120,68 +131,35 @@ async def _stage(
     return (blobs[0].url if root_path.is_file() else root), blobs
 
 
-def _outside(link: Path, root: Path) -> UsageError | None:
-    """The refusal for a symbolic link whose target lies outside the input directory
-    ``root`` (resolved), or None for one that stays inside."""
-    try:
-        target = link.resolve()
-    except (OSError, RuntimeError):  # a loop of links (RuntimeError up to Python 3.12)
-        return UsageError(f"input {link} is a loop of symbolic links: remove it from the input")
-    if target == root or target.is_relative_to(root):
+@dataclass(frozen=True)
+class LocalInput:
+    """A local input, listed and checked (:mod:`cmr.localinput`) before anything is
+    written."""
+
+    path: Path
+    files: list[Path]
+
+
+async def local_input(source: str) -> LocalInput | None:
+    """The files of a local input, checked; None for an input in a store."""
+    if not is_local(source):
         return None
-    return UsageError(
-        f"input {link} is a symbolic link to {target}, outside the input directory {root}: "
-        "a job reads only what lies under its input. Copy what it points to into the "
-        "directory, or remove the link"
-    )
-
-
-def _local_files(path: Path) -> list[Path]:
-    """The input's files, each readable, with UTF-8 names: anything else is found now, not
-    by a task that would fail on it. A directory's symbolic links (to files or directories)
-    are followed only while their targets stay inside it: a link out of it is refused, so a
-    job never reads, or uploads, a file nobody named (someone's ~/.ssh, a secret in /tmp).
-    An input that is itself a link is the user's own choice, and followed."""
-    if path.is_file():
-        files = [path]
-    else:
-        files = []
-        root = path.resolve()
-        seen: set[tuple[int, int]] = set()  # directories by (device, inode): links may loop
-        for dirpath, dirs, names in os.walk(path, followlinks=True):
-            st = os.stat(dirpath)
-            if (st.st_dev, st.st_ino) in seen:
-                dirs.clear()
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            for name in (*dirs, *names):
-                entry = Path(dirpath, name)
-                # Checked before os.walk descends: a link to / is refused, not walked.
-                if entry.is_symlink() and (refused := _outside(entry, root)) is not None:
-                    raise refused
-            files += [Path(dirpath, n) for n in names]
-        files.sort()
-    for f in files:
-        _utf8_name(f)
-        if not f.is_file():
-            raise UsageError(
-                f"input {f} is a broken link or not a regular file: fix it, or remove it from "
-                "the input"
-            )
-        if not os.access(f, os.R_OK):
-            raise UsageError(f"input file {f} cannot be read (permissions)")
-    return files
+    path = local_path(source)
+    return LocalInput(path, await asyncio.to_thread(local_files, path))
 
 
 async def list_input(backend: Backend, source: str, job_id: str) -> tuple[str, list[Input]]:
     """(root, blobs) of the input: a file (or object) alone, or everything below a directory
     (or prefix, taken as a directory: ``s3://b/logs`` means ``s3://b/logs/``, not logs2/).
     The root is recorded with the job: every range of its plan must lie under it."""
-    if is_local(source):
-        path = local_path(source)
-        if not path.exists():
-            raise UsageError(f"input {source} does not exist")
-        files = await asyncio.to_thread(_local_files, path)
+    return await _input_blobs(backend, source, await local_input(source), job_id)
+
+
+async def _input_blobs(
+    backend: Backend, source: str, local: LocalInput | None, job_id: str
+) -> tuple[str, list[Input]]:
+    if local is not None:
+        path, files = local.path, local.files
         if backend.capabilities.local_files:
             root = file_url(path) if path.is_file() else file_url(path) + "/"
             blobs = [BlobInfo(file_url(f), f.stat().st_size) for f in files]
@@ -194,7 +172,10 @@ async def list_input(backend: Backend, source: str, job_id: str) -> tuple[str, l
             root = source.rstrip("/") + "/"
             blobs = await backend.blobs.list(root)
             if not blobs:
-                raise UsageError(f"input {source} matches no objects") from None
+                raise UsageError(
+                    f"input {source} holds no files (no object is named so, nor lies under "
+                    f"{root}): check the bucket and prefix, or upload the input first"
+                ) from None
     return root, [Input(b.url, b.size, input_name(root, b)) for b in blobs]
 
 
@@ -204,6 +185,7 @@ class OutputPlace:
     replaces: str  # etag of the manifest the job's publication replaces ("": none)
     replaced: tuple[str, ...]  # part files the job's publication removes once it stands
     fetch: dict[str, Any] | None = None  # a local directory the client fetches into (aws)
+    make: Path | None = None  # a local output directory to create once all checks passed
 
 
 async def _inspect(
@@ -224,30 +206,18 @@ async def _inspect(
     return etag or "", tuple(await existing_parts(blobs, url)) if overwrite else ()
 
 
-def _local_dir(output: str) -> Path:
-    path = local_path(output)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"output {output} is a file; give a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create the output directory {output}: {exc.strerror}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError(f"output directory {output} is not writable")
-    return path
-
-
 async def prepare_output(
     backend: Backend, output: str, job_id: str, overwrite: bool
 ) -> OutputPlace:
     """Check the output place now, before any work: it is usable, empty or replaced on
     purpose, and not owned by a running job."""
     if is_local(output):
-        path = await asyncio.to_thread(_local_dir, output)
+        # Probed, not made: a job refused for something else leaves no directory behind.
+        path = await asyncio.to_thread(probe_output_dir, output)
         url = file_url(path) + "/"
         etag, replaced = await _inspect(EmbeddedBlobs(), url, output, overwrite)
         if backend.capabilities.local_files:
-            return OutputPlace(url, etag, replaced)
+            return OutputPlace(url, etag, replaced, make=path)
         if len(replaced) > MAX_REPLACED_LOCAL:
             raise UsageError(
                 f"output {output} holds {len(replaced):,} part files; remove them first"
@@ -255,7 +225,7 @@ async def prepare_output(
         # Workers cannot write here: they publish to the job's results, which we fetch.
         results = f"{backend.scratch.rstrip('/')}/results/{job_id}/"
         fetch = {"dir": str(path), "replaces": etag, "replaced": list(replaced)}
-        return OutputPlace(results, "", (), fetch)
+        return OutputPlace(results, "", (), fetch, make=path)
     if backend.capabilities.local_files:
         raise UsageError(
             "the embedded backend writes local directories; use --backend aws for an s3:// output"
@@ -285,12 +255,16 @@ async def submit(
     memory_bytes: int | None = None,
 ) -> JobSpec:
     job_id = new_job_id()
+    # Everything checkable before work starts, cheapest first, and nothing written until
+    # all of it passed: the places, the local input's files, the output.
+    check_apart(source, output)
+    local = await local_input(source)
     place = await prepare_output(backend, output, job_id, options.overwrite)
     scratch = job_scratch(backend.scratch, job_id)
     try:
         return await _submit(
-            backend, ref, source, output, options, job_id, place, queue_prefix, parallelism,
-            split_bytes, memory_bytes,
+            backend, ref, source, local, output, options, job_id, place, queue_prefix,
+            parallelism, split_bytes, memory_bytes,
         )  # fmt: skip
     except BaseException:
         # Interrupted or failed half-way: what was made for the job must not linger, and a
@@ -323,6 +297,7 @@ async def _submit(
     backend: Backend,
     ref: JobRef,
     source: str,
+    local: LocalInput | None,
     output: str,
     options: JobOptions,
     job_id: str,
@@ -332,9 +307,16 @@ async def _submit(
     split_bytes: int | None,
     memory_bytes: int | None,
 ) -> JobSpec:
-    input_root, inputs = await list_input(backend, source, job_id)
+    input_root, inputs = await _input_blobs(backend, source, local, job_id)
     total = sum(i.size for i in inputs)
     tasks = plan(inputs, split_bytes or choose_split_bytes(total, parallelism, memory_bytes))
+    if options.partitions > max(FEW_REDUCERS, REDUCERS_PER_MAP * len(tasks)):
+        log.warning(
+            "far more reducers than the input needs: most parts will be empty, and each "
+            "costs a queue and a reduce task; fewer --reducers are faster",
+            reducers=options.partitions,
+            map_tasks=len(tasks),
+        )
     scratch = job_scratch(backend.scratch, job_id)
     data = Plan(tuple(tasks), place.replaced).to_bytes()
     await backend.blobs.put(plan_url(scratch), data)
@@ -354,6 +336,7 @@ async def _submit(
         Plan.digest(data),
         place.replaces,
         input_root,
+        lines=options.lines,
     )
     in_q, reduce_q, part_qs = spec.queues()
     queues = backend.queues
@@ -372,5 +355,7 @@ async def _submit(
     }
     if place.fetch is not None:
         extra["fetch"] = place.fetch
+    if place.make is not None:
+        await asyncio.to_thread(make_output_dir, place.make, output)
     await record_submit(backend, spec, extra)
     return spec

@@ -17,7 +17,7 @@ import typer
 from typer.core import TyperGroup
 
 from cmr.cli import jobs, run, worker
-from cmr.cli.exits import exit_codes
+from cmr.cli.exits import command_line_errors, exit_codes
 
 # name -> (module, attribute) of a typer sub-app, loaded on first use
 LAZY = {"loadgen": ("cmr.cli.loadgen", "loadgen_app"), "fleet": ("cmr.fleet", "fleet_app")}
@@ -40,6 +40,11 @@ class CmrGroup(TyperGroup):
         command = typer.main.get_group(holder).commands[cmd_name]
         self.commands[cmd_name] = command
         return command
+
+    def make_context(self, info_name: Any, args: Any, parent: Any = None, **extra: Any) -> Any:
+        # The top level's own options (a sub-command's are parsed within invoke)
+        with command_line_errors():
+            return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: Any) -> Any:
         with exit_codes(ctx.meta):

@@ -1,8 +1,11 @@
 """How a cmr command ends: the one place exceptions become messages and exit codes.
 
-A cmr error is a sentence for the user: one ``error:`` line, exit 1. A failed job shows the
-reason its record gives (the task's traceback), exit 1. Ctrl-C exits 130. Anything else is
-a bug: a short message, and its traceback with ``-v``.
+A cmr error is a sentence for the user: one ``error:`` line, exit 1 (a value out of range
+is one: the command line parsed). A command line that does not parse (an unknown option, a
+missing one, a value of the wrong type) is one ``error:`` line too, naming the option, exit
+2 as is usual for usage errors. A failed job shows the reason its record gives (the task's
+traceback), exit 1. Ctrl-C exits 130. Anything else is a bug: a short message, and its
+traceback with ``-v``.
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ import typer
 from rich.text import Text
 
 # typer vendors click and re-exports only some of its exceptions; usage errors are these
-from typer._click.exceptions import ClickException
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
+from typer._click.exceptions import UsageError as CommandLineError
 
 from cmr.cli.options import err, fail, safe_text
 from cmr.errors import CmrError, JobFailed
 
 T = TypeVar("T")
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+USAGE = 2  # the command line does not parse (click's code, and the shells' custom)
 
 
 class Interrupted(Exception):
@@ -36,12 +41,33 @@ def ended(exc: JobFailed) -> str:
     return "cancelled" if exc.reason.startswith("cancelled") else "failed"
 
 
+def usage_line(exc: CommandLineError) -> str:
+    """Click's message about a command line, on one line, with where to look: its own
+    rendering is a usage block and a framed box over several lines."""
+    text = " ".join(exc.format_message().split()).rstrip(".")
+    if exc.ctx is not None:
+        text += f" (see `{exc.ctx.command_path} --help`)"
+    return text
+
+
+@contextlib.contextmanager
+def command_line_errors() -> Iterator[None]:
+    """One ``error:`` line, exit 2, for a command line that does not parse."""
+    try:
+        yield
+    except NoArgsIsHelpError:
+        raise  # `cmr` alone: the help is the answer
+    except CommandLineError as exc:
+        fail(usage_line(exc), code=USAGE)
+
+
 @contextlib.contextmanager
 def exit_codes(meta: dict[str, Any]) -> Iterator[None]:
     """Turn whatever a command raised into its message and exit code (``meta``: the
     invocation's shared click ``Context.meta``, where ``-v`` is noted)."""
     try:
-        yield
+        with command_line_errors():
+            yield
     except (typer.Exit, typer.Abort, ClickException):
         raise  # typer's and click's own: they know how to end
     except JobFailed as exc:

@@ -193,9 +193,26 @@ def key_values(pairs: list[str], flag: str) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise typer.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint=flag)
+            raise typer.BadParameter(
+                f"{pair!r} is not KEY=VALUE: write {flag} NAME=VALUE", param_hint=flag
+            )
         found[key] = value
     return found
+
+
+def check_range(flag: str, value: float | None, low: float, high: float, why: str) -> None:
+    """Refuse an option's value outside [low, high], naming the flag and the reason for the
+    range; None (not given) passes."""
+    if value is not None and not low <= value <= high:  # NaN too
+        raise UsageError(f"{flag} must be between {low:,} and {high:,} ({why}); got {value}")
+
+
+def machine_memory_mb() -> int:
+    """This machine's memory, MB (what a memory budget given here must fit in)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError):  # not every platform names these
+        return 1024 * 1024  # 1 TB: no machine this runs on has more
 
 
 def configure_logs(level: int) -> None:

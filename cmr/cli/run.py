@@ -15,15 +15,18 @@ from cmr.cli.exits import Interrupted, interruptible
 from cmr.cli.options import (
     StoreFlags,
     Verbose,
+    check_range,
+    choice_option,
     configure_logs,
     err,
     fail,
     key_values,
+    machine_memory_mb,
     out,
     safe_text,
     shared,
 )
-from cmr.settings import BackendName, WorkerSettings
+from cmr.settings import BackendName, LineEnds, WorkerSettings
 
 if TYPE_CHECKING:
     from cmr import watch
@@ -51,7 +54,16 @@ def run(
         int, typer.Option(help="runs of one task that raise before the job fails")
     ] = 10,
     param: Annotated[list[str], typer.Option("--param", "-p", help="KEY=VALUE for the job")] = [],  # noqa: B006
-    memory_mb: Annotated[int, typer.Option(help="reducer memory before spilling")] = 512,
+    memory_mb: Annotated[int, typer.Option(help="reducer memory before spilling, MB")] = 512,
+    lines: Annotated[
+        LineEnds | None,
+        choice_option(
+            LineEnds,
+            "--lines",
+            "line endings: lf (default: the job's `lines`), universal: \\r\\n and \\r end "
+            "lines too — for Windows input",
+        ),
+    ] = None,
     overwrite: Annotated[
         bool, typer.Option(help="replace the output's parts once the new ones are complete")
     ] = False,
@@ -78,8 +90,14 @@ def run(
     from cmr import api
 
     configure_logs(logging.WARNING - 10 * verbose)
-    if memory_mb < 1:
-        fail(f"--memory-mb must be at least 1; got {memory_mb}")
+    check_range(
+        "--memory-mb",
+        memory_mb,
+        1,
+        machine_memory_mb(),
+        "MB the reducers of a worker hold before they spill to disk: it must fit in this "
+        "machine's memory",
+    )
     where = store.resolve(BackendName.embedded)
     bars = Progress(
         TextColumn("{task.description:>7}"),
@@ -117,6 +135,7 @@ def run(
         task_timeout=task_timeout,
         max_task_attempts=max_task_attempts,
         overwrite=overwrite,
+        lines=lines.value if lines is not None else "",
         detach=detach,
         aws=where.aws,
         worker_settings=WorkerSettings(memory_mb=memory_mb),

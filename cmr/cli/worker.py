@@ -12,12 +12,22 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cmr.cli.options import StoreFlags, Verbose, configure_logs, fail, shared
+from cmr.cli.options import (
+    StoreFlags,
+    Verbose,
+    check_range,
+    configure_logs,
+    fail,
+    machine_memory_mb,
+    shared,
+)
 from cmr.settings import BackendName, WorkerSettings
 
 if TYPE_CHECKING:
     from cmr.runtime import Hook, Runtime
 
+MAX_SLOTS = 1024  # processes or slots of one worker: each holds a task's data in memory
+MAX_IDLE_S = 30 * 24 * 3600
 STOP_AT = "CMR_STOP_AT"  # a testing aid: the worker stops itself (SIGSTOP) at this step
 
 
@@ -73,6 +83,21 @@ def worker(
 ) -> None:
     """Serve every running job (or one) until idle: the fleet's only process."""
     configure_logs(logging.INFO - 10 * verbose)
+    for flag, count in (
+        ("--processes", processes),
+        ("--map-slots", map_slots),
+        ("--reduce-slots", reduce_slots),
+    ):
+        check_range(
+            flag, count, 1, MAX_SLOTS, "each holds a running task's data in memory; for more, "
+            "run more workers",
+        )  # fmt: skip
+    check_range(
+        "--memory-mb", memory_mb, 0, machine_memory_mb(),
+        "MB the reducers hold before they spill to disk, 0 to spill everything: it must fit "
+        "in this machine's memory",
+    )  # fmt: skip
+    check_range("--idle-exit", idle_exit, 0, MAX_IDLE_S, "seconds, at most 30 days")
     where = store.resolve(BackendName.aws, create=create)
     if where.backend != BackendName.aws:
         fail(

@@ -77,11 +77,22 @@ async def test_links_that_stay_inside_are_followed(embedded: Backend, tmp_path: 
     data = _input_with(tmp_path)
     (data / "again.txt").symlink_to("sub/b.txt")  # relative, inside
     (data / "mirror").symlink_to(data / "sub", target_is_directory=True)
-    (data / "sub" / "up").symlink_to(data, target_is_directory=True)  # a loop, inside
     await run_on(embedded, WORDCOUNT, str(data), str(tmp_path / "out"), reducers=2)
-    # a.txt once, b.txt twice (itself, again.txt): a directory reached twice (sub, mirror,
-    # the loop) is read once
-    assert counts_from_parts(tmp_path / "out", 2) == {"alpha": 1, "beta": 3, "gamma": 2}
+    # A link reads as a copy of what it points to: b.txt three times (itself, again.txt,
+    # mirror/b.txt); the linked directory was not skipped for being reached twice.
+    assert counts_from_parts(tmp_path / "out", 2) == {"alpha": 1, "beta": 4, "gamma": 3}
+
+
+@pytest.mark.parametrize("target", ["..", "."])
+async def test_a_link_to_a_directory_that_contains_it_is_refused(
+    embedded: Backend, tmp_path: Path, target: str
+) -> None:
+    data = _input_with(tmp_path)
+    (data / "sub" / "up").symlink_to(target, target_is_directory=True)  # a loop, inside
+    with pytest.raises(UsageError, match="a directory that contains it: a loop") as caught:
+        await run_on(embedded, WORDCOUNT, str(data), str(tmp_path / "out"), reducers=2)
+    assert str(data / "sub" / "up") in str(caught.value)
+    assert not (tmp_path / "out").exists()
 
 
 async def test_an_input_that_is_itself_a_link_is_followed(

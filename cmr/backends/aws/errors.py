@@ -139,7 +139,11 @@ def _judged(service: str, exc: BaseException, subject: str) -> tuple[type[Backen
         return Unreachable, f"no usable AWS credentials{whose}: {_CREDENTIALS_HINT}"
     if isinstance(exc, EndpointConnectionError):
         url = str(exc.kwargs.get("endpoint_url", "?"))
-        hint = "; start it with `scripts/stack.sh start`" if _is_loopback(url) else ""
+        hint = (
+            "; start it with `scripts/stack.sh start`"
+            if _is_loopback(url)
+            else "; check the endpoint (AWS_ENDPOINT_URL*, the region) and the network"
+        )
         return Unreachable, f"cannot reach {service} at {url}{hint}"
     if isinstance(exc, ProfileNotFound):
         return Unreachable, f"{exc}: fix AWS_PROFILE or the cmr profile setting"

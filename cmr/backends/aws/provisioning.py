@@ -65,6 +65,12 @@ async def _ensure_bucket(
     try:
         with _translate("s3", f"s3://{bucket}"):
             await s3.create_bucket(**kwargs)
+    except BlobMissing:
+        # "Not found" to creating a bucket: what answers is not S3 (a proxy, a wrong port).
+        raise UsageError(
+            f"s3 at {s3.meta.endpoint_url} answered 'not found' to creating bucket {bucket}: "
+            "it is not an S3 endpoint; check AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3)"
+        ) from None
     except BackendError as exc:
         if exc.code == "BucketAlreadyExists":
             raise UsageError(
@@ -118,7 +124,9 @@ async def _probe(session: Any, region: str, settings: AwsSettings, path_style: b
     nothing listening) fails in seconds at open time, not after minutes of backoff mid-job.
     Each call names only our own queue prefix, bucket or table: a least-privilege role
     (deploy/fleet.yaml) allows them, where ListBuckets or ListTables would need "*"."""
-    config = {"retries": {"total_max_attempts": 1}, "connect_timeout": 5, "read_timeout": 20}
+    # A short connect: an endpoint nothing answers is found in seconds (connected, a slow
+    # answer still has its read timeout).
+    config = {"retries": {"total_max_attempts": 1}, "connect_timeout": 3, "read_timeout": 20}
     # "Not found" still proves the service answered and let us in.
     absent = QUEUE_GONE | {"404", "NoSuchBucket", "NotFound", "ResourceNotFoundException"}
 

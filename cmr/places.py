@@ -1,0 +1,101 @@
+"""Where a job reads and writes, checked at submit before anything is written: the output
+is not inside the input (the next run would read this one's output) nor the input inside
+the output, and a local output directory can be made and written to.
+
+Writability is probed, not asked: ``os.access`` answers yes to root on a read-only or
+pseudo file system (/sys, /proc), where the first write fails only after the whole job ran.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from cmr.errors import UsageError
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def local_path(path: str) -> Path:
+    return Path(path.removeprefix("file://")).absolute()
+
+
+def check_apart(source: str, output: str) -> None:
+    """Refuses an output inside the input, an input inside the output, and one place given
+    as both: local paths as they resolve (links followed), s3 URLs by bucket and key."""
+    if is_local(source) != is_local(output):
+        return  # one local, one in a store: never the same place
+    if is_local(source):
+        src, out = local_path(source).resolve(), local_path(output).resolve()
+    elif source.startswith("s3://") and output.startswith("s3://"):
+        src, out = _s3_path(source), _s3_path(output)
+    else:
+        return
+    if src == out:
+        raise UsageError(
+            f"the output {output} is the input {source}: the job would write its parts among "
+            "the files it reads. Give another output directory"
+        )
+    if out.is_relative_to(src):
+        raise UsageError(
+            f"the output {output} lies inside the input {source}: the next run would read "
+            "this run's output as input. Give an output outside the input"
+        )
+    if src.is_relative_to(out):
+        raise UsageError(
+            f"the input {source} lies inside the output {output}: publishing (or "
+            "--overwrite) would mix parts with the input. Give an output that does not "
+            "contain the input"
+        )
+
+
+def _s3_path(url: str) -> Path:
+    # s3://bucket/a/b -> /bucket/a/b: "a prefix is a directory", as the input listing has it.
+    return Path("/", url.removeprefix("s3://").strip("/"))
+
+
+def probe_output_dir(output: str) -> Path:
+    """The local output directory, checked now without making it: it is (or would be) a
+    directory, and a file can be created and removed in it or, if it does not exist yet, in
+    its nearest existing parent (where ``make_output_dir`` will create it)."""
+    path = local_path(output)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"output {output} exists and is not a directory: give a directory")
+    nearest = path
+    while not nearest.exists():
+        if nearest.is_symlink():
+            raise UsageError(
+                f"output {output}: {nearest} is a symbolic link to {nearest.resolve()}, which "
+                "does not exist: fix the link, or give another output"
+            )
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        raise UsageError(
+            f"output {output} lies under {nearest}, which is a file, not a directory: give "
+            "a directory"
+        )
+    try:
+        fd, probe = tempfile.mkstemp(dir=nearest, prefix=".cmr-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        what = "output directory" if nearest == path else f"output {output}: its parent"
+        raise UsageError(
+            f"{what} {nearest} cannot be written ({exc.strerror}): give an output in a "
+            "writable directory"
+        ) from None
+    return path
+
+
+def make_output_dir(path: Path, output: str) -> None:
+    """Create the (probed) output directory, once everything else about the job checked."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot create the output directory {output} ({exc.strerror}): give an output "
+            "in a writable directory"
+        ) from None
