@@ -58,28 +58,10 @@ def job_ref(job: str | type[Job]) -> JobRef:
                 "from files, so put it in a .py file"
             )
         ref = JobRef.parse(f"{src}:{job.__name__}")
-    # Fail here, with the user's error, before anything is submitted.
-    _needs(load_job_class(ref), ref)
+    # Fail here, with the user's error (or a class that is no job), before anything is
+    # submitted: load_job_class checks the class (job.check_job_class).
+    load_job_class(ref)
     return ref
-
-
-def _needs(cls: type[Job], ref: JobRef) -> None:
-    """Refuses a job class without what every job runs: a map (or map_chunk) and a reduce;
-    otherwise each task would fail on it, attempt after attempt, after the job started."""
-    where = ref.target.rpartition(":")[0] if ref.target.endswith(f":{cls.__name__}") else ref.target
-    missing = [
-        what
-        for what, ok in (
-            ("map(self, key, line)", cls.map is not Job.map or cls.map_chunk is not Job.map_chunk),
-            ("reduce(self, key, values)", cls.reduce is not Job.reduce),
-        )
-        if not ok
-    ]
-    if missing:
-        raise UsageError(
-            f"job class {cls.__name__} ({where}) does not define {' nor '.join(missing)}: "
-            f"add {'them' if len(missing) > 1 else 'it'} (each yields (key, value) pairs)"
-        )
 
 
 @contextlib.asynccontextmanager

@@ -248,25 +248,6 @@ async def test_lines_reaches_the_job_record(embedded: Backend, tmp_path: Path) -
     assert RunOptions().job_options(ref).lines == ""  # the job class's own
 
 
-@pytest.mark.parametrize(
-    ("body", "missing"),
-    [
-        ("    def map(self, key, line):\n        yield line, 1\n", "reduce"),
-        ("    def reduce(self, key, values):\n        yield key, 1\n", "map"),
-        ("    pass\n", r"map\(self, key, line\) nor reduce"),
-    ],
-)
-async def test_a_job_class_without_map_or_reduce_is_refused_at_submit(
-    embedded: Backend, tmp_path: Path, body: str, missing: str
-) -> None:
-    job = tmp_path / "job.py"
-    job.write_text(f"import cmr\n\nclass Half(cmr.Job):\n{body}")
-    data = words(tmp_path)
-    with pytest.raises(UsageError, match=rf"job class Half \(.*job.py\) does not define {missing}"):
-        await run_on(embedded, str(job), str(data), str(tmp_path / "out"))
-    assert not (tmp_path / "out").exists()
-
-
 # ----------------------------------------------------------------------- the command line
 
 
