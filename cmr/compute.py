@@ -490,6 +490,11 @@ def _write_output(
         if usercode.culprit(exc) is not None:
             raise  # the user's code raised it (their own format() too): reported as such
         problem = usercode.bad_output(reducer, pair, exc, source, wire=False)
+        if problem is exc and type(job).format is not Job.format:
+            # The user's own format() returned something a text file cannot take.
+            line = fmt(*pair)
+            if not isinstance(line, str):
+                problem = usercode.not_a_line(f"{type(job).__name__}.format", line)
         if problem is exc:  # a pair of the right shape: format (ours) could not write it
             problem = usercode.unrenderable(reducer, pair, exc, source)
         raise problem from exc

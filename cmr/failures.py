@@ -98,7 +98,8 @@ async def task_failed(
     last, details = headline(error)
     if permanent:
         rt.log.warning("task cannot succeed", job=spec.job_id, task=task.what, error=last)
-        await fail_job(rt, spec, f"{task.what} failed, and would fail again: {last}\n{details}")
+        reason = f"{task.what} failed, and would fail again: {last}"
+        await fail_job(rt, spec, f"{reason}\n{details}" if details else reason)
         return
     item = await _count(rt, spec, task, set_={"error": error[-4000:]}, add={"count": 1})
     if item is None:
@@ -107,7 +108,8 @@ async def task_failed(
     rt.log.warning("task failed", job=spec.job_id, task=task.what, failures=failures, error=last)
     if failures >= spec.max_task_failures:
         # The reason's first line says what went wrong; the user's frames follow it.
-        await fail_job(rt, spec, f"{task.what} failed {failures} times: {last}\n{details}")
+        reason = f"{task.what} failed {failures} times: {last}"
+        await fail_job(rt, spec, f"{reason}\n{details}" if details else reason)
         return
     await rt.add_stats(spec.job_id, Counter(tasks_retried=1))
     await rt.backend.queues.change_visibility(queue, [msg.receipt], 0)

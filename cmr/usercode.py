@@ -272,6 +272,13 @@ def bad_partition(method: str, got: Any, key: Any, partitions: int) -> UserCodeE
     )
 
 
+def not_a_line(method: str, got: Any) -> UserCodeError:
+    return UserCodeError(
+        f"{method} returned {quote(got)}; it must return a str: one output line, without "
+        "its newline"
+    )
+
+
 def unrenderable(
     method: str, pair: tuple[Any, Any], exc: BaseException, source: Any = None
 ) -> UserCodeError:

@@ -71,7 +71,9 @@ def exit_codes(meta: dict[str, Any]) -> Iterator[None]:
     except (typer.Exit, typer.Abort, ClickException):
         raise  # typer's and click's own: they know how to end
     except JobFailed as exc:
-        fail(f"job {exc.job_id} {ended(exc)}.\n{exc.reason}")
+        # The reason's first line says what went wrong: it goes on the error line; the
+        # user's traceback frames, if any, follow below it.
+        fail(f"job {exc.job_id} {ended(exc)}: {exc.reason}")
     except CmrError as exc:
         fail(str(exc))
     except (Interrupted, KeyboardInterrupt):

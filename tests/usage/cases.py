@@ -687,10 +687,10 @@ CASES: list[Case] = [
         before=GOOD_RUN,
     ),
     Case(
-        "wait-unknown-job",
-        "`cmr wait` for a job that does not exist",
+        "wait-embedded",
+        "`cmr wait` on the embedded backend, which keeps no jobs",
         ("wait", "20990101-000000-0000000000000000", "--store", "embedded"),
-        names=("20990101-000000-0000000000000000",),
+        names=("embedded", "--store aws"),
     ),
     Case(
         "aws-unreachable",
