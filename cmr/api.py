@@ -145,6 +145,9 @@ async def run_async(
     """Open the backend, run the job on it (see :func:`run_on`), close the backend.
     ``overrides`` are :class:`RunOptions` fields (``aws=`` also names the backend's place)."""
     opts = RunOptions.of(options, **overrides)
+    for flag, place in (("--input", input), ("--output", output)):
+        if not place.strip():
+            raise UsageError(f"{flag} is empty: give a file, a directory or an s3:// URL")
     async with open_backend(backend, opts.aws) as be:
         return await run_on(be, job, input, output, opts)
 

@@ -20,6 +20,7 @@ import collections
 import contextlib
 import heapq
 import itertools
+import operator
 import os
 import sys
 import tempfile
@@ -240,7 +241,11 @@ class Combiner:
 
     def pairs(self, key: Any, values: list[Any]) -> Iterator[tuple[Any, Any]]:
         source = self.combine(key, iter(values))
-        for pair in source:
+        try:
+            pairs = iter(source)
+        except TypeError:  # `return sum(values)` instead of `yield key, sum(values)`
+            raise usercode.not_pairs(self.method, source) from None
+        for pair in pairs:
             if type(pair) is tuple and len(pair) == 2:
                 yield pair
             else:
@@ -300,7 +305,12 @@ def _partitioner(job: Job, partitions: int) -> Callable[[Any, int], int]:
 
     def checked(key: Any, n: int) -> int:
         p = part(key, n)
-        if type(p) is not int or not 0 <= p < n:
+        if type(p) is not int:
+            try:
+                p = operator.index(p)  # numpy's integers and other int-likes
+            except TypeError:
+                raise usercode.bad_partition(method, p, key, n) from None
+        if not 0 <= p < n:
             raise usercode.bad_partition(method, p, key, n)
         return p
 

@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
+import inspect
 import json
 import sys
 from collections.abc import Iterable, Iterator
@@ -22,6 +23,7 @@ from typing import Any, ClassVar
 from cmr.errors import JobCodeError
 from cmr.partition import stable_partition
 from cmr.usercode import a_type
+from cmr.wire import MAX_PARTITIONS
 
 Pair = tuple[Any, Any]
 
@@ -97,7 +99,8 @@ def _text(x: Any) -> str:
     if type(x) is int:  # not bool (json: true/false); str(int) is its JSON text, ~10x faster
         return str(x)
     if isinstance(x, bytes):
-        return x.decode("utf-8", "replace")
+        # Strict: bytes that are not UTF-8 would print as U+FFFD, and distinct keys alike.
+        return x.decode("utf-8")
     if isinstance(x, tuple):
         x = list(x)
     return json.dumps(x, ensure_ascii=False, default=_json_default)
@@ -105,9 +108,9 @@ def _text(x: Any) -> str:
 
 def _json_default(x: Any) -> Any:
     # What JSON has no form for is an error, never its repr: output must say what reduce
-    # yielded. Bytes inside a list or dict read as text, as top-level bytes do.
+    # yielded. Bytes inside a list or dict read as text (UTF-8), as top-level bytes do.
     if isinstance(x, bytes | bytearray):
-        return bytes(x).decode("utf-8", "replace")
+        return bytes(x).decode("utf-8")
     raise TypeError(f"{a_type(x)} has no JSON form")
 
 
@@ -268,5 +271,20 @@ def check_job_class(cls: type[Job]) -> None:
         raise JobCodeError(
             f"{name}.lines is {cls.lines!r}: it must be one of {', '.join(map(repr, LINE_ENDINGS))}"
         )
+    reducers = cls.reducers
+    if type(reducers) is not int or not 1 <= reducers <= MAX_PARTITIONS:
+        raise JobCodeError(
+            f"{name}.reducers is {reducers!r}: it must be an int from 1 to {MAX_PARTITIONS:,} "
+            "(the default partition count; --reducers overrides it)"
+        )
+    try:
+        inspect.signature(cls).bind({})
+    except TypeError:
+        raise JobCodeError(
+            f"{name}.__init__ must accept the job's params (a dict), as cmr.Job's does: "
+            f"`def __init__(self, params=None): super().__init__(params)`"
+        ) from None
+    except ValueError:
+        pass  # no signature to read (a C type): the first task says it
     if cls.combine is not None and not callable(cls.combine):
         raise JobCodeError(f"{name}.combine is {cls.combine!r}: it must be a method, or None")

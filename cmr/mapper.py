@@ -17,7 +17,7 @@ import contextlib
 import os
 import secrets
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import msgpack
@@ -144,7 +144,7 @@ async def _read(rt: Runtime, r: wire.Range) -> bytes:
 
 
 async def _send_spool(
-    rt: Runtime, spec: JobSpec, task: int, attempt: str, spool: str, part_qs: list[str]
+    rt: Runtime, spec: JobSpec, task: int, attempt: str, spool: str, part_qs: Sequence[str]
 ) -> None:
     queues, blobs = rt.backend.queues, rt.backend.blobs
     gate = asyncio.Semaphore(SEND_CONCURRENCY)

@@ -20,7 +20,9 @@ def is_local(path: str) -> bool:
 
 
 def local_path(path: str) -> Path:
-    return Path(path.removeprefix("file://")).absolute()
+    # Normalised (``..`` and ``.`` folded, as a shell user reads the path): the job record
+    # accepts no ``..`` in a URL.
+    return Path(os.path.abspath(path.removeprefix("file://")))
 
 
 def check_apart(source: str, output: str) -> None:

@@ -17,6 +17,7 @@ state changes together with its index rows, in one transaction (``cmr.lifecycle`
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 import secrets
@@ -62,6 +63,7 @@ STATS = (
     "reduce_spills",  # sorted runs reducers wrote to local disk to stay in their budget
     "conflict_checks",  # times a reducer's counts stalled and it asked the store who reads
     "tasks_resent",  # task messages a worker sent again from the plan (lost from a queue)
+    "partitions_committed",  # reduce commits: when the last committer looks (a hint only)
 )
 
 
@@ -88,10 +90,12 @@ def reduce_sk(p: int) -> str:
     return f"reduce#{p:05d}"
 
 
-def queue_names(prefix: str, job_id: str, partitions: int) -> tuple[str, str, list[str]]:
-    """(input queue, master reduce queue, one queue per partition)."""
+@functools.lru_cache(maxsize=64)
+def queue_names(prefix: str, job_id: str, partitions: int) -> tuple[str, str, tuple[str, ...]]:
+    """(input queue, master reduce queue, one queue per partition). Cached: a worker asks for
+    every task, and a job may have 10,000 partitions."""
     base = f"{prefix}{job_id}"
-    return f"{base}-in", f"{base}-reduce", [f"{base}-p{p:05d}" for p in range(partitions)]
+    return f"{base}-in", f"{base}-reduce", tuple(f"{base}-p{p:05d}" for p in range(partitions))
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,7 @@ class JobSpec:
             return path == base if whole else path.startswith(base.rstrip("/") + "/")
         return url == root if whole else url.startswith(root)
 
-    def queues(self) -> tuple[str, str, list[str]]:
+    def queues(self) -> tuple[str, str, tuple[str, ...]]:
         return queue_names(self.queue_prefix, self.job_id, self.partitions)
 
     def to_item(self) -> Item:

@@ -370,10 +370,12 @@ async def _reduce_and_commit(
         await rt.backend.blobs.delete([url])
         return
     await rt.step("reduce.committed", partition=drain.partition, output=url)
+    drain.stats["partitions_committed"] += 1
     await rt.add_stats(spec.job_id, drain.stats)
     drain.stats.clear()
     await rt.flush_stats()  # the job that ends now shows this worker's counters at once
     # Finishing the job is everyone's duty; the last committer is simply the first to see
     # it due. Our message goes only after: if we die first, its next receiver finalizes.
-    await janitor.finalize(rt, spec)
+    if await janitor.commits_may_be_complete(rt, spec):
+        await janitor.finalize(rt, spec)
     await rt.backend.queues.delete_messages(reduce_q, [msg.receipt])

@@ -153,7 +153,7 @@ def location(source: Any) -> str:
 def as_pair(pair: Any, method: str, source: Any = None) -> tuple[Any, Any]:
     """A yielded item that is not a tuple: a 2-list is a pair, anything else a mistake (a
     2-character string would unpack as a pair, silently)."""
-    if type(pair) is list and len(pair) == 2:
+    if isinstance(pair, list | tuple) and len(pair) == 2:  # a namedtuple too
         return pair[0], pair[1]
     raise bad_pair(pair, method, source)
 

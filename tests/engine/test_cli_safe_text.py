@@ -105,7 +105,7 @@ def test_a_failed_jobs_reason_prints_as_text(tmp_path: Path) -> None:
     # failed job's reason is its task's traceback.
     printed = text[text.index("error: job") :]
     _inert(printed, crashed=True)
-    assert "failed." in printed
+    assert "failed: " in printed
     assert f"ValueError: {SHOWN}" in printed  # the task's traceback, from the job record
 
 

@@ -71,6 +71,7 @@ class Case:
     needs_stack: bool = False  # runs against the local AWS stack
     keep_output: bool = False  # an earlier run's output is in place and must survive
     before: tuple[str, ...] = ()  # a command run first (it must succeed), e.g. a good run
+    cwd: str = ""  # where the command runs, under the case's directory
 
 
 RUN = ("run", "{job}", "--input", "{in}", "--output", "{out}")
@@ -528,6 +529,73 @@ CASES: list[Case] = [
         setup=file_at("in/one.txt", "x\n"),
         expect_lines=('["x", 2]\t2', '["x", 9]\t9', '["x", 10]\t10', '["x", 100]\t100'),
     ),
+    Case(
+        "namedtuple-pairs",
+        "map yields namedtuple pairs (they work: a 2-tuple is a pair)",
+        RUN,
+        code=0,
+        source="from collections import namedtuple\n\nP = namedtuple('P', 'key value')\n"
+        + job("for word in line.split():\n            yield P(word, 1)"),
+        setup=words,
+        expect_lines=("Paris\t1", "a\t2", "b\t2", "c\t1"),
+    ),
+    Case(
+        "partition-int-like",
+        "partition() returns an int-like (numpy's integers work)",
+        RUN,
+        code=0,
+        source=job(
+            partition="def partition(self, key, n):\n        class I:\n"
+            "            def __index__(self):\n                return len(key) % n\n"
+            "        return I()"
+        ),
+        setup=words,
+        expect_lines=("Paris\t1", "a\t2", "b\t2", "c\t1"),
+    ),
+    Case(
+        "combine-returns-value",
+        "combine returns a value instead of yielding pairs",
+        RUN,
+        names=("combine", "returned"),
+        source=job(
+            combine="def combine(self, key, values):\n        return sum(values)",
+            map_body="for word in (line.split() * 3):\n            yield word, 1",
+        ),
+        setup=words,
+    ),
+    Case(
+        "reduce-bytes-not-utf8",
+        "reduce yields bytes that are not UTF-8 (the output would garble them)",
+        RUN,
+        names=("reduce", "bytes", "utf-8"),
+        source=job("yield b'\\xff' + line.encode(), 1"),
+        setup=words,
+    ),
+    Case(
+        "job-reducers-attribute",
+        "the job class sets reducers to something other than an int",
+        RUN,
+        names=("J.reducers",),
+        source=job(reducers='reducers = "4"'),
+        setup=words,
+    ),
+    Case(
+        "job-init-no-params",
+        "the job class's __init__ takes no params",
+        RUN,
+        names=("J.__init__",),
+        source=job(init="def __init__(self):\n        super().__init__()"),
+        setup=words,
+    ),
+    Case(
+        "relative-dotdot",
+        "input and output given with .. (relative paths work)",
+        ("run", "../job.py", "--input", "../in", "--output", "../out"),
+        code=0,
+        setup=_with(words, lambda t: (t / "sub").mkdir()),
+        cwd="sub",
+        expect_lines=("Paris\t1", "a\t2", "b\t2", "c\t1"),
+    ),
     # ---------------------------------------------------------------- options
     Case(
         "reducers-zero",
@@ -653,6 +721,13 @@ CASES: list[Case] = [
         ("runn", "{job}"),
         code=2,
         names=("runn",),
+    ),
+    Case(
+        "output-empty-string",
+        "--output given as an empty string",
+        ("run", "{job}", "--input", "{in}", "--output", ""),
+        names=("--output",),
+        setup=words,
     ),
     Case(
         "bad-store",

@@ -103,5 +103,5 @@ def run_case(case: Case, tmp: Path, base_env: dict[str, str]) -> Outcome:
             raise AssertionError(f"the case's first command failed:\n{text}")
     before = published(tmp)
     argv = [fill(a, values) for a in case.argv]
-    code, text, seconds = _cmr(argv, tmp, env, case.seconds)
+    code, text, seconds = _cmr(argv, tmp / case.cwd, env, case.seconds)
     return Outcome(argv, code, text, seconds, before, published(tmp), values)
