@@ -68,17 +68,33 @@ async def committed_parts(rt: Runtime, spec: JobSpec) -> list[Source] | None:
     return sources
 
 
-async def commits_may_be_complete(rt: Runtime, spec: JobSpec) -> bool:
-    """Whether a committer should look at every partition's record now: only once the
-    job's count of commits reaches its partitions. Looking after every commit would read
-    partitions² records in a job (10,000 partitions: 10^8 reads, and minutes). The count is
-    a hint and decides nothing: ``committed_parts`` does. Each committer flushes its count
-    before it asks, so the last of them sees the full count; a count that was lost (a stats
-    write that failed) only delays the end to the next repair check of the idle job, which
-    looks at the records themselves (``repair``)."""
-    job = await rt.backend.table.get(job_pk(spec.job_id), "job", consistent=True) or {}
-    counted = job.get("partitions_committed", 0)
-    return "publishing" in job or not isinstance(counted, int) or counted >= spec.partitions
+async def count_commit(rt: Runtime, spec: JobSpec) -> bool:
+    """Count one sighting of a committed partition in the job record, and say whether the
+    job may now be complete: whether a committer should read every partition's record.
+    Reading them after every commit would read partitions² records in a job (10,000
+    partitions: 10^8 reads, and minutes).
+
+    The count is returned by the same atomic write that adds to it, so the last counter sees
+    every count before its own. A committed partition is counted at least once: by its
+    committer, or, if that one died before counting, by whoever receives its task message
+    again (it is deleted only after this). Counting twice only makes a reader look early,
+    where ``committed_parts`` finds the job not complete; counting never decides anything.
+    A count that cannot be written (the store failed) says: look."""
+    try:
+        item = await rt.backend.table.update(
+            Update(
+                job_pk(spec.job_id),
+                "job",
+                add={"partitions_committed": 1},
+                condition=Eq("state", JobState.RUNNING.value),
+            )
+        )
+    except ConditionFailed:
+        return False  # the job has ended: nothing to finish
+    except BackendError:
+        return True
+    counted = item.get("partitions_committed", 0)
+    return "publishing" in item or not isinstance(counted, int) or counted >= spec.partitions
 
 
 async def finalize(rt: Runtime, spec: JobSpec) -> bool:

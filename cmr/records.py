@@ -63,7 +63,7 @@ STATS = (
     "reduce_spills",  # sorted runs reducers wrote to local disk to stay in their budget
     "conflict_checks",  # times a reducer's counts stalled and it asked the store who reads
     "tasks_resent",  # task messages a worker sent again from the plan (lost from a queue)
-    "partitions_committed",  # reduce commits: when the last committer looks (a hint only)
+    "partitions_committed",  # commits seen (janitor.count_commit): when to look, not what
 )
 
 

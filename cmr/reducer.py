@@ -175,8 +175,10 @@ async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.
         if isinstance(got, Refusal) and got.contended:
             await rt.add_stats(spec.job_id, Counter(reduce_conflicts=1))
         if isinstance(got, Refusal) and got.committed:
-            # A partition committed by someone who may have died before finishing the job:
-            # finishing it is everyone's duty. Only then is the message no longer needed.
+            # A partition committed by someone who may have died before counting it or
+            # finishing the job: finishing it is everyone's duty. Only then is the message
+            # no longer needed.
+            await janitor.count_commit(rt, spec)
             await janitor.finalize(rt, spec)
             await queues.delete_messages(reduce_q, [msg.receipt])
             return
@@ -370,12 +372,12 @@ async def _reduce_and_commit(
         await rt.backend.blobs.delete([url])
         return
     await rt.step("reduce.committed", partition=drain.partition, output=url)
-    drain.stats["partitions_committed"] += 1
     await rt.add_stats(spec.job_id, drain.stats)
     drain.stats.clear()
     await rt.flush_stats()  # the job that ends now shows this worker's counters at once
     # Finishing the job is everyone's duty; the last committer is simply the first to see
-    # it due. Our message goes only after: if we die first, its next receiver finalizes.
-    if await janitor.commits_may_be_complete(rt, spec):
+    # it due (janitor.count_commit). Our message goes only after: if we die first, its next
+    # receiver counts our commit and finalizes.
+    if await janitor.count_commit(rt, spec):
         await janitor.finalize(rt, spec)
     await rt.backend.queues.delete_messages(reduce_q, [msg.receipt])
