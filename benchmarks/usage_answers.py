@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.stack import stack_up
+from tests.stack import stack_env, stack_up
 from tests.usage.cases import CASES, Case
 from tests.usage.harness import Outcome, fill, run_case
 
@@ -40,6 +40,8 @@ def _right(case: Case, got: Outcome) -> bool:
 
 def _measure(case: Case, tree: Path) -> tuple[float, bool]:
     env = dict(os.environ, PYTHONPATH=str(tree))
+    if case.needs_stack:
+        env.update(stack_env())  # as the test's aws_stack fixture does
     with tempfile.TemporaryDirectory(prefix="cmr-usage-") as tmp:
         try:
             got = run_case(case, Path(tmp), env)
