@@ -20,23 +20,7 @@ import msgpack
 
 from cmr import compute
 from cmr.job import JobRef
-
-JOB = """
-import cmr
-
-
-class Distinct(cmr.Job):
-    def map_chunk(self, name, data):
-        for line in data.split(b"\\n"):
-            yield "k", int(line) % {distinct}
-
-    def combine(self, key, values):
-        for v in set(values):
-            yield key, v
-
-    def reduce(self, key, values):
-        yield key, len(set(values))
-"""
+from tests.engine.test_combine_linear import DEDUP as JOB  # the test's job, one copy
 
 
 def main() -> None:
