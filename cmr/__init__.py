@@ -23,7 +23,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from cmr.errors import CmrError, JobFailed, UsageError
-from cmr.job import Job
+from cmr.job import Job, Step
 
 if TYPE_CHECKING:
     from cmr.api import RunOptions, RunResult, run, run_async
@@ -34,6 +34,7 @@ __all__ = [
     "JobFailed",
     "RunOptions",
     "RunResult",
+    "Step",
     "UsageError",
     "run",
     "run_async",

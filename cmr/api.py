@@ -16,16 +16,16 @@ from typing import Any
 
 import structlog
 
-from cmr import lifecycle, logs, submit, watch
+from cmr import logs, pipeline, submit, watch
 from cmr.admission import serving_own_job
 from cmr.backends.base import Backend
 from cmr.backends.embedded import temporary_backend
 from cmr.backends.retry import with_retries
 from cmr.errors import UsageError, WorkersGone
-from cmr.job import Job, JobRef, load_job_class
+from cmr.job import Job, JobRef, load_job_class, steps_of
 from cmr.pool import CpuPool, cpu_pool
 from cmr.publish import read_manifest
-from cmr.records import JobSpec, JobState
+from cmr.records import JobSpec
 from cmr.settings import AwsSettings, BackendName, Store, WorkerSettings, default_cores
 from cmr.worker import Worker
 
@@ -105,6 +105,8 @@ class RunOptions:
     overwrite: bool = False
     lines: str = ""  # "lf", "universal" (\r\n and \r end lines too); "": the job's ``lines``
     split_bytes: int | None = None  # None: chosen from the input and the parallelism
+    step: int | None = None  # run only this step of the job's steps (1-based)
+    from_step: int | None = None  # run this step and the rest (input: the step before's output)
     detach: bool = False  # submit only, and return at once
     aws: AwsSettings = field(default_factory=AwsSettings)  # queue prefix; where workers look
     worker_settings: WorkerSettings | None = None  # None: the defaults for the backend
@@ -121,8 +123,23 @@ class RunOptions:
         return replace(base or RunOptions(), **overrides)
 
     def job_options(self, ref: JobRef) -> submit.JobOptions:
+        cls = load_job_class(ref)
+        default = self.reducers if self.reducers is not None else cls.reducers
+        steps = steps_of(_instance(cls, self.params))
+        first, last = _step_range(len(steps), self.step, self.from_step)
+        many = len(steps) > 1
         return submit.JobOptions(
-            partitions=self.reducers if self.reducers is not None else load_job_class(ref).reducers,
+            partitions=default,
+            first_step=first,
+            last_step=last,
+            job_steps=len(steps),
+            # A step's own reducers win over the job's, unless --reducers says otherwise.
+            step_partitions=tuple(
+                self.reducers if self.reducers is not None else (s.reducers or default)
+                for s in steps[first : last + 1]
+            )
+            if many
+            else (),
             visibility_s=self.visibility_timeout,
             max_task_failures=self.max_task_failures,
             max_task_attempts=self.max_task_attempts,
@@ -131,6 +148,32 @@ class RunOptions:
             params=dict(self.params),
             lines=self.lines,
         )
+
+
+def _instance(cls: type[Job], params: Mapping[str, str]) -> Job:
+    """The job, instantiated on the client to ask its steps (user code: its errors are the
+    user's, said as such)."""
+    from cmr import usercode
+
+    try:
+        return cls(dict(params))
+    except Exception as exc:
+        raise UsageError(f"creating {cls.__name__} failed: {usercode.describe(exc)}") from None
+
+
+def _step_range(steps: int, step: int | None, from_step: int | None) -> tuple[int, int]:
+    """(first, last) step indexes to run: all, one (``--step``), or from one on."""
+    if step is not None and from_step is not None:
+        raise UsageError("give --step (one step) or --from-step (a step and the rest), not both")
+    chosen = step if step is not None else from_step
+    if chosen is None:
+        return 0, steps - 1
+    if not 1 <= chosen <= steps:
+        flag = "--step" if step is not None else "--from-step"
+        raise UsageError(
+            f"{flag} {chosen}: the job has {steps} step{'s' * (steps != 1)} (1 to {steps})"
+        )
+    return chosen - 1, (chosen - 1 if step is not None else steps - 1)
 
 
 async def run_async(
@@ -221,7 +264,8 @@ async def run_on(
         record = await _run_in_process(be, spec, ws, opts)
     else:
         record = await _run_with_processes(be, spec, ws, opts)
-        await watch.fetch_output(be, spec, record)
+        last, _ = await pipeline.current(be, spec.job_id)
+        await watch.fetch_output(be, last, record)
     return RunResult(
         spec.job_id,
         output,
@@ -241,15 +285,9 @@ async def published_parts(be: Backend, spec: JobSpec, output: str) -> list[str]:
 
 
 async def cancel(be: Backend, spec: JobSpec, reason: str) -> bool:
-    """Cancel a running job (its workers clean it up); False if it had ended, or is
-    publishing (then it ends, successfully, in a moment)."""
-    with contextlib.suppress(UsageError):
-        ended = await lifecycle.end(be, spec, JobState.CANCELLED, reason=reason)
-        if ended and be.capabilities.in_process:
-            # Nobody else can reach this job's queues: clean it up ourselves.
-            await lifecycle.cleanup(be, spec, JobState.CANCELLED)
-        return ended
-    return False
+    """Cancel a running job (its workers clean it up): the step a pipeline is at. False if
+    it had ended, or is publishing (then it ends, successfully, in a moment)."""
+    return await pipeline.cancel(be, spec.job_id, reason, clean=be.capabilities.in_process)
 
 
 INTERRUPTED = "cancelled: `cmr run` was interrupted (Ctrl-C or SIGTERM)"

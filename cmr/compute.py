@@ -32,7 +32,8 @@ from typing import Any
 import msgpack
 
 from cmr import taskprogress, usercode, wire
-from cmr.job import Job, JobRef, load_job_class
+from cmr.errors import JobCodeError, WireError
+from cmr.job import Job, JobRef, Step, load_job_class, steps_of
 from cmr.timelimit import TimeLimitExceeded, time_limit
 
 COMBINE_KEYS = 200_000  # distinct keys held before a map task combines and flushes
@@ -74,6 +75,8 @@ class MapSpec:
     piece_bytes: int = MAP_PIECE_MIN  # map_chunk sees at most about this much at once
     limit_s: float = 0.0  # the task's time limit (cmr.timelimit); 0: none
     lines: str = ""  # line endings ("lf", "universal"); "": the job class's own
+    step: int = 0  # which of the job's steps this task runs
+    pairs_in: bool = False  # the input is a previous step's output (pairs), not text
 
 
 @dataclass
@@ -117,6 +120,22 @@ def job_instance(job_id: str, ref: JobRef, params: dict[str, str], lines: str = 
     while len(_instances) > INSTANCES_KEPT:
         _instances.popitem(last=False)  # the job served least recently: likely ended
     return inst
+
+
+def job_step(job: Job, step: int) -> tuple[Step, str]:
+    """Step ``step`` of the job (its steps() asked once per instance), and its name in
+    messages: ``J`` for a one-step job, ``J step 2`` in a pipeline."""
+    steps: list[Step] | None = getattr(job, "_cmr_steps", None)
+    if steps is None:
+        steps = steps_of(job)
+        job._cmr_steps = steps  # type: ignore[attr-defined]
+    name = type(job).__name__
+    if step >= len(steps):
+        raise JobCodeError(
+            f"{name}.steps() now returns {len(steps)} steps; the job was submitted with "
+            f"more (step {step + 1}): its code or parameters differ on this worker"
+        )
+    return steps[step], (name if len(steps) == 1 else f"{name} step {step + 1}")
 
 
 def _timed_out(exc: TimeLimitExceeded) -> str:
@@ -221,9 +240,9 @@ class Combiner:
     cost is linear in the values however little the combiner shrinks them. What combine
     yields is checked (it is called once per many values, not per pair)."""
 
-    def __init__(self, job: Job) -> None:
-        self.combine = job.combine
-        self.method = f"{type(job).__name__}.combine"
+    def __init__(self, combine: Callable[[Any, Iterator[Any]], Any], method: str) -> None:
+        self.combine = combine
+        self.method = method
         self.next_at: dict[Any, int] = {}  # keys whose combine left many values: when next
 
     def due(self, key: Any, held: int) -> bool:
@@ -336,9 +355,50 @@ def _flush(
         raise usercode.bad_output(f"{mapper} (or {combiner.method})", pair, exc) from exc
 
 
-def _mapper_name(job: Job) -> str:
+def _mapper_name(job: Job, step: Step, name: str) -> str:
+    if step.map is None and step.map_chunk is None:
+        return f"{name} (no map)"
     cls = type(job)
-    return f"{cls.__name__}.{'map_chunk' if cls.map_chunk is not Job.map_chunk else 'map'}"
+    if step.map_chunk is not None and cls.map_chunk is not Job.map_chunk:
+        return f"{name}.map_chunk"
+    return f"{name}.map"
+
+
+def _records(
+    step: Step, name: str, data: bytes, pairs_in: bool, piece_bytes: int, result: MapResult
+) -> Iterator[Any]:
+    """What the step's map returns for each record (or piece of records) of one input: an
+    iterable of pairs each. Text is mapped in pieces of whole lines by map_chunk when the
+    step has it, else line by line; a previous step's output is a stream of pairs."""
+    if pairs_in:
+        up = msgpack.Unpacker(
+            raw=False, use_list=False, strict_map_key=False, max_buffer_size=max(1, len(data))
+        )
+        up.feed(data)
+        fn = step.map
+        for item in up:
+            if type(item) is not tuple or len(item) != 2:
+                raise WireError(f"{name}: an item of a previous step's output is not a pair")
+            result.records_in += 1
+            yield (item,) if fn is None else fn(item[0], item[1])
+        return
+    # The last line's newline ends it; it opens no new (empty) line.
+    body = data[:-1] if data.endswith(b"\n") else data
+    result.records_in += body.count(b"\n") + 1 if data else 0
+    if not data:
+        return
+    if step.map_chunk is not None:
+        for piece in _pieces(body, piece_bytes):
+            yield step.map_chunk(name, piece)
+        return
+    fn = step.map
+    for line in body.decode("utf-8", "replace").split("\n"):
+        yield ((name, line),) if fn is None else fn(name, line)
+
+
+def _hook(fn: Callable[[], Any] | None) -> Any:
+    """A step's init/final hook's result (pairs from a final hook; None: none)."""
+    return None if fn is None else fn()
 
 
 def run_map(
@@ -363,50 +423,63 @@ def _map_into(
     result: MapResult,
 ) -> None:
     job = job_instance(spec.job, ref, params, spec.lines)
-    universal = (spec.lines or job.lines) == "universal"
-    mapper = _mapper_name(job)
+    step, step_name = job_step(job, spec.step)
+    universal = not spec.pairs_in and (spec.lines or job.lines) == "universal"
+    mapper = _mapper_name(job, step, step_name)
     with os.fdopen(fd, "wb") as out:
         shuffle = _Shuffle(spec, out)
         part = _partitioner(job, spec.partitions)
         n = spec.partitions
-        combiner = Combiner(job) if job.combine is not None and spec.combine else None
+        combiner = (
+            Combiner(step.combine, f"{step_name}.combine")
+            if step.combine is not None and spec.combine
+            else None
+        )
         groups: dict[Any, list[Any]] = {}
         grouped = groups.get  # per pair: one lookup saved (groups is cleared, never replaced)
         # What was being handled when something failed: the culprit is diagnosed from it.
         pair, source = None, usercode.NOTHING
+
+        def feed(returned: Any) -> None:
+            nonlocal pair, source
+            source = returned
+            pair = None
+            for pair in source:
+                if type(pair) is tuple:
+                    key, value = pair
+                else:  # a str of 2 would unpack as a pair
+                    key, value = usercode.as_pair(pair, mapper, source)
+                if combiner is None:
+                    shuffle.add(part(key, n), key, value)
+                    continue
+                try:
+                    vals = grouped(key)
+                except TypeError:  # a list key: grouped as the tuple it arrives as
+                    key = usercode.key_of(key, mapper)
+                    vals = grouped(key)
+                if vals is None:
+                    groups[key] = [value]
+                    if len(groups) >= COMBINE_KEYS:
+                        _flush(combiner, groups, shuffle, part, mapper)
+                        groups.clear()
+                else:
+                    vals.append(value)
+                    if len(vals) >= REDUCE_COMBINE_AT and combiner.due(key, len(vals)):
+                        groups[key] = combiner.values(key, vals)
+
         try:
+            _hook(step.map_init)
+            if combiner is not None:
+                _hook(step.combine_init)
             for name, given in chunks:
                 chunk = universal_lines(given) if universal else given
-                # The last line's newline ends it; it opens no new (empty) line.
-                data = chunk[:-1] if chunk.endswith(b"\n") else chunk
-                result.records_in += data.count(b"\n") + 1 if chunk else 0
-                if not chunk:
-                    continue
-                for piece in _pieces(data, spec.piece_bytes):
-                    source = job.map_chunk(name, piece)
-                    pair = None
-                    for pair in source:
-                        if type(pair) is tuple:
-                            key, value = pair
-                        else:  # a str of 2 would unpack as a pair
-                            key, value = usercode.as_pair(pair, mapper, source)
-                        if combiner is None:
-                            shuffle.add(part(key, n), key, value)
-                            continue
-                        try:
-                            vals = grouped(key)
-                        except TypeError:  # a list key: grouped as the tuple it arrives as
-                            key = usercode.key_of(key, mapper)
-                            vals = grouped(key)
-                        if vals is None:
-                            groups[key] = [value]
-                            if len(groups) >= COMBINE_KEYS:
-                                _flush(combiner, groups, shuffle, part, mapper)
-                                groups.clear()
-                        else:
-                            vals.append(value)
-                            if len(vals) >= REDUCE_COMBINE_AT and combiner.due(key, len(vals)):
-                                groups[key] = combiner.values(key, vals)
+                for returned in _records(
+                    step, name, chunk, spec.pairs_in, spec.piece_bytes, result
+                ):
+                    feed(returned)
+            final = _hook(step.map_final)
+            if final is not None:
+                feed(final)
         except (TypeError, ValueError, OverflowError) as exc:
             if usercode.culprit(exc) is not None:
                 raise  # the user's code raised it: reported as such
@@ -417,6 +490,15 @@ def _map_into(
             raise usercode.bad_output(mapper, pair, exc, source) from exc
         if combiner is not None:
             _flush(combiner, groups, shuffle, part, mapper)
+            final = _hook(step.combine_final)
+            if final is not None:
+                for pair in final:
+                    key, value = (
+                        pair
+                        if type(pair) is tuple
+                        else usercode.as_pair(pair, f"{step_name}.combine_final", final)
+                    )
+                    shuffle.add(part(key, n), key, value)
         shuffle.close()
     result.batches, result.records = shuffle.batches, shuffle.records
 
@@ -475,18 +557,52 @@ def _merge_runs(runs: list[str], spill_dir: str, read_size: int) -> str:
     return path
 
 
+def _identity(key: Any, values: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
+    """A map-only step's reduce: every value as it came."""
+    for v in values:
+        yield key, v
+
+
+class _PairsOut:
+    """A step's output that the next step reads: a msgpack stream of pairs. ``write`` takes
+    a key and a value (not text); ``format`` is what the reduce loop calls per pair."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.pack = msgpack.Packer(use_bin_type=True).pack
+
+    def format(self, key: Any, value: Any) -> bytes:
+        data: bytes = self.pack((key, value))
+        return data
+
+    def write(self, data: Any) -> None:
+        if data != "\n":
+            self.f.write(data)
+
+
 def _write_output(
-    job: Job, keyed: Iterator[tuple[Any, Iterator[Any]]], out: Any, result: ReduceResult
+    job: Job,
+    keyed: Iterator[tuple[Any, Iterator[Any]]],
+    out: Any,
+    result: ReduceResult,
+    step: Step | None = None,
+    step_name: str = "",
+    fmt: Callable[[Any, Any], Any] | None = None,
 ) -> None:
-    """Reduce each key's values and write the lines ``format`` makes of what reduce yields."""
-    reducer = f"{type(job).__name__}.reduce"
-    fmt = job.format
+    """Reduce each key's values and write the lines ``format`` makes of what reduce yields
+    (or, between steps, the pairs themselves)."""
+    step = step if step is not None else job_step(job, 0)[0]
+    step_name = step_name or type(job).__name__
+    reducer = f"{step_name}.reduce"
+    reduce = step.reduce if step.reduce is not None else _identity
+    fmt = fmt if fmt is not None else job.format
     pair: Any = None
     source: Any = usercode.NOTHING
     try:
+        _hook(step.reduce_init)
         for key, values in keyed:
             result.keys += 1
-            source = job.reduce(key, values)
+            source = reduce(key, values)
             pair = None
             for pair in source:
                 if type(pair) is tuple:
@@ -496,11 +612,18 @@ def _write_output(
                 out.write(fmt(k, v))
                 out.write("\n")
                 result.records_out += 1
+        source = _hook(step.reduce_final)
+        for pair in source if source is not None else ():
+            k, v = pair if type(pair) is tuple else usercode.as_pair(pair, reducer, source)
+            out.write(fmt(k, v))
+            out.write("\n")
+            result.records_out += 1
     except (TypeError, ValueError, OverflowError) as exc:
         if usercode.culprit(exc) is not None:
             raise  # the user's code raised it (their own format() too): reported as such
-        problem = usercode.bad_output(reducer, pair, exc, source, wire=False)
-        if problem is exc and type(job).format is not Job.format:
+        between_steps = isinstance(out, _PairsOut)  # pairs must be wire data, not text
+        problem = usercode.bad_output(reducer, pair, exc, source, wire=between_steps)
+        if problem is exc and not between_steps and type(job).format is not Job.format:
             # The user's own format() returned something a text file cannot take.
             line = fmt(*pair)
             if not isinstance(line, str):
@@ -521,6 +644,8 @@ def run_reduce(
     use_combiner: bool = True,
     limit_s: float = 0.0,
     what: str = "reduce",
+    step_index: int = 0,
+    final: bool = True,
 ) -> ReduceResult:
     """Group the winners' pairs by key (spilling sorted runs past the memory budget), run
     reduce over keys in sorted order, and write the partition's output lines. With
@@ -530,7 +655,12 @@ def run_reduce(
     try:
         with taskprogress.running(job_id), _reported(result, limit_s, what):
             job = job_instance(job_id, ref, params)
-            combiner = Combiner(job) if use_combiner and job.combine is not None else None
+            step, step_name = job_step(job, step_index)
+            combiner = (
+                Combiner(step.combine, f"{step_name}.combine")
+                if use_combiner and step.combine is not None
+                else None
+            )
             groups: dict[Any, list[Any]] = {}
             held = 0
             for spool in spools:
@@ -546,7 +676,9 @@ def run_reduce(
                         try:
                             vals = groups.get(key)
                         except TypeError:  # a dict in the key: the map's to answer for
-                            raise usercode.unhashable_key(key, _mapper_name(job)) from None
+                            raise usercode.unhashable_key(
+                                key, _mapper_name(job, step, step_name)
+                            ) from None
                         if vals is None:
                             groups[key] = [value]
                             held += KEY_COST + sys.getsizeof(key) + sys.getsizeof(value)
@@ -582,8 +714,13 @@ def run_reduce(
                 )
             else:
                 keyed = ((k, iter(groups[k])) for k in _sorted_keys(groups))
-            with open(out_path, "w", encoding="utf-8", newline="\n") as out:
-                _write_output(job, keyed, out, result)
+            if final:
+                with open(out_path, "w", encoding="utf-8", newline="\n") as out:
+                    _write_output(job, keyed, out, result, step, step_name)
+            else:
+                with open(out_path, "wb") as raw:
+                    pairs = _PairsOut(raw)
+                    _write_output(job, keyed, pairs, result, step, step_name, pairs.format)
     finally:
         for r in runs:
             with contextlib.suppress(FileNotFoundError):

@@ -21,8 +21,9 @@ import contextlib
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
-from cmr import failures, wire
+from cmr import failures, pipeline, wire
 from cmr.backends.base import AllOf, Condition, Eq, Missing, Present, Update
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, WireError
 from cmr.lease import in_background
@@ -112,6 +113,8 @@ async def finalize(rt: Runtime, spec: JobSpec) -> bool:
     finished = await begin_publishing(be, spec)
     if finished is None:
         return await _succeeded(rt, spec)
+    if not spec.final:
+        return await _hand_over(rt, spec, sources)
     await rt.step("publish.marked", job=spec.job_id)
     try:
         await publish(
@@ -155,18 +158,47 @@ async def finalize(rt: Runtime, spec: JobSpec) -> bool:
             return False
         raise
     await rt.step("publish.manifest_written", job=spec.job_id)
-    winners = await be.table.query(job_pk(spec.job_id), prefix="map#")
-    totals = {
-        # Exact totals from the commit records (the live counters may miss a worker that
-        # died between its commit and its counter update).
+    if await end(be, spec, JobState.SUCCEEDED, totals=await _totals(rt, spec, sources)):
+        rt.log.info("job succeeded", job=spec.job_id)
+        await rt.step("finalize.succeeded", job=spec.job_id)
+        rt.job_ended(spec)
+    return True
+
+
+async def _totals(rt: Runtime, spec: JobSpec, sources: list[Source]) -> dict[str, Any]:
+    """Exact totals from the commit records (the live counters may miss a worker that died
+    between its commit and its counter update)."""
+    winners = await rt.backend.table.query(job_pk(spec.job_id), prefix="map#")
+    return {
         "records_out": sum(s.records for s in sources),
         "bytes_out": sum(s.bytes for s in sources),
         "records_in": sum(int(i.get("records_in", 0)) for i in winners),
         "bytes_in": sum(int(i.get("bytes_in", 0)) for i in winners),
         "maps_done": len(winners),
     }
-    if await end(be, spec, JobState.SUCCEEDED, totals=totals):
-        rt.log.info("job succeeded", job=spec.job_id)
+
+
+async def _hand_over(rt: Runtime, spec: JobSpec, sources: list[Source]) -> bool:
+    """A step of a pipeline that is not the last: its committed outputs become the next
+    step's input (cmr.pipeline), and the step ends as succeeded, naming the next."""
+    be = rt.backend
+    try:
+        plan = await rt.plan(spec, job_scratch(spec.scratch, spec.job_id))
+    except (BlobMissing, WireError) as exc:
+        reason = f"the next step cannot be made: the step's plan cannot be read: {exc}"
+        await failures.fail_job(rt, spec, reason, publisher=True)
+        return False
+
+    async def made(nxt: JobSpec) -> None:
+        await rt.step("pipeline.next_made", job=spec.job_id, next=nxt.job_id)
+
+    nxt = await pipeline.hand_over(be, spec, sources, plan.replaced, made)
+    if nxt is None:
+        return await _succeeded(rt, spec)
+    await rt.step("pipeline.handed_over", job=spec.job_id, next=nxt.job_id)
+    totals = {**await _totals(rt, spec, sources), "next": nxt.job_id}
+    if await end(be, spec, JobState.SUCCEEDED, totals=totals, publishing=True):
+        rt.log.info("step succeeded", job=spec.job_id, next=nxt.job_id)
         await rt.step("finalize.succeeded", job=spec.job_id)
         rt.job_ended(spec)
     return True

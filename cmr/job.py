@@ -15,7 +15,7 @@ import importlib.util
 import inspect
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,6 +26,36 @@ from cmr.usercode import a_type
 from cmr.wire import MAX_PARTITIONS
 
 Pair = tuple[Any, Any]
+MAX_STEPS = 64  # steps of one pipeline: each is a job of its own (queues, records)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One map/combine/reduce round of a pipeline (``Job.steps``). Step k > 0 reads what
+    step k-1 wrote, as (key, value) pairs of the types reduce yielded (lists as tuples);
+    only the last step writes the job's output.
+
+    ``map`` None passes pairs through unchanged; ``reduce`` None makes a map-only step
+    (each value of each key is written as it is). Hooks run once per task: ``map_init``
+    before a map task's records, ``map_final`` after them (the pairs it yields are mapped
+    output too); ``reduce_init``/``reduce_final`` around a reduce task; ``combine_init``/
+    ``combine_final`` around a map task's combining."""
+
+    map: Callable[[Any, Any], Iterable[Pair]] | None = None
+    combine: Callable[[Any, Iterator[Any]], Iterable[Pair]] | None = None
+    reduce: Callable[[Any, Iterator[Any]], Iterable[Pair]] | None = None
+    map_init: Callable[[], Any] | None = None
+    map_final: Callable[[], Iterable[Pair] | None] | None = None
+    combine_init: Callable[[], Any] | None = None
+    combine_final: Callable[[], Iterable[Pair] | None] | None = None
+    reduce_init: Callable[[], Any] | None = None
+    reduce_final: Callable[[], Iterable[Pair] | None] | None = None
+    reducers: int | None = None  # this step's partitions (None: the job's)
+    sort_values: bool = False  # values reach reduce sorted (see Job.sort_values)
+    value_order: Callable[[Any], Any] | None = None  # the values' sort key (None: natural)
+    # The fast path for text input: all of a split's lines at once (Job.map_chunk). Only the
+    # default step of a job that reads lines uses it.
+    map_chunk: Callable[[str, bytes], Iterable[Pair]] | None = None
 
 
 class Job:
@@ -76,6 +106,20 @@ class Job:
 
     def reduce(self, key: Any, values: Iterator[Any]) -> Iterable[Pair]:
         raise NotImplementedError(f"{type(self).__name__} does not define reduce()")
+
+    def steps(self) -> Sequence[Step]:
+        """The job's steps, run in order by one submission, each step's output feeding the
+        next (a pipeline). Default: one step of this class's map, combine and reduce."""
+        cls = type(self)
+        custom_chunk = cls.map_chunk is not Job.map_chunk
+        return [
+            Step(
+                map=self.map if cls.map is not Job.map else None,
+                combine=self.combine,
+                reduce=self.reduce,
+                map_chunk=self.map_chunk if custom_chunk or cls.map is not Job.map else None,
+            )
+        ]
 
     def progress(self, **counters: int) -> None:
         """Add to live counters of the job (``cmr status``, progress displays), e.g.
@@ -262,7 +306,7 @@ def check_job_class(cls: type[Job]) -> None:
         for what, ok in (("map()", has_map), ("reduce()", cls.reduce is not Job.reduce))
         if not ok
     ]
-    if missing:
+    if missing and cls.steps is Job.steps:
         raise JobCodeError(
             f"{name} defines no {' and no '.join(missing)}: a job needs map (or map_chunk) "
             "and reduce"
@@ -288,3 +332,47 @@ def check_job_class(cls: type[Job]) -> None:
         pass  # no signature to read (a C type): the first task says it
     if cls.combine is not None and not callable(cls.combine):
         raise JobCodeError(f"{name}.combine is {cls.combine!r}: it must be a method, or None")
+
+
+def steps_of(job: Job) -> list[Step]:
+    """The job's steps, checked: what a worker runs as step k is ``steps_of(job)[k]``.
+    JobCodeError, naming the job, when ``steps()`` does not return a usable list."""
+    name = type(job).__name__
+    try:
+        steps = list(job.steps())
+    except JobCodeError:
+        raise
+    except TypeError as exc:
+        raise JobCodeError(f"{name}.steps() must return a list of cmr.Step: {exc}") from None
+    if not 1 <= len(steps) <= MAX_STEPS:
+        raise JobCodeError(
+            f"{name}.steps() returned {len(steps)} steps: a job has from 1 to {MAX_STEPS}"
+        )
+    for i, step in enumerate(steps, 1):
+        if not isinstance(step, Step):
+            raise JobCodeError(f"{name}.steps() item {i} is {a_type(step)}, not a cmr.Step")
+        if step.map is None and step.reduce is None and step.map_chunk is None:
+            raise JobCodeError(f"{name}.steps() step {i} has neither map nor reduce")
+        for what in (
+            "map",
+            "combine",
+            "reduce",
+            "map_init",
+            "map_final",
+            "combine_init",
+            "combine_final",
+            "reduce_init",
+            "reduce_final",
+            "value_order",
+            "map_chunk",
+        ):
+            fn = getattr(step, what)
+            if fn is not None and not callable(fn):
+                raise JobCodeError(f"{name}.steps() step {i}: {what} is {fn!r}, not callable")
+        r = step.reducers
+        if r is not None and (type(r) is not int or not 1 <= r <= MAX_PARTITIONS):
+            raise JobCodeError(
+                f"{name}.steps() step {i}: reducers is {r!r}; it must be an int from 1 to "
+                f"{MAX_PARTITIONS:,}, or None for the job's"
+            )
+    return steps

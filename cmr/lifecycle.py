@@ -38,7 +38,7 @@ from cmr.backends.base import (
     item_absent,
 )
 from cmr.errors import BlobMissing, ConditionFailed, NotFound, QueueGone, UsageError, WireError
-from cmr.plan import load_plan
+from cmr.plan import load_plan, plan_url
 from cmr.publish import part_name, remove_parts
 from cmr.records import (
     ACTIVE_PK,
@@ -48,6 +48,7 @@ from cmr.records import (
     JobSpec,
     JobState,
     job_pk,
+    step_job_id,
 )
 
 log = structlog.get_logger("cmr.lifecycle")
@@ -168,18 +169,25 @@ async def end(
     claim: dict[str, Any] = {"active": False}
     if state == JobState.SUCCEEDED:
         claim["published"] = spec.job_id
+    # The job list has one row per pipeline (its first job's id): a step that succeeded
+    # and handed over leaves it running; the output's claim passed to the next step.
+    handed_over = state == JobState.SUCCEEDED and not spec.final
+    listed = {"state": state.value, "finished": now}
     writes: list[TxWrite] = [
         Update(pk, "job", set_=fields, condition=condition),
-        Update(JOBS_PK, spec.job_id, set_={"state": state.value, "finished": now}),
         # The row stays: cleaning up is the duty left, and any worker may take it.
         Update(ACTIVE_PK, spec.job_id, set_={"state": state.value}),
-        Update(
-            OUTPUTS_PK,
-            spec.output,
-            set_=claim,
-            condition=AnyOf((Missing("pk"), Eq("job", spec.job_id))),
-        ),
     ]
+    if not handed_over:
+        writes[1:1] = [Update(JOBS_PK, spec.pipeline_id, set_=listed)]
+        writes.append(
+            Update(
+                OUTPUTS_PK,
+                spec.output,
+                set_=claim,
+                condition=AnyOf((Missing("pk"), Eq("job", spec.job_id))),
+            )
+        )
     try:
         await backend.table.transact(writes, token=_token())
     except ConditionFailed:
@@ -192,7 +200,7 @@ async def end(
                 f"cancelled or failed; it will end in a moment (`cmr wait {spec.job_id}`)"
             ) from None
         # The output claim is not ours (a record changed by hand?): end the job all the same.
-        await backend.table.transact(writes[:3], token=_token())
+        await backend.table.transact(writes[:3] if not handed_over else writes, token=_token())
     return True
 
 
@@ -218,7 +226,9 @@ async def cleanup(backend: Backend, spec: JobSpec, state: JobState, step: Step =
     keep the job record. Idempotent, and safe to stop anywhere: run it again."""
     pk = job_pk(spec.job_id)
     scratch = job_scratch(spec.scratch, spec.job_id)
-    if state == JobState.SUCCEEDED:
+    if state == JobState.SUCCEEDED and not spec.final:
+        pass  # a step that handed over: the output place is the last step's to change
+    elif state == JobState.SUCCEEDED:
         try:
             plan = await load_plan(backend.blobs, scratch, spec.plan_digest)
         except (BlobMissing, WireError):
@@ -243,7 +253,19 @@ async def cleanup(backend: Backend, spec: JobSpec, state: JobState, step: Step =
 
     await asyncio.gather(*(delete_queue(n) for n in (in_q, reduce_q, *part_qs)))
     await step("cleanup.queues", {"job": spec.job_id})
-    await backend.blobs.delete_prefix(scratch)
+    if state == JobState.SUCCEEDED and not spec.final:
+        # Its committed outputs are the next step's input: they go with the next step's
+        # cleanup. The rest (spilled values, staged input, the plan) goes now.
+        for below in ("spill/", "input/"):
+            await backend.blobs.delete_prefix(scratch + below)
+        await backend.blobs.delete([plan_url(scratch)])
+    else:
+        await backend.blobs.delete_prefix(scratch)
+    if spec.step > spec.first_step and state != JobState.FAILED:
+        # The previous step's outputs were this step's input. A failed step keeps them: the
+        # run can resume from them (`cmr run --from-step`), until `cmr cleanup`.
+        previous = step_job_id(spec.pipeline_id, spec.first_step, spec.step - 1)
+        await backend.blobs.delete_prefix(job_scratch(spec.scratch, previous))
     await step("cleanup.scratch", {"job": spec.job_id})
     for prefix in ("map#", "fail#", "reduce#"):
         items = await backend.table.query(pk, prefix=prefix)

@@ -54,7 +54,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
     log = rt.log.bind(job=spec.job_id, task=task.task, attempt=attempt)
     async with message_lease(queues, in_q, msg.receipt, spec.visibility_s, rt.awake):
         ranges = await _ranges(rt, spec, task.task)
-        chunks = await asyncio.gather(*(_read(rt, r) for r in ranges))
+        chunks = await asyncio.gather(*(_read(rt, r, whole=spec.step > 0) for r in ranges))
         nbytes = sum(len(c) for c in chunks)
         result = await rt.cpu(
             compute.run_map,
@@ -73,6 +73,8 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 piece_bytes=compute.map_piece_bytes(rt.settings.memory_mb * 1024 * 1024),
                 limit_s=task_limit(spec.task_timeout_s, nbytes),
                 lines=spec.lines,
+                step=spec.step,
+                pairs_in=spec.step > 0,  # every step but the job's first reads pairs
             ),
             limit_s=task_limit(spec.task_timeout_s, nbytes),
         )
@@ -129,10 +131,13 @@ async def _ranges(rt: Runtime, spec: JobSpec, task: int) -> tuple[wire.Range, ..
     return plan.tasks[task]
 
 
-async def _read(rt: Runtime, r: wire.Range) -> bytes:
-    """A split's bytes. Input that vanished or cannot be read since the job was submitted
+async def _read(rt: Runtime, r: wire.Range, *, whole: bool = False) -> bytes:
+    """A split's bytes (``whole``: exactly the range, a previous step's output, which has no
+    lines to align to). Input that vanished or cannot be read since the job was submitted
     is a permanent failure: no other worker or later try would find it either."""
     try:
+        if whole:
+            return await rt.backend.blobs.get_range(r.url, r.start, r.end) if r.end else b""
         return await read_split(rt.backend.blobs, r)
     except BlobMissing:
         raise TaskError(

@@ -30,7 +30,7 @@ from cmr import wire
 from cmr.backends.base import Item
 from cmr.backends.embedded.blobs import file_path
 from cmr.errors import WireError
-from cmr.job import LINE_ENDINGS, JobRef
+from cmr.job import LINE_ENDINGS, MAX_STEPS, JobRef
 
 JOBS_PK = "jobs"  # every job ever submitted (what `cmr status` lists)
 ACTIVE_PK = "jobs#active"  # jobs with duties left: what workers poll, so it stays small
@@ -118,6 +118,30 @@ class JobSpec:
     replaces: str = ""  # the output's manifest etag when submitted ("": there was none)
     input_root: str = ""  # the file or prefix every range of the plan lies under
     lines: str = ""  # input line endings, "lf" or "universal"; "": the job class's ``lines``
+    # Pipelines (cmr.pipeline): this job is step ``step`` (0-based, of the job's steps()) of
+    # the run of steps first_step..last_step whose first job's id is ``pipeline``;
+    # ``step_partitions`` holds each of those steps' partitions. A one-step job: all zero.
+    step: int = 0
+    first_step: int = 0
+    last_step: int = 0
+    pipeline: str = ""  # "": the job is its own pipeline (job_id)
+    step_partitions: tuple[int, ...] = ()
+    job_steps: int = 1  # how many steps the job's steps() has (the last writes text)
+
+    @property
+    def pipeline_id(self) -> str:
+        return self.pipeline or self.job_id
+
+    @property
+    def final(self) -> bool:
+        """Whether this job's output is the run's output (not the next step's input)."""
+        return self.step >= self.last_step
+
+    @property
+    def writes_pairs(self) -> bool:
+        """Whether this step writes pairs (for a next step of the job) rather than its
+        output format: every step but the job's last."""
+        return self.step < self.job_steps - 1
 
     def owns_input(self, url: str) -> bool:
         """Whether ``url`` is (under) the job's recorded input: a plan's range elsewhere is
@@ -154,6 +178,18 @@ class JobSpec:
             "replaces": self.replaces,
             "input_root": self.input_root,
             "lines": self.lines,
+            **(
+                {
+                    "step": self.step,
+                    "first_step": self.first_step,
+                    "last_step": self.last_step,
+                    "pipeline": self.pipeline,
+                    "step_partitions": list(self.step_partitions),
+                    "job_steps": self.job_steps,
+                }
+                if self.pipeline
+                else {}
+            ),
         }
 
     @staticmethod
@@ -181,12 +217,16 @@ class JobSpec:
         queue_prefix = fields.text("queue_prefix", 40)
         if not _QUEUE_PREFIX.fullmatch(queue_prefix):
             raise WireError(f"job record {job_id}: queue_prefix is not a queue name prefix")
+        steps = _steps(fields, job_id)
+        partitions = fields.number("partitions", 1, MAX_PARTITIONS)
+        if steps[3] and steps[4][steps[0] - steps[1]] != partitions:
+            raise WireError(f"job record {job_id}: partitions differ from its step's")
         return JobSpec(
             job_id,
             JobRef(fields.text("job", MAX_URL), digest),
             dict(params),
             fields.number("maps", 0, MAX_MAPS),
-            fields.number("partitions", 1, MAX_PARTITIONS),
+            partitions,
             fields.url("output"),
             fields.url("scratch"),
             queue_prefix,
@@ -198,7 +238,42 @@ class JobSpec:
             fields.text("replaces", 200, default=""),
             fields.url("input_root"),
             lines,
+            *steps,
         )
+
+
+def step_job_id(pipeline: str, first_step: int, step: int) -> str:
+    """The job id of step ``step`` of a pipeline: its first job's id, then ``-s<n>`` (n the
+    1-based step number). Ids are derived, never chosen: a record cannot claim to be a step
+    of another pipeline, and any worker names the next step as every other does."""
+    return pipeline if step == first_step else f"{pipeline}-s{step + 1}"
+
+
+def _steps(fields: _Fields, job_id: str) -> tuple[int, int, int, str, tuple[int, ...], int]:
+    """(step, first_step, last_step, pipeline, step_partitions, job_steps) of a record,
+    checked: the step lies in its run, the job id is the one the pipeline's id and step
+    derive, and each step's partitions are in range."""
+    pipeline = fields.text("pipeline", 64, default="")
+    if not pipeline:
+        return 0, 0, 0, "", (), 1
+    step = fields.number("step", 0, MAX_STEPS - 1)
+    first = fields.number("first_step", 0, MAX_STEPS - 1)
+    last = fields.number("last_step", 0, MAX_STEPS - 1)
+    parts = fields.item.get("step_partitions")
+    job_steps = fields.number("job_steps", 1, MAX_STEPS)
+    if not (
+        wire.is_job_id(pipeline)
+        and first <= step <= last < job_steps
+        and job_id == step_job_id(pipeline, first, step)
+    ):
+        raise WireError(f"job record {job_id}: its pipeline fields do not name this job")
+    if (
+        not isinstance(parts, list | tuple)
+        or len(parts) != last - first + 1
+        or not all(type(n) is int and 1 <= n <= MAX_PARTITIONS for n in parts)
+    ):
+        raise WireError(f"job record {job_id}: step_partitions must be one count per step")
+    return step, first, last, pipeline, tuple(parts), job_steps
 
 
 MAX_MAPS = wire.MAX_TASKS  # map tasks a job may have: what a task message may point at

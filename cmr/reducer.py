@@ -348,6 +348,8 @@ async def _reduce_and_commit(
         rt.settings.use_combiner,
         limit,
         what,
+        spec.step,
+        not spec.writes_pairs,
         limit_s=limit,
     )
     drain.stats["reduce_spills"] += result.spills

@@ -38,6 +38,8 @@ STEPS = (
     "reduce.committed",  # the partition is committed, its task message not deleted
     "finalize.begin",  # every partition is committed; nothing published yet
     "publish.marked",  # the job is marked publishing; no part copied
+    "pipeline.next_made",  # a step's next step has its plan, queues and tasks; no record
+    "pipeline.handed_over",  # the next step's record stands; this step still says running
     "publish.copied",  # every part is copied into the output place; no manifest
     "publish.manifest_written",  # the manifest stands; the job still says running
     "finalize.succeeded",  # the job says succeeded; replaced parts and scratch remain

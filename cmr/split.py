@@ -67,6 +67,31 @@ def plan(inputs: Sequence[Input], split_bytes: int) -> list[tuple[Range, ...]]:
     return tasks
 
 
+WHOLE_TASK_BYTES = 64 * MIB  # whole files packed into one task up to about this much
+
+
+def whole_files(inputs: Sequence[Input]) -> list[tuple[Range, ...]]:
+    """Map tasks that read each input whole (input with no lines to cut at: a previous
+    step's pairs), small files packed together; at least one task, so an input of empty
+    files still runs its step."""
+    tasks: list[tuple[Range, ...]] = []
+    pending: list[Range] = []
+    held = 0
+    for inp in inputs:
+        if inp.size == 0:
+            continue
+        pending.append(Range(inp.url, 0, inp.size, inp.name))
+        held += inp.size
+        if held >= WHOLE_TASK_BYTES or len(pending) >= MAX_RANGES_PER_TASK:
+            tasks.append(tuple(pending))
+            pending, held = [], 0
+    if pending:
+        tasks.append(tuple(pending))
+    if not tasks and inputs:
+        tasks.append((Range(inputs[0].url, 0, 0, inputs[0].name),))
+    return tasks
+
+
 def input_name(root: str, blob: BlobInfo) -> str:
     """The name map sees: the path below the input root, or the file's own name (a local
     file's name as it is on disk, not as its URL spells it)."""

@@ -45,7 +45,7 @@ from cmr.records import (
     new_job_id,
 )
 from cmr.settings import LineEnds
-from cmr.split import Input, choose_split_bytes, input_name, plan
+from cmr.split import Input, choose_split_bytes, input_name, plan, whole_files
 
 STAGE_CONCURRENCY = 16
 MAX_REPLACED_LOCAL = 5_000  # part files a fetched local output may replace (kept in the record)
@@ -72,6 +72,12 @@ class JobOptions:
     overwrite: bool = False
     params: dict[str, str] = field(default_factory=dict)
     lines: str = ""  # how input lines end ("": the job class's own ``lines``)
+    # The steps to run (0-based indexes into the job's steps()), each one's partitions, and
+    # how many steps the job has. One step of a one-step job: the defaults.
+    first_step: int = 0
+    last_step: int = 0
+    step_partitions: tuple[int, ...] = ()
+    job_steps: int = 1
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -106,6 +112,20 @@ class JobOptions:
             f"--task-timeout must be between 1 and {MAX_TASK_TIMEOUT_S:,} seconds (a week: "
             f"workers refuse more), or 0 for the default that grows with each task's input; "
             f"got {self.task_timeout_s}",
+        )
+        for n in self.step_partitions:
+            need(
+                1 <= n <= MAX_PARTITIONS,
+                f"a step's reducers must be between 1 and {MAX_PARTITIONS:,}; got {n}",
+            )
+        need(
+            0 <= self.first_step <= self.last_step < self.job_steps
+            and (
+                self.job_steps == 1
+                or len(self.step_partitions) == self.last_step - self.first_step + 1
+            ),
+            f"steps {self.first_step + 1} to {self.last_step + 1} are not steps of a job of "
+            f"{self.job_steps}",
         )
         if self.lines and self.lines not in LINE_MODES:
             raise UsageError(
@@ -309,7 +329,11 @@ async def _submit(
 ) -> JobSpec:
     input_root, inputs = await _input_blobs(backend, source, local, job_id)
     total = sum(i.size for i in inputs)
-    tasks = plan(inputs, split_bytes or choose_split_bytes(total, parallelism, memory_bytes))
+    if options.first_step > 0:
+        # A previous step's output (pairs): each file is read whole.
+        tasks = whole_files(inputs)
+    else:
+        tasks = plan(inputs, split_bytes or choose_split_bytes(total, parallelism, memory_bytes))
     if options.partitions > max(FEW_REDUCERS, REDUCERS_PER_MAP * len(tasks)):
         log.warning(
             "far more reducers than the input needs: most parts will be empty, and each "
@@ -320,12 +344,13 @@ async def _submit(
     scratch = job_scratch(backend.scratch, job_id)
     data = Plan(tuple(tasks), place.replaced).to_bytes()
     await backend.blobs.put(plan_url(scratch), data)
+    many = options.job_steps > 1
     spec = JobSpec(
         job_id,
         ref,
         dict(options.params),
         len(tasks),
-        options.partitions,
+        options.step_partitions[0] if many else options.partitions,
         place.url,
         backend.scratch,
         queue_prefix,
@@ -337,6 +362,12 @@ async def _submit(
         place.replaces,
         input_root,
         lines=options.lines,
+        step=options.first_step,
+        first_step=options.first_step,
+        last_step=options.last_step,
+        pipeline=job_id if many else "",
+        step_partitions=options.step_partitions if many else (),
+        job_steps=options.job_steps,
     )
     in_q, reduce_q, part_qs = spec.queues()
     queues = backend.queues

@@ -86,7 +86,50 @@ async def wait(
     on_progress: Callable[[Progress], None] | None = None,
     poll_s: float = 0.5,
 ) -> dict[str, Any]:
-    """Watch the job until it ends: the final job record; raises JobFailed. Only reads:
+    """Watch the job (every step of a pipeline) until it ends: the record of its last step;
+    raises JobFailed."""
+    return (await wait_steps(backend, spec, on_progress, poll_s))[1]
+
+
+async def wait_steps(
+    backend: Backend,
+    spec: JobSpec,
+    on_progress: Callable[[Progress], None] | None = None,
+    poll_s: float = 0.5,
+) -> tuple[JobSpec, dict[str, Any]]:
+    """Watch a pipeline step after step, as each hands over to the next, until it ends:
+    (the last step's spec, its record); raises JobFailed, naming the step that failed."""
+    from cmr.lifecycle import load_spec
+
+    while True:
+        try:
+            record = await _wait_one(backend, spec, on_progress, poll_s)
+        except JobFailed as exc:
+            if not spec.pipeline:
+                raise
+            raise JobFailed(
+                spec.pipeline_id, f"step {spec.step + 1} ({spec.job_id}): {exc.reason}"
+            ) from None
+        nxt = record.get("next")
+        if spec.final or not isinstance(nxt, str):
+            return spec, record
+        while True:
+            try:
+                spec, _ = await load_spec(backend, nxt)
+                break
+            except BackendError as exc:
+                if not transient(exc):
+                    raise
+                await asyncio.sleep(poll_s)
+
+
+async def _wait_one(
+    backend: Backend,
+    spec: JobSpec,
+    on_progress: Callable[[Progress], None] | None,
+    poll_s: float,
+) -> dict[str, Any]:
+    """Watch one job until it ends: its final record; raises JobFailed. Only reads:
     the workers finish and clean up the job whether or not anyone waits. Transient backend
     errors only delay.
 

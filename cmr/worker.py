@@ -127,8 +127,12 @@ class Worker:
     async def refresh_jobs(self) -> None:
         table = self.rt.backend.table
         if self.only_job is not None:
-            row = await table.get(ACTIVE_PK, self.only_job)
-            rows = [row] if row is not None else []
+            # The job and, if it is a pipeline, its later steps (ids it prefixes).
+            rows = [
+                r
+                for r in await table.query(ACTIVE_PK, prefix=self.only_job)
+                if str(r["sk"]) == self.only_job or str(r["sk"]).startswith(self.only_job + "-s")
+            ]
         else:
             rows = await table.query(ACTIVE_PK, consistent=False)
         running = []

@@ -242,6 +242,27 @@ def _record_json(spec: Any, rec: dict[str, Any], p: Progress) -> dict[str, Any]:
     return doc
 
 
+def _step_json(spec: Any, rec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "step": spec.step + 1,
+        "job": spec.job_id,
+        "state": str(rec.get("state", "unknown")),
+        "maps": spec.maps,
+        "reduces": spec.partitions,
+        "records_in": rec.get("records_in"),
+        "records_out": rec.get("records_out"),
+        "error": rec.get("error"),
+    }
+
+
+def _step_line(spec: Any, rec: dict[str, Any]) -> str:
+    state = str(rec.get("state", "unknown"))
+    line = f"{state}: {spec.job_id}, {spec.maps} maps, {spec.partitions} reduces"
+    if "records_out" in rec:
+        line += f", {rec.get('records_in')} records in, {rec['records_out']} out"
+    return line
+
+
 @shared("store", StoreFlags)
 def status(
     store: StoreFlags,
@@ -254,7 +275,7 @@ def status(
     With no store given: $CMR_STORE, else the store of your last `cmr run`."""
     from rich.table import Table
 
-    from cmr import lifecycle, watch
+    from cmr import watch
 
     configure_logs(logging.WARNING - 10 * verbose)
     w = where(store)
@@ -269,39 +290,52 @@ def status(
     announce(w)
 
     async def show() -> None:
+        from cmr import pipeline
+
         async with _opened(w.store) as be:
             if job is None:
                 rows = []
                 for row in await watch.list_jobs(be):
-                    spec, rec = await lifecycle.load_spec(be, str(row["sk"]))
+                    # A pipeline is listed once, where it stands: the step it is at.
+                    spec, rec = await pipeline.current(be, str(row["sk"]))
                     rows.append((spec, rec, await watch.progress(be, spec)))
                 if as_json:
                     print(json.dumps([_record_json(*r) for r in rows], default=str))
                     return
-                t = Table("job", "state", "created", "maps", "reduces", "input")
+                t = Table("job", "state", "created", "step", "maps", "reduces", "input")
                 for spec, rec, p in rows:
                     cells = (
-                        spec.job_id,
+                        spec.pipeline_id,
                         p.state,
                         time.strftime(
                             "%Y-%m-%d %H:%M:%S", time.localtime(float(rec.get("created", 0)))
                         ),
+                        f"{spec.step + 1}/{spec.job_steps}",
                         f"{p.maps_done}/{p.maps}",
                         f"{p.reduces_done}/{p.reduces}",
                         str(rec.get("input", "")),
                     )
                     t.add_row(*map(safe_text, cells))  # data from the table: never obeyed
-                keep_whole(t, 0, (safe_text(spec.job_id).plain for spec, _, _ in rows))
+                keep_whole(t, 0, (safe_text(spec.pipeline_id).plain for spec, _, _ in rows))
                 print_table(out, t)
                 return
-            spec, rec = await lifecycle.load_spec(be, job)
+            steps = await pipeline.chain(be, job)
+            spec, rec = steps[-1]
             p = await watch.progress(be, spec)
             if as_json:
-                print(json.dumps(_record_json(spec, rec, p), default=str))
+                doc = _record_json(spec, rec, p)
+                if spec.pipeline:
+                    doc["job"] = spec.pipeline_id
+                    doc["steps"] = [_step_json(s, r) for s, r in steps]
+                print(json.dumps(doc, default=str))
                 return
             fields = [
-                ("job", spec.job_id),
+                ("job", spec.pipeline_id),
                 ("state", p.state),
+                *(
+                    (f"step {s.step + 1}", _step_line(s, r))
+                    for s, r in (steps if spec.pipeline else [])
+                ),
                 ("code", spec.ref.target),
                 ("maps", f"{p.maps_done}/{p.maps} committed"),
                 ("reduces", f"{p.reduces_done}/{p.reduces} committed"),
@@ -367,8 +401,7 @@ def wait(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
 def cancel(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     """Cancel a running job; its workers clean it up (``cmr cleanup`` does it here)."""
     configure_logs(logging.WARNING - 10 * verbose)
-    from cmr import lifecycle
-    from cmr.records import JobState
+    from cmr import pipeline
 
     w = where(store)
     if embedded_run(w, job) is not None:
@@ -378,7 +411,7 @@ def cancel(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     announce(w)
 
     async def body(be: Backend, spec: JobSpec) -> bool:
-        return await lifecycle.end(be, spec, JobState.CANCELLED, reason="cancelled by `cmr cancel`")
+        return await pipeline.cancel(be, spec.job_id, "cancelled by `cmr cancel`")
 
     if not asyncio.run(_on_job(w.store, job, body)()):
         fail(f"job {job} had ended already (`cmr status {job}`)")
@@ -392,7 +425,7 @@ def cancel(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
 def cleanup(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     """Delete a job's queues, scratch data and records now (a running job is cancelled)."""
     configure_logs(logging.WARNING - 10 * verbose)
-    from cmr import lifecycle
+    from cmr import lifecycle, pipeline
     from cmr.records import JobState, job_pk
 
     w = where(store)
@@ -408,9 +441,13 @@ def cleanup(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     announce(w)
 
     async def body(be: Backend, spec: JobSpec) -> None:
-        await lifecycle.end(be, spec, JobState.CANCELLED, reason="cancelled by cmr cleanup")
-        rec = await be.table.get(job_pk(job), "job") or {}
-        await lifecycle.cleanup(be, spec, JobState(str(rec.get("state", "cancelled"))))
+        await pipeline.cancel(be, spec.job_id, "cancelled by cmr cleanup")
+        # Every step of a pipeline (cleanup is idempotent), and what a failed step kept of
+        # the step before it for resuming.
+        for each, _ in await pipeline.chain(be, job):
+            rec = await be.table.get(job_pk(each.job_id), "job") or {}
+            await lifecycle.cleanup(be, each, JobState(str(rec.get("state", "cancelled"))))
+            await be.blobs.delete_prefix(lifecycle.job_scratch(each.scratch, each.job_id))
 
     asyncio.run(_on_job(w.store, job, body)())
     err.print(

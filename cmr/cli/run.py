@@ -67,6 +67,17 @@ def run(
     overwrite: Annotated[
         bool, typer.Option(help="replace the output's parts once the new ones are complete")
     ] = False,
+    step: Annotated[
+        int | None,
+        typer.Option(
+            help="run only this step of the job's steps (1-based); a step before the last "
+            "writes pairs, the input of --step/--from-step N+1"
+        ),
+    ] = None,
+    from_step: Annotated[
+        int | None,
+        typer.Option(help="run this step and the rest; the input is what the step before wrote"),
+    ] = None,
     detach: Annotated[
         bool,
         typer.Option(
@@ -122,10 +133,14 @@ def run(
             ids["map"] = bars.add_task("map", total=p.maps or 1, note="")
             ids["reduce"] = bars.add_task("reduce", total=p.reduces, note="")
         rate = p.stats.get("progress_bytes", 0) / max(1e-9, time.monotonic() - started)
+        # A pipeline's steps each have their own tasks: the bars show the step under way.
         bars.update(
-            ids["map"], completed=p.maps_done if p.maps else 1, note=f"{rate / 1e6:.1f} MB/s"
+            ids["map"],
+            total=p.maps or 1,
+            completed=p.maps_done if p.maps else 1,
+            note=f"{rate / 1e6:.1f} MB/s",
         )
-        bars.update(ids["reduce"], completed=p.reduces_done, note="")
+        bars.update(ids["reduce"], total=p.reduces, completed=p.reduces_done, note="")
 
     options = api.RunOptions(
         reducers=reducers,
@@ -136,6 +151,8 @@ def run(
         max_task_attempts=max_task_attempts,
         overwrite=overwrite,
         lines=lines.value if lines is not None else "",
+        step=step,
+        from_step=from_step,
         detach=detach,
         aws=where.aws,
         worker_settings=WorkerSettings(memory_mb=memory_mb),

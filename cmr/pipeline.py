@@ -1,0 +1,216 @@
+"""Pipelines: a job of several steps, each step a job of its own, chained through the store.
+
+One submission makes the first step's job. When a step's partitions are all committed, the
+worker that finalizes it (any worker: ``cmr.janitor``) *hands over* instead of publishing:
+
+1. it marks the step as publishing (from then on the step can only succeed, and a worker's
+   repair check finalizes it again if this one dies);
+2. it makes the next step's job from the step's committed outputs: a plan whose map tasks
+   read those outputs whole (as pairs), its queues, its task messages, and then, in one
+   transaction, its record, its row in the active index, and the output place's claim,
+   passed from this step to the next;
+3. it ends the step as succeeded, naming the next.
+
+Every part is idempotent and derived only from the step's record and commits (the next
+step's id, plan and queues are the same whoever makes them), so any number of workers may
+hand over at once, and any may die half-way: duplicates of task messages are the rule the
+protocol already handles. Only the last step publishes the job's output, fenced as a
+one-step job's is. The pipeline's row in the job list (its first job's id) says where the
+pipeline stands: running (at step n), or how it ended.
+
+A step's committed outputs are kept until the next step is cleaned up (they are its
+input); when the next step failed they are kept still, so the run can resume from them
+(``cmr run --from-step``), until ``cmr cleanup`` removes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from cmr import wire
+from cmr.backends.base import Backend, Eq, Put, TxWrite, Update, item_absent
+from cmr.errors import BackendError, ConditionFailed, QueueGone, UsageError
+from cmr.lifecycle import _token, job_scratch
+from cmr.plan import Plan, plan_url
+from cmr.publish import Source
+from cmr.records import ACTIVE_PK, JOBS_PK, OUTPUTS_PK, JobSpec, JobState, job_pk, step_job_id
+from cmr.wire import Range
+
+TASK_BYTES = 64 * 1024 * 1024  # a next step's map task reads about this much of the outputs
+TASK_PARTS = 200  # and at most this many of them (small parts are packed together)
+# Fields of the first step's record every step's record carries (what `cmr status` and a
+# waiting client show about the run as a whole).
+CARRIED = ("input", "user_output", "fetch")
+
+
+def outputs_root(spec: JobSpec) -> str:
+    """Where a step's reduce outputs lie (cmr.lifecycle.reduce_output_url): the next step's
+    input root."""
+    return job_scratch(spec.scratch, spec.job_id) + "out/"
+
+
+def next_tasks(sources: Sequence[Source]) -> list[tuple[Range, ...]]:
+    """The next step's map tasks: each committed output read whole (a stream of pairs has no
+    boundaries to cut at), small ones packed together, in partition order."""
+    tasks: list[tuple[Range, ...]] = []
+    pending: list[Range] = []
+    held = 0
+    for s in sorted(sources, key=lambda s: s.partition):
+        if s.bytes == 0:
+            continue  # an empty part has no pairs
+        pending.append(Range(s.url, 0, s.bytes, f"part-{s.partition:05d}"))
+        held += s.bytes
+        if held >= TASK_BYTES or len(pending) >= TASK_PARTS:
+            tasks.append(tuple(pending))
+            pending, held = [], 0
+    if pending:
+        tasks.append(tuple(pending))
+    if not tasks:
+        # Nothing to read: one task over nothing still runs the step's map hooks and lets
+        # its reducers see every map committed.
+        first = min(sources, key=lambda s: s.partition)
+        tasks.append((Range(first.url, 0, 0, f"part-{first.partition:05d}"),))
+    return tasks
+
+
+def next_spec(spec: JobSpec, plan_digest: str, maps: int) -> JobSpec:
+    step = spec.step + 1
+    return replace(
+        spec,
+        job_id=step_job_id(spec.pipeline_id, spec.first_step, step),
+        maps=maps,
+        partitions=spec.step_partitions[step - spec.first_step],
+        plan_digest=plan_digest,
+        input_root=outputs_root(spec),
+        step=step,
+        pipeline=spec.pipeline_id,
+    )
+
+
+async def hand_over(
+    be: Backend,
+    spec: JobSpec,
+    sources: Sequence[Source],
+    replaced: Sequence[str],
+    made: Callable[[JobSpec], Awaitable[None]],
+) -> JobSpec | None:
+    """Make the next step's job from this step's committed outputs (step 2 above). Returns
+    its spec, or None when it cannot be made any more because this step ended meanwhile.
+    ``replaced``: the parts of the output place the last step's publication replaces;
+    ``made`` is awaited once the next step's plan, queues and tasks exist (a test's crash
+    point)."""
+    tasks = next_tasks(sources)
+    data = Plan(tuple(tasks), tuple(replaced)).to_bytes()
+    nxt = next_spec(spec, Plan.digest(data), len(tasks))
+    await be.blobs.put(plan_url(job_scratch(nxt.scratch, nxt.job_id)), data)
+    in_q, reduce_q, part_qs = nxt.queues()
+    await asyncio.gather(
+        *(be.queues.create(q, visibility_s=nxt.visibility_s) for q in (in_q, reduce_q, *part_qs))
+    )
+    await be.queues.send(in_q, [wire.encode(wire.MapTask(nxt.job_id, i)) for i in range(nxt.maps)])
+    await be.queues.send(
+        reduce_q, [wire.encode(wire.ReduceTask(nxt.job_id, p)) for p in range(nxt.partitions)]
+    )
+    await made(nxt)
+    record = await be.table.get(job_pk(spec.job_id), "job", consistent=True) or {}
+    if record.get("state") != JobState.RUNNING.value:
+        await _undo(be, nxt)
+        return None
+    extra = {k: record[k] for k in CARRIED if k in record}
+    extra["input_bytes"] = sum(s.bytes for s in sources)
+    extra["inputs"] = len(sources)
+    if await _record(be, spec, nxt, extra):
+        return nxt
+    # Made already, by another worker handing over at the same time, or long ago (if we
+    # were paused past the next step's whole run, what we just made must go again).
+    held = await be.table.get(job_pk(nxt.job_id), "job", consistent=True) or {}
+    if held.get("state") != JobState.RUNNING.value:
+        await _undo(be, nxt, plan=bool(held.get("cleaned")))
+    return nxt
+
+
+async def _record(be: Backend, spec: JobSpec, nxt: JobSpec, extra: dict[str, Any]) -> bool:
+    """The next step's record, active row and the output's claim, at once; False if it
+    exists already (or this step no longer owns the output: it ended meanwhile)."""
+    import time
+
+    now = time.time()
+    row = {"state": JobState.RUNNING.value, "created": now}
+    writes: list[TxWrite] = [
+        Put(job_pk(nxt.job_id), "job", {**nxt.to_item(), **extra, **row}, item_absent()),
+        Put(ACTIVE_PK, nxt.job_id, row),
+        Update(OUTPUTS_PK, nxt.output, set_={"job": nxt.job_id}, condition=Eq("job", spec.job_id)),
+        Update(JOBS_PK, spec.pipeline_id, set_={"step": nxt.step + 1}),
+    ]
+    try:
+        await be.table.transact(writes, token=_token())
+    except ConditionFailed:
+        return False
+    return True
+
+
+async def _undo(be: Backend, nxt: JobSpec, *, plan: bool = False) -> None:
+    """Remove what a late hand-over made for a step that ended already: its queues (always
+    safe: an ended job's queues serve nobody) and, once that step was cleaned up, its plan
+    (before then its cleanup still reads it)."""
+    in_q, reduce_q, part_qs = nxt.queues()
+
+    async def delete(name: str) -> None:
+        with contextlib.suppress(QueueGone, BackendError):
+            await be.queues.delete(name)
+
+    await asyncio.gather(*(delete(q) for q in (in_q, reduce_q, *part_qs)))
+    if plan:
+        with contextlib.suppress(BackendError):
+            await be.blobs.delete_prefix(job_scratch(nxt.scratch, nxt.job_id))
+
+
+async def chain(be: Backend, job_id: str) -> list[tuple[JobSpec, dict[str, Any]]]:
+    """The steps of the pipeline ``job_id`` names that exist so far, in order, each with
+    its record: a step that succeeded and handed over names the next (``next``)."""
+    from cmr.lifecycle import load_spec
+
+    steps = [await load_spec(be, job_id)]
+    while True:
+        spec, rec = steps[-1]
+        if spec.final or rec.get("state") != JobState.SUCCEEDED.value or len(steps) > 64:
+            return steps
+        nxt = step_job_id(spec.pipeline_id, spec.first_step, spec.step + 1)
+        if rec.get("next") != nxt:
+            return steps
+        steps.append(await load_spec(be, nxt))
+
+
+async def current(be: Backend, job_id: str) -> tuple[JobSpec, dict[str, Any]]:
+    """The step a pipeline is at: its last step made so far."""
+    return (await chain(be, job_id))[-1]
+
+
+HANDOVER_WAIT_S = 30.0  # how long cancelling waits for a step that is handing over
+
+
+async def cancel(be: Backend, job_id: str, reason: str, *, clean: bool = False) -> bool:
+    """Cancel the step a pipeline (or a one-step job) is at; False if it had ended. A step
+    handing over cannot be cancelled: the next one is, once it exists. ``clean``: clean the
+    cancelled step up here (nobody else can reach an in-process backend's queues)."""
+    from cmr.lifecycle import cleanup, end
+
+    deadline = asyncio.get_running_loop().time() + HANDOVER_WAIT_S
+    while True:
+        spec, _ = await current(be, job_id)
+        try:
+            ended = await end(be, spec, JobState.CANCELLED, reason=reason)
+        except UsageError:
+            # Publishing: the last step ends as succeeded in a moment; an earlier one is
+            # handing over, and its next step is what to cancel.
+            if spec.final or asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.2)
+            continue
+        if ended and clean:
+            await cleanup(be, spec, JobState.CANCELLED)
+        return ended
