@@ -124,22 +124,8 @@ class RunOptions:
 
     def job_options(self, ref: JobRef) -> submit.JobOptions:
         cls = load_job_class(ref)
-        default = self.reducers if self.reducers is not None else cls.reducers
-        steps = steps_of(_instance(cls, self.params))
-        first, last = _step_range(len(steps), self.step, self.from_step)
-        many = len(steps) > 1
         return submit.JobOptions(
-            partitions=default,
-            first_step=first,
-            last_step=last,
-            job_steps=len(steps),
-            # A step's own reducers win over the job's, unless --reducers says otherwise.
-            step_partitions=tuple(
-                self.reducers if self.reducers is not None else (s.reducers or default)
-                for s in steps[first : last + 1]
-            )
-            if many
-            else (),
+            **step_options(cls, self.params, self.reducers, self.step, self.from_step),
             visibility_s=self.visibility_timeout,
             max_task_failures=self.max_task_failures,
             max_task_attempts=self.max_task_attempts,
@@ -148,6 +134,34 @@ class RunOptions:
             params=dict(self.params),
             lines=self.lines,
         )
+
+
+def step_options(
+    cls: type[Job],
+    params: Mapping[str, str],
+    reducers: int | None,
+    step: int | None = None,
+    from_step: int | None = None,
+) -> dict[str, Any]:
+    """The :class:`~cmr.submit.JobOptions` fields saying which of the job's steps run, and
+    each one's partitions: a step's own ``reducers`` win over the job's, and ``--reducers``
+    over both."""
+    default = reducers if reducers is not None else cls.reducers
+    steps = steps_of(_instance(cls, params))
+    first, last = _step_range(len(steps), step, from_step)
+    many = len(steps) > 1
+    return {
+        "partitions": default,
+        "first_step": first,
+        "last_step": last,
+        "job_steps": len(steps),
+        "step_partitions": tuple(
+            reducers if reducers is not None else (s.reducers or default)
+            for s in steps[first : last + 1]
+        )
+        if many
+        else (),
+    }
 
 
 def _instance(cls: type[Job], params: Mapping[str, str]) -> Job:

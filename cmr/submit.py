@@ -29,6 +29,8 @@ from cmr.localinput import local_files
 from cmr.places import check_apart, make_output_dir, probe_output_dir
 from cmr.plan import Plan, plan_url
 from cmr.publish import (
+    MANIFEST,
+    Manifest,
     OutputConflict,
     existing_parts,
     read_manifest,
@@ -180,6 +182,9 @@ async def _input_blobs(
 ) -> tuple[str, list[Input]]:
     if local is not None:
         path, files = local.path, local.files
+        if path.is_dir() and (path / MANIFEST).is_file():
+            listed = _listed_parts((path / MANIFEST).read_bytes())
+            files = [f for f in files if f.parent != path or f.name in listed]
         if backend.capabilities.local_files:
             root = file_url(path) if path.is_file() else file_url(path) + "/"
             blobs = [BlobInfo(file_url(f), f.stat().st_size) for f in files]
@@ -196,7 +201,30 @@ async def _input_blobs(
                     f"input {source} holds no files (no object is named so, nor lies under "
                     f"{root}): check the bucket and prefix, or upload the input first"
                 ) from None
+            if any(b.url == root + MANIFEST for b in blobs):
+                listed = _listed_parts(await backend.blobs.get(root + MANIFEST))
+                top = [b.url[len(root) :] for b in blobs]
+                blobs = [b for b, n in zip(blobs, top, strict=True) if "/" in n or n in listed]
     return root, [Input(b.url, b.size, input_name(root, b)) for b in blobs]
+
+
+def _listed_parts(manifest: bytes) -> set[str]:
+    """The files of an input directory that is an output (a ``_SUCCESS`` at its top): a
+    cmr output's parts are those its manifest lists (others are leftovers of a replaced or
+    failed job); another tool's ``_SUCCESS`` (Hadoop's is empty) is only a marker. Either
+    way the marker itself is no input."""
+    try:
+        return {p.name for p in Manifest.from_bytes(manifest).parts}
+    except OutputConflict:
+        return _ALL_BUT_MANIFEST
+
+
+class _AllButManifest(set[str]):
+    def __contains__(self, name: object) -> bool:
+        return name != MANIFEST
+
+
+_ALL_BUT_MANIFEST = _AllButManifest()
 
 
 @dataclass(frozen=True)

@@ -27,16 +27,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cmr import submit, watch
+import msgpack
+
+from cmr import pipeline, submit, watch
 from cmr.admission import serving_own_job
-from cmr.api import job_ref
+from cmr.api import job_ref, step_options
 from cmr.backends.base import Backend
 from cmr.backends.embedded import temporary_backend
 from cmr.backends.faults import FaultPlan, inject
 from cmr.backends.retry import with_retries
 from cmr.compute import job_instance, sort_key
 from cmr.errors import JobFailed
-from cmr.job import Job
+from cmr.job import Job, load_job_class, steps_of
 from cmr.lifecycle import job_scratch
 from cmr.publish import MANIFEST, Manifest
 from cmr.records import ACTIVE_PK, JOBS_PK, OUTPUTS_PK, JobSpec, job_pk
@@ -53,26 +55,73 @@ def _inputs(root: Path) -> list[tuple[str, Path]]:
 
 
 def sequential(
-    job: str | type[Job], input: str | Path, reducers: int, params: dict[str, str] | None = None
+    job: str | type[Job],
+    input: str | Path,
+    reducers: int | None,
+    params: dict[str, str] | None = None,
 ) -> list[str]:
-    """The job's output computed sequentially: one string per part, as cmr writes it."""
+    """The job's output computed sequentially: one string per part of its last step, as
+    cmr writes it (``reducers`` as --reducers: None for the job's own). Every step in turn
+    (combine left out: it must not change the result);
+    pairs pass through msgpack between map and reduce and between steps, as they travel."""
     ref = job_ref(job)
     inst = job_instance("sequential", ref, dict(params or {}))
-    groups: list[dict[Any, list[Any]]] = [defaultdict(list) for _ in range(reducers)]
-    for name, path in _inputs(Path(input)):
-        data = path.read_bytes()
-        if not data:
-            continue
-        for key, value in inst.map_chunk(name, data[:-1] if data.endswith(b"\n") else data):
-            groups[inst.partition(key, reducers)][key].append(value)
-    parts = []
-    for group in groups:
-        lines = []
-        for key in sorted(group, key=sort_key):
-            for k, v in inst.reduce(key, iter(group[key])):
-                lines.append(inst.format(k, v) + "\n")
-        parts.append("".join(lines))
+    steps = steps_of(inst)
+    chosen = step_options(type(inst), params or {}, reducers)
+    partitions: tuple[int, ...] = chosen["step_partitions"] or (chosen["partitions"],)
+    pairs: list[tuple[Any, Any]] = []
+    parts: list[str] = []
+    for k, step in enumerate(steps):
+        n = partitions[k]
+        groups: list[dict[Any, list[Any]]] = [defaultdict(list) for _ in range(n)]
+
+        def add(returned: Any, groups: list[dict[Any, list[Any]]] = groups, n: int = n) -> None:
+            for pair in returned or ():
+                key, value = _travelled(pair)
+                groups[inst.partition(key, n)][key].append(value)
+
+        add(step.map_init() if step.map_init else None)
+        if k == 0:
+            for name, path in _inputs(Path(input)):
+                data = path.read_bytes()
+                if not data:
+                    continue
+                body = data[:-1] if data.endswith(b"\n") else data
+                if step.map_chunk is not None:
+                    add(step.map_chunk(name, body))
+                    continue
+                for line in body.decode("utf-8", "replace").split("\n"):
+                    add(step.map(name, line) if step.map else [(name, line)])
+        else:
+            for key, value in pairs:
+                add(step.map(key, value) if step.map else [(key, value)])
+        add(step.map_final() if step.map_final else None)
+        pairs, parts = [], []
+        for group in groups:
+            out: list[tuple[Any, Any]] = []
+            if step.reduce_init:
+                step.reduce_init()
+            for key in sorted(group, key=sort_key):
+                if step.reduce is None:
+                    out += [(key, v) for v in group[key]]
+                else:
+                    out += list(step.reduce(key, iter(group[key])))
+            if step.reduce_final:
+                out += list(step.reduce_final() or ())
+            pairs += [_travelled(p) for p in out]
+            parts.append("".join(inst.format(kk, v) + "\n" for kk, v in out))
     return parts
+
+
+def _travelled(pair: Any) -> tuple[Any, Any]:
+    """A pair as it arrives after a trip through msgpack (lists become tuples)."""
+    key, value = msgpack.unpackb(
+        msgpack.packb(tuple(pair), use_bin_type=True),
+        raw=False,
+        use_list=False,
+        strict_map_key=False,
+    )
+    return key, value
 
 
 def read_output(out: str | Path, reducers: int) -> list[str]:
@@ -153,20 +202,24 @@ def chaos_hook(
 
 
 async def leftovers(be: Backend, spec: JobSpec) -> list[str]:
-    """What an ended, cleaned-up job left behind, that it should not have: queues, task
-    records, a row in the active index, a live claim on its output, scratch blobs."""
+    """What an ended, cleaned-up job (every step of a pipeline) left behind, that it should
+    not have: queues, task records, a row in the active index, a live claim on its output,
+    scratch blobs."""
     found = [f"queue {q}" for q in await be.queues.list(f"{spec.queue_prefix}{spec.job_id}-")]
-    found += [
-        f"record {i['pk']}/{i['sk']}"
-        for i in await be.table.query(job_pk(spec.job_id))
-        if i["sk"] != "job"
-    ]
-    if await be.table.get(ACTIVE_PK, spec.job_id) is not None:
-        found.append(f"record {ACTIVE_PK}/{spec.job_id}")
+    for step, _ in await pipeline.chain(be, spec.job_id):
+        found += [
+            f"record {i['pk']}/{i['sk']}"
+            for i in await be.table.query(job_pk(step.job_id))
+            if i["sk"] != "job"
+        ]
+        if await be.table.get(ACTIVE_PK, step.job_id) is not None:
+            found.append(f"record {ACTIVE_PK}/{step.job_id}")
+        found += [
+            f"blob {b.url}" for b in await be.blobs.list(job_scratch(step.scratch, step.job_id))
+        ]
     claim = await be.table.get(OUTPUTS_PK, spec.output)
     if claim is not None and claim.get("active"):
         found.append(f"record {OUTPUTS_PK}/{spec.output} (still active)")
-    found += [f"blob {b.url}" for b in await be.blobs.list(job_scratch(spec.scratch, spec.job_id))]
     return found
 
 
@@ -189,11 +242,12 @@ async def backend_leftovers(be: Backend, queue_prefix: str, settle_s: float = 60
         if r.get("active")
     ]
     for row in await be.table.query(JOBS_PK):
-        found += [
-            f"record {i['pk']}/{i['sk']}"
-            for i in await be.table.query(job_pk(str(row["sk"])))
-            if i["sk"] != "job"
-        ]
+        for step, _ in await pipeline.chain(be, str(row["sk"])):
+            found += [
+                f"record {i['pk']}/{i['sk']}"
+                for i in await be.table.query(job_pk(step.job_id))
+                if i["sk"] != "job"
+            ]
     root = be.scratch.rstrip("/")
     found += [f"blob {b.url}" for b in await be.blobs.list(f"{root}/jobs/")]
     found += [f"blob {b.url}" for b in await be.blobs.list(f"{root}/results/")]
@@ -210,7 +264,7 @@ async def chaos_run(
     plan: FaultPlan | None = None,
     steps: StepChaos | None = None,
     workers: int = 3,
-    reducers: int = 3,
+    reducers: int | None = 3,
     visibility_s: int = 2,
     split_bytes: int | None = 2048,
     params: dict[str, str] | None = None,
@@ -250,7 +304,7 @@ async def chaos_run(
         be = with_retries(wrap(faulty) if wrap is not None else faulty, attempts=12)
         ref = job_ref(job)
         options = JobOptions(
-            partitions=reducers,
+            **step_options(load_job_class(ref), params or {}, reducers),
             visibility_s=visibility_s,
             params=dict(params or {}),
             **(job_options or {}),
@@ -310,7 +364,8 @@ async def chaos_run(
             await asyncio.gather(
                 *(t for _, t in fleet), *([waiter] if waiter else []), return_exceptions=True
             )
-        result.record = await be.table.get(job_pk(spec.job_id), "job") or {}
+        # A pipeline's record is its last step's.
+        _, result.record = await pipeline.current(be, spec.job_id)
         result.leftovers = await leftovers(be, spec)
     return result
 
