@@ -111,7 +111,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             # For progress displays only: finalize writes exact totals from the commits.
             stats["progress_maps"] += 1
             stats["progress_bytes"] += result.bytes_in
-        await rt.step("map.committed", task=task.task, attempt=attempt, won=won)
+        await rt.step("map.committed", job=spec.job_id, task=task.task, attempt=attempt, won=won)
         await queues.delete_messages(in_q, [msg.receipt])
     await rt.add_stats(spec.job_id, stats)
 
@@ -164,7 +164,7 @@ async def _send_spool(
             gate.release()
         sent += 1
         if sent == 1:
-            await rt.step("map.partly_sent", task=task, attempt=attempt)
+            await rt.step("map.partly_sent", job=spec.job_id, task=task, attempt=attempt)
 
     async def spilled_body(p: int, seq: int, n: int, stream: bytes) -> bytes:
         # A value too big for one message travels through the blob store instead.

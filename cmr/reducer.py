@@ -292,7 +292,11 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
         if got and not stepped:
             stepped = True
             await rt.step(
-                "reduce.draining", partition=drain.partition, owner=owner.owner, token=owner.token
+                "reduce.draining",
+                job=spec.job_id,
+                partition=drain.partition,
+                owner=owner.owner,
+                token=owner.token,
             )
         if got or len(drain.winners) < spec.maps:
             stalled_since = None
@@ -363,7 +367,7 @@ async def _reduce_and_commit(
     url = reduce_output_url(spec.scratch, spec.job_id, drain.partition, owner.epoch, owner.token)
     nbytes = os.path.getsize(out_path)
     await rt.backend.blobs.upload_file(out_path, url)
-    await rt.step("reduce.output_written", partition=drain.partition, output=url)
+    await rt.step("reduce.output_written", job=spec.job_id, partition=drain.partition, output=url)
     if not await owner.commit(url, result.records_out, nbytes):
         drain.stats["leases_lost"] += 1
         rt.log.warning(
@@ -373,7 +377,7 @@ async def _reduce_and_commit(
         )
         await rt.backend.blobs.delete([url])
         return
-    await rt.step("reduce.committed", partition=drain.partition, output=url)
+    await rt.step("reduce.committed", job=spec.job_id, partition=drain.partition, output=url)
     await rt.add_stats(spec.job_id, drain.stats)
     drain.stats.clear()
     await rt.flush_stats()  # the job that ends now shows this worker's counters at once

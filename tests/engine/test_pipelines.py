@@ -3,7 +3,6 @@ the next, compared with a sequential run of the same steps."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
