@@ -221,7 +221,7 @@ def _record_json(spec: Any, rec: dict[str, Any], p: Progress) -> dict[str, Any]:
     from cmr.records import JobState
 
     doc = {k: v for k, v in rec.items() if not isinstance(v, bytes) and k not in ("pk", "sk")}
-    doc["job"] = spec.job_id
+    doc["job"] = spec.pipeline_id  # a pipeline is named by its first step's id
     doc["state"] = p.state
     place = rec.get("fetch", {}).get("dir") if isinstance(rec.get("fetch"), dict) else None
     doc["output"] = str(rec.get("user_output", spec.output))

@@ -3,6 +3,8 @@ the next, compared with a sequential run of the same steps."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -118,3 +120,58 @@ async def test_a_failing_step_fails_the_pipeline_naming_the_step(
     first = await embedded.table.get(job_pk(pipeline), "job")
     assert first is not None and first["state"] == "succeeded"
     assert first["next"] == f"{pipeline}-s2"
+
+
+def test_a_pipeline_on_the_local_stack_as_a_user_runs_it(
+    aws_stack: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cmr run` of a two-step job on the local stack, then `cmr status`: the pipeline is
+    listed once, at its last step, and its record shows both steps; a failing pipeline
+    names the step, keeps the step before's output for resuming, and `cmr cleanup` removes
+    it."""
+    from tests.engine.test_status_cli import cmr
+    from tests.stack import remove_test_resources
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("CMR_STORE", raising=False)
+    tag = uuid.uuid4().hex[:8]
+    store = f"aws://cmr-pl-{tag}/cmr-pl-{tag}?prefix=cmrpl-{tag}-"
+    data = edge_cases(tmp_path / "in")
+    try:
+        run = cmr(
+            "run", TOPWORDS, "--input", str(data), "--output", str(tmp_path / "out"),
+            "--store", store, "--param", "top=5",
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        job = run.stderr.split("submitted job ", 1)[1].split()[0]
+        assert read_output(tmp_path / "out", 1) == sequential(TOPWORDS, data, None, {"top": "5"})
+
+        [listed] = json.loads(cmr("status", "--json", "--store", store).stdout)
+        assert listed["job"] == job and listed["state"] == "succeeded"
+        doc = json.loads(cmr("status", job, "--json", "--store", store).stdout)
+        assert doc["job"] == job
+        assert [(s["step"], s["job"], s["state"]) for s in doc["steps"]] == [
+            (1, job, "succeeded"),
+            (2, f"{job}-s2", "succeeded"),
+        ]
+        assert doc["steps"][1]["records_out"] == 5
+        text = cmr("status", job, "--store", store).stdout
+        assert "step 1" in text and "step 2" in text
+
+        (tmp_path / "ab.txt").write_text("a b a\n")
+        failed = cmr(
+            "run", f"{JOBS}:Failing", "--input", str(tmp_path / "ab.txt"),
+            "--output", str(tmp_path / "o2"),
+            "--store", store,
+        )  # fmt: skip
+        assert failed.returncode == 1
+        bad = failed.stderr.split("submitted job ", 1)[1].split()[0]
+        assert f"job {bad} failed: step 2 ({bad}-s2)" in failed.stderr
+        assert "no b in step 2" in failed.stderr
+        doc = json.loads(cmr("status", bad, "--json", "--store", store).stdout)
+        assert [s["state"] for s in doc["steps"]] == ["succeeded", "failed"]
+        # Step 1's committed output is kept (a resume reads it) until `cmr cleanup`.
+        kept = cmr("cleanup", bad, "--store", store)
+        assert kept.returncode == 0, kept.stderr
+    finally:
+        remove_test_resources(f"cmr-pl-{tag}", f"cmr-pl-{tag}", f"cmrpl-{tag}-")
