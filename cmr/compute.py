@@ -31,7 +31,7 @@ from typing import Any
 
 import msgpack
 
-from cmr import taskprogress, usercode, wire
+from cmr import formats, taskprogress, usercode, wire
 from cmr.job import Job, JobRef, load_job_class
 from cmr.timelimit import TimeLimitExceeded, time_limit
 
@@ -74,6 +74,9 @@ class MapSpec:
     piece_bytes: int = MAP_PIECE_MIN  # map_chunk sees at most about this much at once
     limit_s: float = 0.0  # the task's time limit (cmr.timelimit); 0: none
     lines: str = ""  # line endings ("lf", "universal"); "": the job class's own
+    input_format: str = ""  # cmr.formats' name ("": lines)
+    codecs: tuple[str, ...] = ()  # per chunk: its compression ("" none; () all none)
+    starts: tuple[int, ...] = ()  # per chunk: the byte of its file it starts at
 
 
 @dataclass
@@ -364,7 +367,8 @@ def _map_into(
 ) -> None:
     job = job_instance(spec.job, ref, params, spec.lines)
     universal = (spec.lines or job.lines) == "universal"
-    mapper = _mapper_name(job)
+    fmt = formats.parse_input(spec.input_format or "lines")
+    mapper = _mapper_name(job) if fmt.name == "lines" else f"{type(job).__name__}.map"
     with os.fdopen(fd, "wb") as out:
         shuffle = _Shuffle(spec, out)
         part = _partitioner(job, spec.partitions)
@@ -375,38 +379,30 @@ def _map_into(
         # What was being handled when something failed: the culprit is diagnosed from it.
         pair, source = None, usercode.NOTHING
         try:
-            for name, given in chunks:
-                chunk = universal_lines(given) if universal else given
-                # The last line's newline ends it; it opens no new (empty) line.
-                data = chunk[:-1] if chunk.endswith(b"\n") else chunk
-                result.records_in += data.count(b"\n") + 1 if chunk else 0
-                if not chunk:
-                    continue
-                for piece in _pieces(data, spec.piece_bytes):
-                    source = job.map_chunk(name, piece)
-                    pair = None
-                    for pair in source:
-                        if type(pair) is tuple:
-                            key, value = pair
-                        else:  # a str of 2 would unpack as a pair
-                            key, value = usercode.as_pair(pair, mapper, source)
-                        if combiner is None:
-                            shuffle.add(part(key, n), key, value)
-                            continue
-                        try:
-                            vals = grouped(key)
-                        except TypeError:  # a list key: grouped as the tuple it arrives as
-                            key = usercode.key_of(key, mapper)
-                            vals = grouped(key)
-                        if vals is None:
-                            groups[key] = [value]
-                            if len(groups) >= COMBINE_KEYS:
-                                _flush(combiner, groups, shuffle, part, mapper)
-                                groups.clear()
-                        else:
-                            vals.append(value)
-                            if len(vals) >= REDUCE_COMBINE_AT and combiner.due(key, len(vals)):
-                                groups[key] = combiner.values(key, vals)
+            for source in _map_calls(job, fmt, chunks, spec, result, universal):
+                pair = None
+                for pair in source:
+                    if type(pair) is tuple:
+                        key, value = pair
+                    else:  # a str of 2 would unpack as a pair
+                        key, value = usercode.as_pair(pair, mapper, source)
+                    if combiner is None:
+                        shuffle.add(part(key, n), key, value)
+                        continue
+                    try:
+                        vals = grouped(key)
+                    except TypeError:  # a list key: grouped as the tuple it arrives as
+                        key = usercode.key_of(key, mapper)
+                        vals = grouped(key)
+                    if vals is None:
+                        groups[key] = [value]
+                        if len(groups) >= COMBINE_KEYS:
+                            _flush(combiner, groups, shuffle, part, mapper)
+                            groups.clear()
+                    else:
+                        vals.append(value)
+                        if len(vals) >= REDUCE_COMBINE_AT and combiner.due(key, len(vals)):
+                            groups[key] = combiner.values(key, vals)
         except (TypeError, ValueError, OverflowError) as exc:
             if usercode.culprit(exc) is not None:
                 raise  # the user's code raised it: reported as such
@@ -419,6 +415,47 @@ def _map_into(
             _flush(combiner, groups, shuffle, part, mapper)
         shuffle.close()
     result.batches, result.records = shuffle.batches, shuffle.records
+
+
+def _map_calls(
+    job: Job,
+    fmt: formats.InputFormat,
+    chunks: list[tuple[str, bytes]],
+    spec: MapSpec,
+    result: MapResult,
+    universal: bool,
+) -> Iterator[Any]:
+    """What the job's map returns for each piece of lines (``map_chunk``) or each record
+    (``map``) of the chunks, counting the records read."""
+    codecs = spec.codecs or ("",) * len(chunks)
+    starts = spec.starts or (0,) * len(chunks)
+    # The largest record a compressed input or a whole file may decode to: half the budget
+    # a piece is a sixteenth of.
+    max_record = max(MAP_PIECE_MIN, spec.piece_bytes) * (MAP_PIECE_OF_BUDGET // 2)
+    if fmt.name == "lines":
+        map_chunk = job.map_chunk
+        for (name, given), codec in zip(chunks, codecs, strict=True):
+            if codec:
+                c = formats.Chunk(name, given, codec, 0, max_record)
+                for piece in formats.line_pieces(c, spec.piece_bytes, universal):
+                    result.records_in += piece.count(b"\n") + 1
+                    yield map_chunk(name, piece)
+                continue
+            chunk = universal_lines(given) if universal else given
+            # The last line's newline ends it; it opens no new (empty) line.
+            data = chunk[:-1] if chunk.endswith(b"\n") else chunk
+            result.records_in += data.count(b"\n") + 1 if chunk else 0
+            if not chunk:
+                continue
+            for piece in _pieces(data, spec.piece_bytes):
+                yield map_chunk(name, piece)
+        return
+    map_record = job.map
+    for (name, data), codec, start in zip(chunks, codecs, starts, strict=True):
+        read = formats.Chunk(name, data, codec, start, max_record)
+        for key, value in formats.records(fmt, read, spec.piece_bytes):
+            result.records_in += 1
+            yield map_record(key, value)
 
 
 sort_key = usercode.sort_key  # the order of keys within a part (see cmr.Job)
@@ -476,11 +513,16 @@ def _merge_runs(runs: list[str], spill_dir: str, read_size: int) -> str:
 
 
 def _write_output(
-    job: Job, keyed: Iterator[tuple[Any, Iterator[Any]]], out: Any, result: ReduceResult
+    job: Job,
+    keyed: Iterator[tuple[Any, Iterator[Any]]],
+    out: Any,
+    result: ReduceResult,
+    output_format: str = "text",
 ) -> None:
-    """Reduce each key's values and write the lines ``format`` makes of what reduce yields."""
+    """Reduce each key's values and write what reduce yields as ``output_format``
+    (cmr.formats): for text, the lines ``format`` makes."""
     reducer = f"{type(job).__name__}.reduce"
-    fmt = job.format
+    write = formats.writer(output_format, job, out)
     pair: Any = None
     source: Any = usercode.NOTHING
     try:
@@ -493,18 +535,24 @@ def _write_output(
                     k, v = pair
                 else:  # a str of 2 would unpack as a pair
                     k, v = usercode.as_pair(pair, reducer, source)
-                out.write(fmt(k, v))
-                out.write("\n")
+                write(k, v)
                 result.records_out += 1
     except (TypeError, ValueError, OverflowError) as exc:
         if usercode.culprit(exc) is not None:
             raise  # the user's code raised it (their own format() too): reported as such
-        problem = usercode.bad_output(reducer, pair, exc, source, wire=False)
-        if problem is exc and type(job).format is not Job.format:
-            # The user's own format() returned something a text file cannot take.
-            line = fmt(*pair)
-            if not isinstance(line, str):
+        # Pairs go on the wire (msgpack) only in the pairs format.
+        problem = usercode.bad_output(reducer, pair, exc, source, wire=output_format == "pairs")
+        if problem is exc and output_format == "text" and type(job).format is not Job.format:
+            # The user's own format() returned something a file cannot take.
+            line = job.format(*pair)
+            if not isinstance(line, str | bytes):
                 problem = usercode.not_a_line(f"{type(job).__name__}.format", line)
+        if problem is exc and output_format != "text":
+            k, v = pair
+            problem = usercode.UserCodeError(
+                f"{reducer} yielded ({usercode.quote(k)}, {usercode.quote(v)}), which output "
+                f"format {output_format} cannot write ({exc})"
+            )
         if problem is exc:  # a pair of the right shape: format (ours) could not write it
             problem = usercode.unrenderable(reducer, pair, exc, source)
         raise problem from exc
@@ -521,6 +569,7 @@ def run_reduce(
     use_combiner: bool = True,
     limit_s: float = 0.0,
     what: str = "reduce",
+    output_format: str = "",
 ) -> ReduceResult:
     """Group the winners' pairs by key (spilling sorted runs past the memory budget), run
     reduce over keys in sorted order, and write the partition's output lines. With
@@ -582,8 +631,9 @@ def run_reduce(
                 )
             else:
                 keyed = ((k, iter(groups[k])) for k in _sorted_keys(groups))
-            with open(out_path, "w", encoding="utf-8", newline="\n") as out:
-                _write_output(job, keyed, out, result)
+            with open(out_path, "wb") as out:
+                fmt = output_format or type(job).output_format  # "": the class's
+                _write_output(job, keyed, out, result, fmt)
     finally:
         for r in runs:
             with contextlib.suppress(FileNotFoundError):

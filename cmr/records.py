@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from cmr import wire
+from cmr import formats, wire
 from cmr.backends.base import Item
 from cmr.backends.embedded.blobs import file_path
 from cmr.errors import WireError
@@ -118,6 +118,8 @@ class JobSpec:
     replaces: str = ""  # the output's manifest etag when submitted ("": there was none)
     input_root: str = ""  # the file or prefix every range of the plan lies under
     lines: str = ""  # input line endings, "lf" or "universal"; "": the job class's ``lines``
+    input_format: str = ""  # cmr.formats' input format; "": the job class's
+    output_format: str = ""  # cmr.formats' output format; "": the job class's
 
     def owns_input(self, url: str) -> bool:
         """Whether ``url`` is (under) the job's recorded input: a plan's range elsewhere is
@@ -154,6 +156,8 @@ class JobSpec:
             "replaces": self.replaces,
             "input_root": self.input_root,
             "lines": self.lines,
+            "input_format": self.input_format,
+            "output_format": self.output_format,
         }
 
     @staticmethod
@@ -178,6 +182,15 @@ class JobSpec:
         lines = fields.text("lines", 20, default="")
         if lines and lines not in LINE_ENDINGS:
             raise WireError(f"job record {job_id}: field 'lines' must be '', 'lf' or 'universal'")
+        input_format = fields.text("input_format", formats.MAX_FORMAT_LEN, default="")
+        output_format = fields.text("output_format", formats.MAX_FORMAT_LEN, default="")
+        try:
+            if input_format:
+                formats.parse_input(input_format)
+            if output_format:
+                formats.check_output(output_format)
+        except formats.FormatError as exc:
+            raise WireError(f"job record {job_id}: {exc}") from None
         queue_prefix = fields.text("queue_prefix", 40)
         if not _QUEUE_PREFIX.fullmatch(queue_prefix):
             raise WireError(f"job record {job_id}: queue_prefix is not a queue name prefix")
@@ -198,6 +211,8 @@ class JobSpec:
             fields.text("replaces", 200, default=""),
             fields.url("input_root"),
             lines,
+            input_format,
+            output_format,
         )
 
 

@@ -348,6 +348,7 @@ async def _reduce_and_commit(
         rt.settings.use_combiner,
         limit,
         what,
+        spec.output_format,
         limit_s=limit,
     )
     drain.stats["reduce_spills"] += result.spills
