@@ -29,6 +29,7 @@ from cmr.localinput import local_files
 from cmr.places import check_apart, make_output_dir, probe_output_dir
 from cmr.plan import Plan, plan_url
 from cmr.publish import (
+    MANIFEST,
     OutputConflict,
     existing_parts,
     read_manifest,
@@ -194,7 +195,10 @@ async def sniff_inputs(blobs: Blobs, inputs: list[Input], fmt: formats.InputForm
     """The inputs with their compression, told by their first bytes (one small read each,
     16 at a time), where it decides how a file is cut: compressed files are whole-file tasks.
     Formats read whole anyway are told by the worker from the bytes it reads. Fixed records
-    must fill a plain file exactly: refused here, naming the file."""
+    must fill a plain file exactly: refused here, naming the file. A pairs input read from
+    an earlier job's output leaves out its manifest (``_SUCCESS``), which is not pairs."""
+    if fmt.name == "pairs":
+        return [i for i in inputs if i.name.rsplit("/", 1)[-1] != MANIFEST]
     if not fmt.splittable:
         return inputs
     gate = asyncio.Semaphore(STAGE_CONCURRENCY)
