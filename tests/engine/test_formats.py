@@ -11,6 +11,7 @@ import gzip
 import io
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,19 +106,19 @@ async def test_each_input_format_matches_a_sequential_reading(
     embedded: Backend, tmp_path: Path
 ) -> None:
     rng = random.Random(1)
-    cases: dict[str, tuple[dict[str, bytes], Any]] = {
+    cases: dict[str, tuple[dict[str, bytes], Callable[[str, bytes], list[Any]]]] = {
         "lines": (
             {"a.txt": b"x y\n\nz \xff\n", "sub/b.txt": b"last line, no newline"},
-            lambda n, d: ref_lines(n, d),
+            ref_lines,
         ),
         "jsonlines": (
             {"a.jsonl": jsonlines_data(300, 1), "d/b.jsonl": jsonlines_data(5, 2)},
-            lambda n, d: ref_jsonlines(n, d),
+            ref_jsonlines,
         ),
-        "csv": ({"a.csv": csv_data(200), "b.csv": csv_data(3)}, lambda n, d: ref_csv(n, d)),
+        "csv": ({"a.csv": csv_data(200), "b.csv": csv_data(3)}, ref_csv),
         "fixed:10:3": (
             {"r1": rng.randbytes(10 * 500), "r2": rng.randbytes(10 * 7), "empty": b""},
-            lambda n, d: ref_fixed(d, 10, 3),
+            lambda _, d: ref_fixed(d, 10, 3),
         ),
         "whole": (
             {"w1.bin": rng.randbytes(3000), "w2 name.bin": b"", "w3": b"\x00\n\r"},
@@ -167,12 +168,14 @@ async def test_compressed_inputs_among_plain_ones(embedded: Backend, tmp_path: P
     for name, data in files.items():
         (root / name).write_bytes(data)
         codec = formats.sniff(data[:512])
-        plain = {
-            "gzip": gzip.decompress,
-            "bz2": bz2.decompress,
-            "zstd": lambda d: zstandard.ZstdDecompressor().decompressobj().decompress(d),
-            "": lambda d: d,
-        }[codec](data)
+        if codec == "gzip":
+            plain = gzip.decompress(data)
+        elif codec == "bz2":
+            plain = bz2.decompress(data)
+        elif codec == "zstd":
+            plain = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+        else:
+            plain = data
         expected += ref_lines(name, plain)
     assert formats.sniff(files["plain-named.gz"]) == ""
     assert formats.sniff(files["gzip-named-plain.log"]) == "gzip"
@@ -199,12 +202,14 @@ async def test_compressed_files_read_with_their_format(
     (root / "y.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
     expected: list[Any] = []
     for name in ("x.gz", "y.zst"):
-        expected += {
-            "jsonlines": lambda: ref_jsonlines(name, data),
-            "csv": lambda: ref_csv(name, data),
-            "fixed:10:3": lambda: ref_fixed(data, 10, 3),
-            "whole": lambda: [(name, data)],
-        }[fmt]()
+        if fmt == "jsonlines":
+            expected += ref_jsonlines(name, data)
+        elif fmt == "csv":
+            expected += ref_csv(name, data)
+        elif fmt == "whole":
+            expected += [(name, data)]
+        else:
+            expected += ref_fixed(data, 10, 3)
     result = await run_on(
         embedded, echo(tmp_path, fmt), str(root), str(tmp_path / "out"), split_bytes=64
     )
@@ -366,7 +371,12 @@ async def failure(embedded: Backend, tmp_path: Path, fmt: str, data: bytes, **kw
     (root / "bad input.dat").write_bytes(data)
     with pytest.raises(JobFailed) as info:
         await run_on(
-            embedded, echo(tmp_path, fmt), str(root), str(tmp_path / "out"), max_task_failures=1, **kw
+            embedded,
+            echo(tmp_path, fmt),
+            str(root),
+            str(tmp_path / "out"),
+            max_task_failures=1,
+            **kw,
         )
     return str(info.value)
 
@@ -424,14 +434,21 @@ async def test_format_names_are_checked_once_with_the_valid_ones(
     embedded: Backend, tmp_path: Path
 ) -> None:
     (tmp_path / "in").write_bytes(b"x" * 15)
-    for kw, words in (
-        ({"input_format": "parquet"}, "--input-format: unknown input format 'parquet'"),
-        ({"input_format": "fixed:0:1"}, "fixed needs fixed:<record_len>:<key_len>"),
-        ({"output_format": "xml"}, "use one of text, raw, jsonlines, pairs"),
-        ({"input_format": "fixed:10:2"}, "input in holds 15 bytes, not a whole number of 10"),
+    for inp, outp, words in (
+        ("parquet", "", "--input-format: unknown input format 'parquet'"),
+        ("fixed:0:1", "", "fixed needs fixed:<record_len>:<key_len>"),
+        ("", "xml", "use one of text, raw, jsonlines, pairs"),
+        ("fixed:10:2", "", "input in holds 15 bytes, not a whole number of 10"),
     ):
         with pytest.raises(UsageError) as info:
-            await run_on(embedded, echo(tmp_path), str(tmp_path / "in"), str(tmp_path / "o"), **kw)
+            await run_on(
+                embedded,
+                echo(tmp_path),
+                str(tmp_path / "in"),
+                str(tmp_path / "o"),
+                input_format=inp,
+                output_format=outp,
+            )
         assert words in str(info.value)
     assert not (tmp_path / "o").exists()
 
