@@ -768,8 +768,8 @@ CASES: list[Case] = [
     Case(
         "fixed-size-mismatch",
         "--input-format fixed:R:K and a file that is not whole records",
-        (*RUN, "--input-format", "fixed:4:1"),
-        names=("words.txt", "15 bytes", "4-byte records"),
+        (*RUN, "--input-format", "fixed:5:1"),
+        names=("words.txt", "16 bytes", "5-byte records"),
         setup=words,
     ),
     # ---------------------------------------------------------------- stores and jobs
