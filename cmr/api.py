@@ -112,6 +112,8 @@ class RunOptions:
     worker_settings: WorkerSettings | None = None  # None: the defaults for the backend
     on_progress: Callable[[watch.Progress], None] | None = None
     on_submit: Callable[[str], None] | None = None
+    input_format: str = ""  # cmr.formats' input format; "": the job's ``input_format``
+    output_format: str = ""  # cmr.formats' output format; "": the job's ``output_format``
 
     @staticmethod
     def of(base: RunOptions | None = None, **overrides: Any) -> RunOptions:
@@ -133,6 +135,8 @@ class RunOptions:
             overwrite=self.overwrite,
             params=dict(self.params),
             lines=self.lines,
+            input_format=self.input_format,
+            output_format=self.output_format,
         )
 
 

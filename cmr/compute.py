@@ -31,8 +31,8 @@ from typing import Any
 
 import msgpack
 
-from cmr import taskprogress, usercode, wire
-from cmr.errors import JobCodeError, WireError
+from cmr import formats, taskprogress, usercode, wire
+from cmr.errors import JobCodeError
 from cmr.job import Job, JobRef, Step, load_job_class, steps_of
 from cmr.timelimit import TimeLimitExceeded, time_limit
 
@@ -75,8 +75,10 @@ class MapSpec:
     piece_bytes: int = MAP_PIECE_MIN  # map_chunk sees at most about this much at once
     limit_s: float = 0.0  # the task's time limit (cmr.timelimit); 0: none
     lines: str = ""  # line endings ("lf", "universal"); "": the job class's own
+    input_format: str = ""  # cmr.formats' name ("": lines)
+    codecs: tuple[str, ...] = ()  # per chunk: its compression ("" none; () all none)
+    starts: tuple[int, ...] = ()  # per chunk: the byte of its file it starts at
     step: int = 0  # which of the job's steps this task runs
-    pairs_in: bool = False  # the input is a previous step's output (pairs), not text
 
 
 @dataclass
@@ -136,6 +138,11 @@ def job_step(job: Job, step: int) -> tuple[Step, str]:
             f"more (step {step + 1}): its code or parameters differ on this worker"
         )
     return steps[step], (name if len(steps) == 1 else f"{name} step {step + 1}")
+
+
+def _hook(fn: Callable[[], Any] | None) -> Any:
+    """A step's init/final hook's result (pairs from a final hook; None: none)."""
+    return None if fn is None else fn()
 
 
 def _timed_out(exc: TimeLimitExceeded) -> str:
@@ -355,50 +362,13 @@ def _flush(
         raise usercode.bad_output(f"{mapper} (or {combiner.method})", pair, exc) from exc
 
 
-def _mapper_name(job: Job, step: Step, name: str) -> str:
+def _mapper_name(job: Job, step: Step, name: str, lines: bool = True) -> str:
     if step.map is None and step.map_chunk is None:
         return f"{name} (no map)"
     cls = type(job)
-    if step.map_chunk is not None and cls.map_chunk is not Job.map_chunk:
+    if lines and step.map_chunk is not None and cls.map_chunk is not Job.map_chunk:
         return f"{name}.map_chunk"
     return f"{name}.map"
-
-
-def _records(
-    step: Step, name: str, data: bytes, pairs_in: bool, piece_bytes: int, result: MapResult
-) -> Iterator[Any]:
-    """What the step's map returns for each record (or piece of records) of one input: an
-    iterable of pairs each. Text is mapped in pieces of whole lines by map_chunk when the
-    step has it, else line by line; a previous step's output is a stream of pairs."""
-    if pairs_in:
-        up = msgpack.Unpacker(
-            raw=False, use_list=False, strict_map_key=False, max_buffer_size=max(1, len(data))
-        )
-        up.feed(data)
-        fn = step.map
-        for item in up:
-            if type(item) is not tuple or len(item) != 2:
-                raise WireError(f"{name}: an item of a previous step's output is not a pair")
-            result.records_in += 1
-            yield (item,) if fn is None else fn(item[0], item[1])
-        return
-    # The last line's newline ends it; it opens no new (empty) line.
-    body = data[:-1] if data.endswith(b"\n") else data
-    result.records_in += body.count(b"\n") + 1 if data else 0
-    if not data:
-        return
-    if step.map_chunk is not None:
-        for piece in _pieces(body, piece_bytes):
-            yield step.map_chunk(name, piece)
-        return
-    fn = step.map
-    for line in body.decode("utf-8", "replace").split("\n"):
-        yield ((name, line),) if fn is None else fn(name, line)
-
-
-def _hook(fn: Callable[[], Any] | None) -> Any:
-    """A step's init/final hook's result (pairs from a final hook; None: none)."""
-    return None if fn is None else fn()
 
 
 def run_map(
@@ -424,8 +394,9 @@ def _map_into(
 ) -> None:
     job = job_instance(spec.job, ref, params, spec.lines)
     step, step_name = job_step(job, spec.step)
-    universal = not spec.pairs_in and (spec.lines or job.lines) == "universal"
-    mapper = _mapper_name(job, step, step_name)
+    universal = (spec.lines or job.lines) == "universal"
+    fmt = formats.parse_input(spec.input_format or "lines")
+    mapper = _mapper_name(job, step, step_name, fmt.name == "lines")
     with os.fdopen(fd, "wb") as out:
         shuffle = _Shuffle(spec, out)
         part = _partitioner(job, spec.partitions)
@@ -439,47 +410,34 @@ def _map_into(
         grouped = groups.get  # per pair: one lookup saved (groups is cleared, never replaced)
         # What was being handled when something failed: the culprit is diagnosed from it.
         pair, source = None, usercode.NOTHING
-
-        def feed(returned: Any) -> None:
-            nonlocal pair, source
-            source = returned
-            pair = None
-            for pair in source:
-                if type(pair) is tuple:
-                    key, value = pair
-                else:  # a str of 2 would unpack as a pair
-                    key, value = usercode.as_pair(pair, mapper, source)
-                if combiner is None:
-                    shuffle.add(part(key, n), key, value)
-                    continue
-                try:
-                    vals = grouped(key)
-                except TypeError:  # a list key: grouped as the tuple it arrives as
-                    key = usercode.key_of(key, mapper)
-                    vals = grouped(key)
-                if vals is None:
-                    groups[key] = [value]
-                    if len(groups) >= COMBINE_KEYS:
-                        _flush(combiner, groups, shuffle, part, mapper)
-                        groups.clear()
-                else:
-                    vals.append(value)
-                    if len(vals) >= REDUCE_COMBINE_AT and combiner.due(key, len(vals)):
-                        groups[key] = combiner.values(key, vals)
-
         try:
             _hook(step.map_init)
             if combiner is not None:
                 _hook(step.combine_init)
-            for name, given in chunks:
-                chunk = universal_lines(given) if universal else given
-                for returned in _records(
-                    step, name, chunk, spec.pairs_in, spec.piece_bytes, result
-                ):
-                    feed(returned)
-            final = _hook(step.map_final)
-            if final is not None:
-                feed(final)
+            for source in _map_calls(step, fmt, chunks, spec, result, universal):
+                pair = None
+                for pair in source:
+                    if type(pair) is tuple:
+                        key, value = pair
+                    else:  # a str of 2 would unpack as a pair
+                        key, value = usercode.as_pair(pair, mapper, source)
+                    if combiner is None:
+                        shuffle.add(part(key, n), key, value)
+                        continue
+                    try:
+                        vals = grouped(key)
+                    except TypeError:  # a list key: grouped as the tuple it arrives as
+                        key = usercode.key_of(key, mapper)
+                        vals = grouped(key)
+                    if vals is None:
+                        groups[key] = [value]
+                        if len(groups) >= COMBINE_KEYS:
+                            _flush(combiner, groups, shuffle, part, mapper)
+                            groups.clear()
+                    else:
+                        vals.append(value)
+                        if len(vals) >= REDUCE_COMBINE_AT and combiner.due(key, len(vals)):
+                            groups[key] = combiner.values(key, vals)
         except (TypeError, ValueError, OverflowError) as exc:
             if usercode.culprit(exc) is not None:
                 raise  # the user's code raised it: reported as such
@@ -490,17 +448,85 @@ def _map_into(
             raise usercode.bad_output(mapper, pair, exc, source) from exc
         if combiner is not None:
             _flush(combiner, groups, shuffle, part, mapper)
-            final = _hook(step.combine_final)
-            if final is not None:
-                for pair in final:
-                    key, value = (
-                        pair
-                        if type(pair) is tuple
-                        else usercode.as_pair(pair, f"{step_name}.combine_final", final)
-                    )
-                    shuffle.add(part(key, n), key, value)
+            _emit_final(step.combine_final, f"{step_name}.combine_final", shuffle, part)
         shuffle.close()
     result.batches, result.records = shuffle.batches, shuffle.records
+
+
+def _emit_final(
+    hook: Callable[[], Any] | None,
+    method: str,
+    shuffle: _Shuffle,
+    part: Callable[[Any, int], int],
+) -> None:
+    """The pairs a final hook yields (combine_final), sent as they are."""
+    final = _hook(hook)
+    n = shuffle.spec.partitions
+    for pair in final if final is not None else ():
+        key, value = pair if type(pair) is tuple else usercode.as_pair(pair, method, final)
+        shuffle.add(part(key, n), key, value)
+
+
+def _map_calls(
+    step: Step,
+    fmt: formats.InputFormat,
+    chunks: list[tuple[str, bytes]],
+    spec: MapSpec,
+    result: MapResult,
+    universal: bool,
+) -> Iterator[Any]:
+    """What the step's map returns for each piece of lines (``map_chunk``) or each record
+    (``map``) of the chunks, counting the records read; then what ``map_final`` returns.
+    A step without map passes its records on as pairs."""
+    codecs = spec.codecs or ("",) * len(chunks)
+    starts = spec.starts or (0,) * len(chunks)
+    # The largest record a compressed input or a whole file may decode to: half the budget
+    # a piece is a sixteenth of.
+    max_record = max(MAP_PIECE_MIN, spec.piece_bytes) * (MAP_PIECE_OF_BUDGET // 2)
+    if fmt.name == "lines":
+        map_piece = _piece_mapper(step)
+        for (name, given), codec in zip(chunks, codecs, strict=True):
+            if codec:
+                c = formats.Chunk(name, given, codec, 0, max_record)
+                for piece in formats.line_pieces(c, spec.piece_bytes, universal):
+                    result.records_in += piece.count(b"\n") + 1
+                    yield map_piece(name, piece)
+                continue
+            chunk = universal_lines(given) if universal else given
+            # The last line's newline ends it; it opens no new (empty) line.
+            data = chunk[:-1] if chunk.endswith(b"\n") else chunk
+            result.records_in += data.count(b"\n") + 1 if chunk else 0
+            if not chunk:
+                continue
+            for piece in _pieces(data, spec.piece_bytes):
+                yield map_piece(name, piece)
+    else:
+        map_record = step.map
+        for (name, data), codec, start in zip(chunks, codecs, starts, strict=True):
+            read = formats.Chunk(name, data, codec, start, max_record)
+            for key, value in formats.records(fmt, read, spec.piece_bytes):
+                result.records_in += 1
+                yield ((key, value),) if map_record is None else map_record(key, value)
+    final = _hook(step.map_final)
+    if final is not None:
+        yield final
+
+
+def _piece_mapper(step: Step) -> Callable[[str, bytes], Any]:
+    """How a step maps a piece of whole lines: map_chunk at once, else map line by line (or
+    each line as a pair (source, line), for a step without map)."""
+    if step.map_chunk is not None:
+        return step.map_chunk
+    map_line = step.map
+
+    def by_line(name: str, piece: bytes) -> Iterator[Any]:
+        for line in piece.decode("utf-8", "replace").split("\n"):
+            if map_line is None:
+                yield name, line
+            else:
+                yield from map_line(name, line)
+
+    return by_line
 
 
 sort_key = usercode.sort_key  # the order of keys within a part (see cmr.Job)
@@ -563,39 +589,22 @@ def _identity(key: Any, values: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
         yield key, v
 
 
-class _PairsOut:
-    """A step's output that the next step reads: a msgpack stream of pairs. ``write`` takes
-    a key and a value (not text); ``format`` is what the reduce loop calls per pair."""
-
-    def __init__(self, f: Any) -> None:
-        self.f = f
-        self.pack = msgpack.Packer(use_bin_type=True).pack
-
-    def format(self, key: Any, value: Any) -> bytes:
-        data: bytes = self.pack((key, value))
-        return data
-
-    def write(self, data: Any) -> None:
-        if data != "\n":
-            self.f.write(data)
-
-
 def _write_output(
     job: Job,
     keyed: Iterator[tuple[Any, Iterator[Any]]],
     out: Any,
     result: ReduceResult,
+    output_format: str = "text",
     step: Step | None = None,
     step_name: str = "",
-    fmt: Callable[[Any, Any], Any] | None = None,
 ) -> None:
-    """Reduce each key's values and write the lines ``format`` makes of what reduce yields
-    (or, between steps, the pairs themselves)."""
-    step = step if step is not None else job_step(job, 0)[0]
-    step_name = step_name or type(job).__name__
+    """Reduce each key's values and write what reduce yields as ``output_format``
+    (cmr.formats): for text, the lines ``format`` makes; between steps, pairs."""
+    if step is None:
+        step, step_name = job_step(job, 0)
     reducer = f"{step_name}.reduce"
     reduce = step.reduce if step.reduce is not None else _identity
-    fmt = fmt if fmt is not None else job.format
+    write = formats.writer(output_format, job, out)
     pair: Any = None
     source: Any = usercode.NOTHING
     try:
@@ -609,25 +618,29 @@ def _write_output(
                     k, v = pair
                 else:  # a str of 2 would unpack as a pair
                     k, v = usercode.as_pair(pair, reducer, source)
-                out.write(fmt(k, v))
-                out.write("\n")
+                write(k, v)
                 result.records_out += 1
         source = _hook(step.reduce_final)
         for pair in source if source is not None else ():
             k, v = pair if type(pair) is tuple else usercode.as_pair(pair, reducer, source)
-            out.write(fmt(k, v))
-            out.write("\n")
+            write(k, v)
             result.records_out += 1
     except (TypeError, ValueError, OverflowError) as exc:
         if usercode.culprit(exc) is not None:
             raise  # the user's code raised it (their own format() too): reported as such
-        between_steps = isinstance(out, _PairsOut)  # pairs must be wire data, not text
-        problem = usercode.bad_output(reducer, pair, exc, source, wire=between_steps)
-        if problem is exc and not between_steps and type(job).format is not Job.format:
-            # The user's own format() returned something a text file cannot take.
-            line = fmt(*pair)
-            if not isinstance(line, str):
+        # Pairs go on the wire (msgpack) only in the pairs format.
+        problem = usercode.bad_output(reducer, pair, exc, source, wire=output_format == "pairs")
+        if problem is exc and output_format == "text" and type(job).format is not Job.format:
+            # The user's own format() returned something a file cannot take.
+            line = job.format(*pair)
+            if not isinstance(line, str | bytes):
                 problem = usercode.not_a_line(f"{type(job).__name__}.format", line)
+        if problem is exc and output_format != "text":
+            k, v = pair
+            problem = usercode.UserCodeError(
+                f"{reducer} yielded ({usercode.quote(k)}, {usercode.quote(v)}), which output "
+                f"format {output_format} cannot write ({exc})"
+            )
         if problem is exc:  # a pair of the right shape: format (ours) could not write it
             problem = usercode.unrenderable(reducer, pair, exc, source)
         raise problem from exc
@@ -645,7 +658,7 @@ def run_reduce(
     limit_s: float = 0.0,
     what: str = "reduce",
     step_index: int = 0,
-    final: bool = True,
+    output_format: str = "",
 ) -> ReduceResult:
     """Group the winners' pairs by key (spilling sorted runs past the memory budget), run
     reduce over keys in sorted order, and write the partition's output lines. With
@@ -714,13 +727,9 @@ def run_reduce(
                 )
             else:
                 keyed = ((k, iter(groups[k])) for k in _sorted_keys(groups))
-            if final:
-                with open(out_path, "w", encoding="utf-8", newline="\n") as out:
-                    _write_output(job, keyed, out, result, step, step_name)
-            else:
-                with open(out_path, "wb") as raw:
-                    pairs = _PairsOut(raw)
-                    _write_output(job, keyed, pairs, result, step, step_name, pairs.format)
+            with open(out_path, "wb") as out:
+                fmt = output_format or type(job).output_format  # "": the class's
+                _write_output(job, keyed, out, result, fmt, step, step_name)
     finally:
         for r in runs:
             with contextlib.suppress(FileNotFoundError):

@@ -78,6 +78,12 @@ class Job:
     # or "universal" ("\r\n", "\n" and a lone "\r" each end a line). A job's submission
     # may choose for it (``cmr run --lines``); map_chunk sees "\n"-separated lines either way.
     lines: ClassVar[str] = "lf"
+    # How input files become records, and pairs become output (cmr.formats): input "lines",
+    # "jsonlines", "csv", "fixed:<record_len>:<key_len>", "whole" or "pairs" (compressed
+    # files are read too); output "text", "raw", "jsonlines" or "pairs".
+    # ``cmr run --input-format`` / ``--output-format`` override them.
+    input_format: ClassVar[str] = "lines"
+    output_format: ClassVar[str] = "text"
 
     def __init__(self, params: dict[str, str] | None = None) -> None:
         self.params: dict[str, str] = dict(params or {})
@@ -315,6 +321,7 @@ def check_job_class(cls: type[Job]) -> None:
         raise JobCodeError(
             f"{name}.lines is {cls.lines!r}: it must be one of {', '.join(map(repr, LINE_ENDINGS))}"
         )
+    check_formats(cls)
     reducers = cls.reducers
     if type(reducers) is not int or not 1 <= reducers <= MAX_PARTITIONS:
         raise JobCodeError(
@@ -376,3 +383,24 @@ def steps_of(job: Job) -> list[Step]:
                 f"{MAX_PARTITIONS:,}, or None for the job's"
             )
     return steps
+
+
+def check_formats(cls: type[Job], input_format: str = "") -> None:
+    """The class's formats name formats, and a job reading records other than lines
+    defines ``map`` (``map_chunk`` sees lines only). ``input_format``: a submission's."""
+    from cmr import formats
+
+    name = cls.__name__
+    try:
+        fmt = formats.parse_input(input_format or cls.input_format)
+    except formats.FormatError as exc:
+        raise JobCodeError(f"{name}.input_format: {exc}") from None
+    try:
+        formats.check_output(cls.output_format)
+    except formats.FormatError as exc:
+        raise JobCodeError(f"{name}.output_format: {exc}") from None
+    if fmt.name != "lines" and cls.map is Job.map and cls.steps is Job.steps:
+        raise JobCodeError(
+            f"{name} defines map_chunk only, but reads input format {fmt}: its records reach "
+            "map(key, value); define map"
+        )

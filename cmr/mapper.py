@@ -22,14 +22,14 @@ from typing import Any
 
 import msgpack
 
-from cmr import compute, failures, wire
+from cmr import compute, failures, formats, wire
 from cmr.backends.base import Put, Received, item_absent
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, TaskError, WireError
 from cmr.lease import message_lease
 from cmr.lifecycle import job_scratch, spill_url, write_while_running
 from cmr.records import JobSpec, MapCommit, job_pk, map_sk
 from cmr.runtime import Runtime
-from cmr.split import read_split
+from cmr.split import read_range
 from cmr.timelimit import task_limit
 
 SEND_CONCURRENCY = 16  # SendMessageBatch calls in flight, and so at most this many batches
@@ -54,7 +54,19 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
     log = rt.log.bind(job=spec.job_id, task=task.task, attempt=attempt)
     async with message_lease(queues, in_q, msg.receipt, spec.visibility_s, rt.awake):
         ranges = await _ranges(rt, spec, task.task)
-        chunks = await asyncio.gather(*(_read(rt, r, whole=spec.step > 0) for r in ranges))
+        fmt = _input_format(spec)
+        chunks = await asyncio.gather(*(_read(rt, r, fmt) for r in ranges))
+        # Compression is told by a file's first bytes (decompressing is the pool's work).
+        codecs = tuple(
+            formats.sniff(c[: formats.SNIFF_BYTES]) if r.start == 0 else ""
+            for r, c in zip(ranges, chunks, strict=True)
+        )
+        if any(codecs):
+            # A compressed file is a whole-file range: nothing past its end is ours.
+            chunks = [
+                c[: r.end] if k and len(c) > r.end else c
+                for r, c, k in zip(ranges, chunks, codecs, strict=True)
+            ]
         nbytes = sum(len(c) for c in chunks)
         result = await rt.cpu(
             compute.run_map,
@@ -73,8 +85,10 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 piece_bytes=compute.map_piece_bytes(rt.settings.memory_mb * 1024 * 1024),
                 limit_s=task_limit(spec.task_timeout_s, nbytes),
                 lines=spec.lines,
+                input_format=str(fmt),
+                codecs=codecs,
+                starts=tuple(r.start for r in ranges),
                 step=spec.step,
-                pairs_in=spec.step > 0,  # every step but the job's first reads pairs
             ),
             limit_s=task_limit(spec.task_timeout_s, nbytes),
         )
@@ -131,14 +145,18 @@ async def _ranges(rt: Runtime, spec: JobSpec, task: int) -> tuple[wire.Range, ..
     return plan.tasks[task]
 
 
-async def _read(rt: Runtime, r: wire.Range, *, whole: bool = False) -> bytes:
-    """A split's bytes (``whole``: exactly the range, a previous step's output, which has no
-    lines to align to). Input that vanished or cannot be read since the job was submitted
+def _input_format(spec: JobSpec) -> formats.InputFormat:
+    try:
+        return formats.parse_input(spec.input_format or "lines")  # "": a record of before
+    except formats.FormatError as exc:  # JobSpec.from_item refuses it first
+        raise TaskError(str(exc)) from None
+
+
+async def _read(rt: Runtime, r: wire.Range, fmt: formats.InputFormat) -> bytes:
+    """A split's bytes. Input that vanished or cannot be read since the job was submitted
     is a permanent failure: no other worker or later try would find it either."""
     try:
-        if whole:
-            return await rt.backend.blobs.get_range(r.url, r.start, r.end) if r.end else b""
-        return await read_split(rt.backend.blobs, r)
+        return await read_range(rt.backend.blobs, r, fmt)
     except BlobMissing:
         raise TaskError(
             f"input {r.name} ({r.url}) no longer exists: it was deleted or moved after "

@@ -88,6 +88,7 @@ def next_spec(spec: JobSpec, plan_digest: str, maps: int) -> JobSpec:
         input_root=outputs_root(spec),
         step=step,
         pipeline=spec.pipeline_id,
+        input_format="pairs",  # what every step but the job's last writes
     )
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from cmr import wire
+from cmr import formats, wire
 from cmr.backends.base import Item
 from cmr.backends.embedded.blobs import file_path
 from cmr.errors import WireError
@@ -143,6 +143,9 @@ class JobSpec:
         output format: every step but the job's last."""
         return self.step < self.job_steps - 1
 
+    input_format: str = ""  # cmr.formats' input format; "": the job class's
+    output_format: str = ""  # cmr.formats' output format; "": the job class's
+
     def owns_input(self, url: str) -> bool:
         """Whether ``url`` is (under) the job's recorded input: a plan's range elsewhere is
         not this job's to read, whatever the plan says."""
@@ -190,6 +193,8 @@ class JobSpec:
                 if self.pipeline
                 else {}
             ),
+            "input_format": self.input_format,
+            "output_format": self.output_format,
         }
 
     @staticmethod
@@ -214,6 +219,15 @@ class JobSpec:
         lines = fields.text("lines", 20, default="")
         if lines and lines not in LINE_ENDINGS:
             raise WireError(f"job record {job_id}: field 'lines' must be '', 'lf' or 'universal'")
+        input_format = fields.text("input_format", formats.MAX_FORMAT_LEN, default="")
+        output_format = fields.text("output_format", formats.MAX_FORMAT_LEN, default="")
+        try:
+            if input_format:
+                formats.parse_input(input_format)
+            if output_format:
+                formats.check_output(output_format)
+        except formats.FormatError as exc:
+            raise WireError(f"job record {job_id}: {exc}") from None
         queue_prefix = fields.text("queue_prefix", 40)
         if not _QUEUE_PREFIX.fullmatch(queue_prefix):
             raise WireError(f"job record {job_id}: queue_prefix is not a queue name prefix")
@@ -239,6 +253,8 @@ class JobSpec:
             fields.url("input_root"),
             lines,
             *steps,
+            input_format,
+            output_format,
         )
 
 

@@ -353,7 +353,8 @@ async def _reduce_and_commit(
         limit,
         what,
         spec.step,
-        not spec.writes_pairs,
+        # Every step but the job's last writes pairs, what the next step reads.
+        "pairs" if spec.writes_pairs else spec.output_format,
         limit_s=limit,
     )
     drain.stats["reduce_spills"] += result.spills

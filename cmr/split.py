@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from cmr.backends.base import BlobInfo, Blobs
+from cmr.formats import LINES, InputFormat
 from cmr.wire import Range
 
 LOOKAHEAD = 64 * 1024  # bytes read past a split's end to finish its last line, per round
@@ -25,6 +26,7 @@ class Input:
     url: str
     size: int
     name: str
+    codec: str = ""  # its compression (cmr.formats.sniff): a whole-file task
 
 
 SPLIT_OF_BUDGET = 8  # a worker holds a running split a few times over (read, sent, mapped)
@@ -42,19 +44,28 @@ def choose_split_bytes(total: int, parallelism: int, memory_bytes: int | None = 
     return max(MIB, min(cap, target))
 
 
-def plan(inputs: Sequence[Input], split_bytes: int) -> list[tuple[Range, ...]]:
+def plan(
+    inputs: Sequence[Input], split_bytes: int, fmt: InputFormat = LINES
+) -> list[tuple[Range, ...]]:
     """Group inputs into map tasks of about split_bytes: big files are cut into ranges,
-    small files are packed together so many small files do not mean many tiny tasks."""
+    small files are packed together so many small files do not mean many tiny tasks.
+    A compressed file, or any file of a format that cannot be cut (csv, whole, pairs), is
+    one range, whole; fixed records are cut at multiples of the record length."""
     tasks: list[tuple[Range, ...]] = []
     pending: list[Range] = []
     pending_bytes = 0
+    align = fmt.record_len if fmt.name == "fixed" else 1
     for inp in inputs:
         if inp.size == 0:
             continue  # an empty input has no records
+        whole = bool(inp.codec) or not fmt.splittable
         start = 0
         while start < inp.size:
             end = min(inp.size, start + split_bytes - pending_bytes)
-            if inp.size - end < split_bytes // 10:
+            if align > 1:
+                # Never inside a record: a range holds whole records (at least one).
+                end = min(inp.size, start + max(align, (end - start) // align * align))
+            if whole or inp.size - end < split_bytes // 10:
                 end = inp.size  # a sliver left over would be a whole extra task; fold it in
             pending.append(Range(inp.url, start, end, inp.name))
             pending_bytes += end - start
@@ -64,31 +75,6 @@ def plan(inputs: Sequence[Input], split_bytes: int) -> list[tuple[Range, ...]]:
                 pending, pending_bytes = [], 0
     if pending:
         tasks.append(tuple(pending))
-    return tasks
-
-
-WHOLE_TASK_BYTES = 64 * MIB  # whole files packed into one task up to about this much
-
-
-def whole_files(inputs: Sequence[Input]) -> list[tuple[Range, ...]]:
-    """Map tasks that read each input whole (input with no lines to cut at: a previous
-    step's pairs), small files packed together; at least one task, so an input of empty
-    files still runs its step."""
-    tasks: list[tuple[Range, ...]] = []
-    pending: list[Range] = []
-    held = 0
-    for inp in inputs:
-        if inp.size == 0:
-            continue
-        pending.append(Range(inp.url, 0, inp.size, inp.name))
-        held += inp.size
-        if held >= WHOLE_TASK_BYTES or len(pending) >= MAX_RANGES_PER_TASK:
-            tasks.append(tuple(pending))
-            pending, held = [], 0
-    if pending:
-        tasks.append(tuple(pending))
-    if not tasks and inputs:
-        tasks.append((Range(inputs[0].url, 0, 0, inputs[0].name),))
     return tasks
 
 
@@ -140,3 +126,13 @@ async def read_split(blobs: Blobs, r: Range, size: int | None = None) -> bytes:
         nl = data.find(b"\n", searched)
     stop = nl + 1 if nl >= 0 else len(data)
     return data[begin:stop]
+
+
+async def read_range(blobs: Blobs, r: Range, fmt: InputFormat) -> bytes:
+    """What a map task reads of a range: the lines that start in it (line-split formats),
+    or exactly its bytes (whole files, fixed records)."""
+    if fmt.line_split:
+        return await read_split(blobs, r)
+    if r.start >= r.end:
+        return b""
+    return await blobs.get_range(r.url, r.start, r.end)

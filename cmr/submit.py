@@ -19,11 +19,11 @@ from typing import Any
 
 import structlog
 
-from cmr import places, wire
+from cmr import formats, places, wire
 from cmr.backends.base import Backend, BlobInfo, Blobs
 from cmr.backends.embedded import EmbeddedBlobs, file_url
 from cmr.errors import BackendError, BlobMissing, QueueGone, UsageError
-from cmr.job import JobRef
+from cmr.job import JobRef, check_formats, load_job_class
 from cmr.lifecycle import cleanup, end, job_scratch, load_spec, record_submit
 from cmr.localinput import local_files
 from cmr.places import check_apart, make_output_dir, probe_output_dir
@@ -47,7 +47,7 @@ from cmr.records import (
     new_job_id,
 )
 from cmr.settings import LineEnds
-from cmr.split import Input, choose_split_bytes, input_name, plan, whole_files
+from cmr.split import Input, choose_split_bytes, input_name, plan
 
 STAGE_CONCURRENCY = 16
 MAX_REPLACED_LOCAL = 5_000  # part files a fetched local output may replace (kept in the record)
@@ -80,6 +80,8 @@ class JobOptions:
     last_step: int = 0
     step_partitions: tuple[int, ...] = ()
     job_steps: int = 1
+    input_format: str = ""  # cmr.formats' input format ("": the job class's)
+    output_format: str = ""  # cmr.formats' output format ("": the job class's)
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -134,6 +136,15 @@ class JobOptions:
                 f"unknown --lines {self.lines!r}: use one of {', '.join(LINE_MODES)} (or leave "
                 "it out for the job's own)"
             )
+        for flag, value, check in (
+            ("--input-format", self.input_format, formats.parse_input),
+            ("--output-format", self.output_format, formats.check_output),
+        ):
+            if value:
+                try:
+                    check(value)
+                except formats.FormatError as exc:
+                    raise UsageError(f"{flag}: {exc}") from None
 
 
 async def _stage(
@@ -225,6 +236,41 @@ class _AllButManifest(set[str]):
 
 
 _ALL_BUT_MANIFEST = _AllButManifest()
+
+
+async def sniff_inputs(blobs: Blobs, inputs: list[Input], fmt: formats.InputFormat) -> list[Input]:
+    """The inputs with their compression, told by their first bytes (one small read each,
+    16 at a time), where it decides how a file is cut: compressed files are whole-file tasks.
+    Formats read whole anyway are told by the worker from the bytes it reads. Fixed records
+    must fill a plain file exactly: refused here, naming the file. A pairs input read from
+    an earlier job's output leaves out its manifest (``_SUCCESS``), which is not pairs."""
+    if fmt.name == "pairs":
+        return [i for i in inputs if i.name.rsplit("/", 1)[-1] != MANIFEST]
+    if not fmt.splittable:
+        return inputs
+    gate = asyncio.Semaphore(STAGE_CONCURRENCY)
+
+    async def one(inp: Input) -> Input:
+        if inp.size == 0:
+            return inp
+        async with gate:
+            head = await blobs.get_range(inp.url, 0, formats.SNIFF_BYTES)
+        codec = formats.sniff(head)
+        named = formats.named_codec(inp.name)
+        if named and not codec:
+            log.warning(
+                f"input {inp.name} is named as {named} data but does not start as {named} "
+                "does: it is read as it is"
+            )
+        if not codec and fmt.name == "fixed" and inp.size % fmt.record_len:
+            raise UsageError(
+                f"input {inp.name} holds {inp.size:,} bytes, not a whole number of "
+                f"{fmt.record_len}-byte records (input format {fmt}): check the record "
+                "length, or remove the file from the input"
+            )
+        return Input(inp.url, inp.size, inp.name, codec) if codec else inp
+
+    return list(await asyncio.gather(*(one(i) for i in inputs)))
 
 
 @dataclass(frozen=True)
@@ -357,11 +403,12 @@ async def _submit(
 ) -> JobSpec:
     input_root, inputs = await _input_blobs(backend, source, local, job_id)
     total = sum(i.size for i in inputs)
-    if options.first_step > 0:
-        # A previous step's output (pairs): each file is read whole.
-        tasks = whole_files(inputs)
-    else:
-        tasks = plan(inputs, split_bytes or choose_split_bytes(total, parallelism, memory_bytes))
+    # A run from a later step reads what the step before wrote: pairs, each file whole.
+    given = "pairs" if options.first_step > 0 else options.input_format
+    fmt = formats.parse_input(given or load_job_class(ref).input_format)
+    check_formats(load_job_class(ref), str(fmt))
+    inputs = await sniff_inputs(backend.blobs, inputs, fmt)
+    tasks = plan(inputs, split_bytes or choose_split_bytes(total, parallelism, memory_bytes), fmt)
     if options.partitions > max(FEW_REDUCERS, REDUCERS_PER_MAP * len(tasks)):
         log.warning(
             "far more reducers than the input needs: most parts will be empty, and each "
@@ -396,6 +443,8 @@ async def _submit(
         pipeline=job_id if many else "",
         step_partitions=options.step_partitions if many else (),
         job_steps=options.job_steps,
+        input_format=str(fmt),
+        output_format=options.output_format,
     )
     in_q, reduce_q, part_qs = spec.queues()
     queues = backend.queues

@@ -64,6 +64,23 @@ def run(
             "lines too — for Windows input",
         ),
     ] = None,
+    input_format: Annotated[
+        str,
+        typer.Option(
+            "--input-format",
+            help="how input files become records: lines, jsonlines, csv, "
+            "fixed:<record_len>:<key_len>, whole, pairs (default: the job's `input_format`); "
+            "gzip, bz2 and zstd files are decompressed",
+        ),
+    ] = "",
+    output_format: Annotated[
+        str,
+        typer.Option(
+            "--output-format",
+            help="how output pairs are written: text, raw, jsonlines, pairs (default: the "
+            "job's `output_format`)",
+        ),
+    ] = "",
     overwrite: Annotated[
         bool, typer.Option(help="replace the output's parts once the new ones are complete")
     ] = False,
@@ -158,6 +175,8 @@ def run(
         worker_settings=WorkerSettings(memory_mb=memory_mb),
         on_progress=on_progress,
         on_submit=on_submit,
+        input_format=input_format,
+        output_format=output_format,
     )
     try:
         with bars:

@@ -751,6 +751,27 @@ CASES: list[Case] = [
         names=("--lines", "dos"),
         setup=words,
     ),
+    Case(
+        "bad-input-format",
+        "--input-format with a format cmr does not know",
+        (*RUN, "--input-format", "parquet"),
+        names=("--input-format", "parquet", "jsonlines", "fixed:<record_len>:<key_len>"),
+        setup=words,
+    ),
+    Case(
+        "bad-output-format",
+        "--output-format with a format cmr does not know",
+        (*RUN, "--output-format", "xml"),
+        names=("--output-format", "xml", "raw"),
+        setup=words,
+    ),
+    Case(
+        "fixed-size-mismatch",
+        "--input-format fixed:R:K and a file that is not whole records",
+        (*RUN, "--input-format", "fixed:5:1"),
+        names=("words.txt", "16 bytes", "5-byte records"),
+        setup=words,
+    ),
     # ---------------------------------------------------------------- stores and jobs
     Case(
         "status-after-embedded",

@@ -1,0 +1,488 @@
+"""Input and output formats: how a map task's bytes become records, and how a reduce task's
+pairs become bytes. Small and pluggable: a reader or writer is a function in a registry
+keyed by the format's name.
+
+A format is named by a string, parsed and checked once (``parse_input``, ``check_output``);
+the job record carries the string, so a worker re-parses what the table says and refuses
+nonsense like any other field of a stranger's.
+
+Input (``Job.input_format``, ``cmr run --input-format``):
+
+- ``lines``: today's; map(source, line). Line-split: a split owns the lines that start in
+  it (:mod:`cmr.split`). Its hot path is :func:`cmr.compute.run_map`'s ``map_chunk`` loop.
+- ``jsonlines``: line-split like ``lines``; map(source, json.loads(line)); blank lines are
+  skipped; a line that is not JSON fails the task naming the file and the line.
+- ``csv``: the first row is the header; map(source, {column: str}). Whole-file tasks: a
+  quoted field may hold a newline, so no byte offset is known to start a record.
+- ``fixed:<record_len>:<key_len>``: binary records (TeraGen's are ``fixed:100:10``);
+  map(record[:key_len], record[key_len:]). Splits fall on record multiples.
+- ``whole``: each file is one record; map(source, its bytes).
+- ``pairs``: a msgpack stream of [key, value] (what output format ``pairs`` writes);
+  map(key, value), lists arriving as tuples; read within :mod:`cmr.wire`'s bounds.
+
+Compression is orthogonal and recognised by a file's first bytes (``sniff``): gzip, bz2 and
+zstd files are one whole-file task each, decompressed as a stream in the pool process
+(never whole in memory: a record is at most ``max_record`` bytes, which bounds a bomb), then
+read with the format. The magic decides, not the name: a ``.gz`` file whose bytes are not
+gzip is read as it is (with a warning at submit), and a gzip file named ``x.log`` is
+decompressed.
+
+Output (``Job.output_format``, ``cmr run --output-format``): ``text`` (today: one
+``format(key, value)`` line per pair; format may return bytes, written as is), ``raw``
+(key and value bytes concatenated, each bytes or None), ``jsonlines`` ([key, value] as JSON
+per line), ``pairs`` (msgpack (key, value) stream, readable by input format ``pairs``).
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import gzip
+import io
+import json
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import msgpack
+import zstandard
+
+from cmr import usercode, wire
+from cmr.errors import CmrError
+
+INPUT_FORMATS = ("lines", "jsonlines", "csv", "fixed:<record_len>:<key_len>", "whole", "pairs")
+OUTPUT_FORMATS = ("text", "raw", "jsonlines", "pairs")
+MAX_FORMAT_LEN = 40  # the longest valid name is "fixed:16777216:16777216"
+MAX_RECORD_LEN = 16 * 1024 * 1024  # a fixed record: far past TeraGen's 100 bytes
+SNIFF_BYTES = 512  # read from each input at submit (and the start of a whole-file range)
+COMPRESSED_SUFFIXES = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd"}
+BLOCK = 1024 * 1024  # decompressed bytes read at a time
+MAX_PAIR_ITEMS = 1 << 20  # items of one array or map in a pairs input
+
+
+class FormatError(ValueError):
+    """A format string that names no format; the text lists the valid ones. Callers say
+    where it came from (UsageError, JobCodeError, WireError)."""
+
+
+class InputError(CmrError):
+    """Input that cannot be read as its format: the message names the file and the place."""
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    name: str
+    record_len: int = 0  # fixed only
+    key_len: int = 0
+
+    @property
+    def line_split(self) -> bool:
+        """Split at any byte, each split owning the lines that start in it."""
+        return self.name in ("lines", "jsonlines")
+
+    @property
+    def splittable(self) -> bool:
+        """A plain file may be cut into several tasks (the others are whole-file tasks)."""
+        return self.line_split or self.name == "fixed"
+
+    def __str__(self) -> str:
+        if self.name == "fixed":
+            return f"fixed:{self.record_len}:{self.key_len}"
+        return self.name
+
+
+LINES = InputFormat("lines")
+
+
+def _valid_inputs() -> str:
+    return ", ".join(INPUT_FORMATS) + " (e.g. fixed:100:10)"
+
+
+def parse_input(text: str) -> InputFormat:
+    """The input format ``text`` names; FormatError naming it and the valid ones."""
+    if not isinstance(text, str) or len(text) > MAX_FORMAT_LEN:
+        raise FormatError(f"input format {str(text)[:60]!r} is not one: use {_valid_inputs()}")
+    if text in _READERS and text != "fixed":
+        return InputFormat(text)
+    name, _, rest = text.partition(":")
+    if name == "fixed":
+        rl, sep, kl = rest.partition(":")
+        if sep and rl.isdigit() and kl.isdigit() and rl.isascii() and kl.isascii():
+            record_len, key_len = int(rl), int(kl)
+            if 1 <= record_len <= MAX_RECORD_LEN and 0 <= key_len <= record_len:
+                return InputFormat("fixed", record_len, key_len)
+        raise FormatError(
+            f"input format {text!r}: fixed needs fixed:<record_len>:<key_len> with "
+            f"1 <= record_len <= {MAX_RECORD_LEN:,} and 0 <= key_len <= record_len "
+            "(e.g. fixed:100:10)"
+        )
+    raise FormatError(f"unknown input format {text[:60]!r}: use one of {_valid_inputs()}")
+
+
+def check_output(text: str) -> str:
+    """``text`` if it names an output format; FormatError otherwise."""
+    if not (isinstance(text, str) and text in _WRITERS):
+        raise FormatError(
+            f"unknown output format {str(text)[:60]!r}: use one of {', '.join(OUTPUT_FORMATS)}"
+        )
+    return text
+
+
+# --- compression ---------------------------------------------------------------------
+
+
+def sniff(head: bytes) -> str:
+    """The compression of a file that starts with ``head`` ("" for none): its magic bytes,
+    and for gzip a trial decode of the header too (binary records may start 1f 8b)."""
+    if head.startswith(b"\x28\xb5\x2f\xfd"):
+        return "zstd"
+    # bz2: "BZh", the block size, then a stream's first block or an empty one's end marker.
+    if (
+        head[:3] == b"BZh"
+        and head[3:4] in b"123456789"
+        and head[4:10] in (b"\x31\x41\x59\x26\x53\x59", b"\x17\x72\x45\x38\x50\x90")
+    ):
+        return "bz2"
+    if head[:3] == b"\x1f\x8b\x08" and len(head) >= 10 and not head[3] & 0xE0:
+        try:
+            zlib.decompressobj(31).decompress(head, 64)
+        except zlib.error:
+            return ""
+        return "gzip"
+    return ""
+
+
+def named_codec(name: str) -> str:
+    """The compression a file's name suggests ("" for none); only for warnings."""
+    lower = name.lower()
+    return next((c for s, c in COMPRESSED_SUFFIXES.items() if lower.endswith(s)), "")
+
+
+class _Decoded(io.RawIOBase):
+    """A decompressing reader whose every failure is an InputError naming the file."""
+
+    def __init__(self, name: str, codec: str, data: bytes) -> None:
+        super().__init__()
+        self.name_, self.codec = name, codec
+        src = io.BytesIO(data)
+        self.inner: Any
+        if codec == "gzip":
+            self.inner = gzip.GzipFile(fileobj=src, mode="rb")
+        elif codec == "bz2":
+            self.inner = bz2.BZ2File(src)
+        else:
+            self.inner = zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        try:
+            data = self.inner.read(len(b))
+        except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
+            raise InputError(
+                f"input {self.name_}: its {self.codec} data is corrupt or truncated ({exc})"
+            ) from None
+        n = len(data)
+        b[:n] = data
+        return n
+
+
+def _stream(name: str, codec: str, data: bytes) -> BinaryIO:
+    if not codec:
+        return io.BytesIO(data)
+    return io.BufferedReader(_Decoded(name, codec, data), BLOCK)
+
+
+def _read_exact(f: BinaryIO, n: int) -> bytes:
+    data = f.read(n)
+    if 0 < len(data) < n:
+        parts = [data]
+        got = len(data)
+        while got < n and (more := f.read(n - got)):
+            parts.append(more)
+            got += len(more)
+        data = b"".join(parts)
+    return data
+
+
+# --- readers -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What a map task read of one range: its source name, bytes, compression ("" none),
+    the byte of the file it starts at, and the largest record it may hold."""
+
+    name: str
+    data: bytes
+    codec: str = ""
+    start: int = 0
+    max_record: int = 64 * 1024 * 1024
+
+
+def line_pieces(c: Chunk, piece: int, universal: bool = False) -> Iterator[bytes]:
+    """A compressed line-split chunk as pieces of whole lines of about ``piece`` bytes, each
+    without its last newline (what ``map_chunk`` sees), decompressed as a stream; a line
+    longer than ``max_record`` is an InputError."""
+    f = _stream(c.name, c.codec, c.data)
+    buf = b""
+    held_cr = False
+    while block := f.read(BLOCK):
+        if universal:
+            if held_cr:
+                block = b"\r" + block
+            held_cr = block.endswith(b"\r")
+            if held_cr:
+                block = block[:-1]
+            block = block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        buf += block
+        if len(buf) >= piece:
+            nl = buf.rfind(b"\n")
+            if nl >= 0:
+                yield buf[:nl]
+                buf = buf[nl + 1 :]
+            if len(buf) > c.max_record:
+                raise InputError(
+                    f"input {c.name}: a line is longer than {c.max_record:,} bytes, the "
+                    "longest a worker of this memory holds (raise --memory-mb)"
+                )
+    if held_cr:
+        buf += b"\n"
+    if buf:
+        yield buf[:-1] if buf.endswith(b"\n") else buf
+
+
+def _lines_of(c: Chunk, piece: int) -> Iterator[bytes]:
+    """Every line of a line-split chunk, plain or compressed, without its newline."""
+    if c.codec:
+        pieces: Iterator[bytes] = line_pieces(c, piece)
+    else:
+        data = c.data[:-1] if c.data.endswith(b"\n") else c.data
+        pieces = iter((data,)) if c.data else iter(())
+    for p in pieces:
+        start = 0
+        while (nl := p.find(b"\n", start)) >= 0:
+            yield p[start:nl]
+            start = nl + 1
+        yield p[start:]
+
+
+Record = tuple[Any, Any]
+Reader = Callable[[InputFormat, Chunk, int], Iterator[Record]]
+
+
+def read_jsonlines(fmt: InputFormat, c: Chunk, piece: int) -> Iterator[Record]:
+    n = 0
+    offset = c.start
+    for line in _lines_of(c, piece):
+        n += 1
+        at = offset
+        offset += len(line) + 1
+        if not line.strip():
+            continue  # blank lines (a trailing one, say) hold no record
+        try:
+            value = json.loads(line)
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            where = (
+                f"line {n}"
+                if c.start == 0 or c.codec
+                else f"line {n} of its split from byte {c.start} (byte {at})"
+            )
+            raise InputError(f"input {c.name}: {where} is not JSON ({exc})") from None
+        yield c.name, value
+
+
+def read_csv(fmt: InputFormat, c: Chunk, piece: int) -> Iterator[Record]:
+    text = io.TextIOWrapper(_stream(c.name, c.codec, c.data), encoding="utf-8-sig", newline="")
+    csv.field_size_limit(c.max_record)
+    rows = csv.reader(text, strict=True)
+    header: list[str] | None = None
+    n = 0
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise InputError(
+                f"input {c.name}: row {n + 1} (line {rows.line_num}) is not CSV of UTF-8 "
+                f"text ({exc})"
+            ) from None
+        if not row:
+            continue  # a blank line
+        n += 1
+        if header is None:
+            header = row
+            continue
+        if len(row) != len(header):
+            raise InputError(
+                f"input {c.name}: row {n} (line {rows.line_num}) has {len(row)} fields; its "
+                f"header has {len(header)}"
+            )
+        yield c.name, dict(zip(header, row, strict=True))
+
+
+def read_fixed(fmt: InputFormat, c: Chunk, piece: int) -> Iterator[Record]:
+    rl, kl = fmt.record_len, fmt.key_len
+    if not c.codec:
+        if len(c.data) % rl:
+            raise InputError(
+                f"input {c.name}: bytes {c.start} to {c.start + len(c.data)} are not whole "
+                f"{rl}-byte records (did the file change after the job was submitted?)"
+            )
+        view = memoryview(c.data)
+        for i in range(0, len(view), rl):
+            yield bytes(view[i : i + kl]), bytes(view[i + kl : i + rl])
+        return
+    f = _stream(c.name, c.codec, c.data)
+    per = max(1, BLOCK // rl) * rl
+    read = 0
+    while block := _read_exact(f, per):
+        if len(block) % rl:
+            raise InputError(
+                f"input {c.name}: its {len(block) + read:,} decompressed bytes are not whole "
+                f"{rl}-byte records"
+            )
+        read += len(block)
+        view = memoryview(block)
+        for i in range(0, len(view), rl):
+            yield bytes(view[i : i + kl]), bytes(view[i + kl : i + rl])
+
+
+def read_whole(fmt: InputFormat, c: Chunk, piece: int) -> Iterator[Record]:
+    if not c.codec:
+        yield c.name, c.data
+        return
+    data = _read_exact(_stream(c.name, c.codec, c.data), c.max_record + 1)
+    if len(data) > c.max_record:
+        raise InputError(
+            f"input {c.name}: decompressed, it is past {c.max_record:,} bytes, the largest "
+            "whole-file record a worker of this memory holds (raise --memory-mb)"
+        )
+    yield c.name, data
+
+
+def read_pairs(fmt: InputFormat, c: Chunk, piece: int) -> Iterator[Record]:
+    limit = min(c.max_record, wire.MAX_DECODED)
+    up = wire.unpacker(
+        limit,
+        max_len=MAX_PAIR_ITEMS,
+        max_str=limit,
+        max_bin=limit,
+        source=_stream(c.name, c.codec, c.data),
+    )
+    n = ended = 0
+    while True:
+        try:
+            item = up.unpack()
+        except msgpack.OutOfData:
+            if up.tell() != ended:  # the stream stopped inside an item
+                raise InputError(
+                    f"input {c.name}: it ends inside item {n + 1} (a truncated pairs stream)"
+                ) from None
+            return
+        except InputError:
+            raise
+        except Exception as exc:  # msgpack's zoo: malformed, past a limit, ext types
+            raise InputError(
+                f"input {c.name}: item {n + 1} is not msgpack within the bounds of pairs "
+                f"input ({type(exc).__name__}: {exc})"
+            ) from None
+        n += 1
+        ended = up.tell()
+        if type(item) is not tuple or len(item) != 2:
+            raise InputError(
+                f"input {c.name}: item {n} is {usercode.quote(item)}, not a [key, value] pair"
+            )
+        yield item
+
+
+_READERS: dict[str, Reader | None] = {
+    "lines": None,  # cmr.compute's map_chunk loop: the hot path
+    "jsonlines": read_jsonlines,
+    "csv": read_csv,
+    "fixed": read_fixed,
+    "whole": read_whole,
+    "pairs": read_pairs,
+}
+
+
+def records(fmt: InputFormat, c: Chunk, piece: int) -> Iterator[Record]:
+    """The (key, value) records of a chunk read as ``fmt`` (not ``lines``)."""
+    reader = _READERS[fmt.name]
+    assert reader is not None, "lines are read by cmr.compute's map_chunk loop"
+    return reader(fmt, c, piece)
+
+
+# --- writers -----------------------------------------------------------------------
+
+Write = Callable[[Any, Any], None]
+
+
+def _text_writer(job: Any, out: BinaryIO) -> Write:
+    fmt, w = job.format, out.write
+
+    def write(k: Any, v: Any) -> None:
+        line = fmt(k, v)
+        w(line.encode("utf-8") if type(line) is str else line)
+        w(b"\n")
+
+    return write
+
+
+def _raw_writer(job: Any, out: BinaryIO) -> Write:
+    w = out.write
+    reducer = f"{type(job).__name__}.reduce"
+
+    def write(k: Any, v: Any) -> None:
+        for x in (k, v):
+            if x is None:
+                continue
+            if type(x) is not bytes:
+                raise usercode.UserCodeError(
+                    f"{reducer} yielded ({usercode.quote(k)}, {usercode.quote(v)}); "
+                    "output format raw writes key and value as they are: each must be "
+                    "bytes or None"
+                )
+            w(x)
+
+    return write
+
+
+def _json_writer(job: Any, out: BinaryIO) -> Write:
+    from cmr.job import _json_default
+
+    w = out.write
+    dumps = json.JSONEncoder(ensure_ascii=False, default=_json_default).encode
+
+    def write(k: Any, v: Any) -> None:
+        k = k.decode("utf-8") if type(k) is bytes else k
+        v = v.decode("utf-8") if type(v) is bytes else v
+        w(dumps([k, v]).encode("utf-8"))
+        w(b"\n")
+
+    return write
+
+
+def _pairs_writer(job: Any, out: BinaryIO) -> Write:
+    pack, w = msgpack.Packer(use_bin_type=True).pack, out.write
+
+    def write(k: Any, v: Any) -> None:
+        w(pack((k, v)))
+
+    return write
+
+
+_WRITERS: dict[str, Callable[[Any, BinaryIO], Write]] = {
+    "text": _text_writer,
+    "raw": _raw_writer,
+    "jsonlines": _json_writer,
+    "pairs": _pairs_writer,
+}
+
+
+def writer(output_format: str, job: Any, out: BinaryIO) -> Write:
+    """A function writing one (key, value) pair to ``out`` as ``output_format``."""
+    return _WRITERS[check_output(output_format)](job, out)
