@@ -10,13 +10,13 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
 
-from cmr import lifecycle, logs, submit, watch
+from cmr import counters, lifecycle, logs, submit, watch
 from cmr.admission import serving_own_job
 from cmr.backends.base import Backend
 from cmr.backends.embedded import temporary_backend
@@ -44,6 +44,12 @@ class RunResult:
     @property
     def stats(self) -> dict[str, int]:
         return {k: v for k, v in self.record.items() if isinstance(v, int)}
+
+    @property
+    def counters(self) -> dict[str, dict[str, int]]:
+        """The job's counters (``Job.increment_counter``): {group: {name: total}}, each
+        winning task attempt counted once."""
+        return counters.of_record(self.record)
 
 
 def job_ref(job: str | type[Job]) -> JobRef:
@@ -110,6 +116,7 @@ class RunOptions:
     worker_settings: WorkerSettings | None = None  # None: the defaults for the backend
     on_progress: Callable[[watch.Progress], None] | None = None
     on_submit: Callable[[str], None] | None = None
+    files: Sequence[str] = ()  # side files beyond the job class's: "PATH[#NAME]" each
 
     @staticmethod
     def of(base: RunOptions | None = None, **overrides: Any) -> RunOptions:
@@ -121,6 +128,8 @@ class RunOptions:
         return replace(base or RunOptions(), **overrides)
 
     def job_options(self, ref: JobRef) -> submit.JobOptions:
+        if isinstance(self.files, str):
+            raise UsageError(f"files= must be a list of paths, not one str: [{self.files!r}]")
         return submit.JobOptions(
             partitions=self.reducers if self.reducers is not None else load_job_class(ref).reducers,
             visibility_s=self.visibility_timeout,
@@ -130,6 +139,7 @@ class RunOptions:
             overwrite=self.overwrite,
             params=dict(self.params),
             lines=self.lines,
+            files=tuple(self.files),
         )
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgpack
 
-from cmr import taskprogress, usercode, wire
+from cmr import counters, taskprogress, usercode, wire
 from cmr.job import Job, JobRef, load_job_class
 from cmr.timelimit import TimeLimitExceeded, time_limit
 
@@ -74,6 +74,7 @@ class MapSpec:
     piece_bytes: int = MAP_PIECE_MIN  # map_chunk sees at most about this much at once
     limit_s: float = 0.0  # the task's time limit (cmr.timelimit); 0: none
     lines: str = ""  # line endings ("lf", "universal"); "": the job class's own
+    files_dir: str = ""  # the job's side files on this worker (cmr.sidefiles); "": none
 
 
 @dataclass
@@ -84,6 +85,8 @@ class MapResult:
     records_in: int = 0
     bytes_in: int = 0
     error: str = ""  # "Type: message\ntraceback" when user code raised
+    counters: counters.Flat = field(default_factory=dict)  # Job.increment_counter totals
+    status: str = ""  # the last Job.set_status line
 
 
 @dataclass
@@ -92,6 +95,8 @@ class ReduceResult:
     keys: int = 0
     spills: int = 0
     error: str = ""
+    counters: counters.Flat = field(default_factory=dict)
+    status: str = ""
 
 
 # Set-up instances by job id: two jobs running the same code with the same params still get
@@ -102,21 +107,40 @@ _instances: collections.OrderedDict[str, tuple[JobRef, dict[str, str], Job]] = (
 INSTANCES_KEPT = 8  # jobs whose instance a pool process keeps (a fleet worker serves many)
 
 
-def job_instance(job_id: str, ref: JobRef, params: dict[str, str], lines: str = "") -> Job:
+def job_instance(
+    job_id: str, ref: JobRef, params: dict[str, str], lines: str = "", files_dir: str = ""
+) -> Job:
     """One set-up instance per job per process (``setup`` runs once, not per task).
-    ``lines``: the job's line endings as submitted, if it chose them ("": the class's)."""
+    ``lines``: the job's line endings as submitted, if it chose them ("": the class's).
+    ``files_dir``: where this worker keeps the job's side files (``Job.file``)."""
     kept = _instances.get(job_id)
-    if kept is not None and kept[0] == ref and kept[1] == params:
+    if (
+        kept is not None
+        and kept[0] == ref
+        and kept[1] == params
+        and getattr(kept[2], "_cmr_files_dir", "") == files_dir
+    ):
         _instances.move_to_end(job_id)
         return kept[2]
     inst = load_job_class(ref)(params)
     if lines:
         inst.lines = lines  # type: ignore[misc]  # the submission's choice, seen by setup too
+    # Before setup: setup may open its side files. (Two workers sharing this pool keep
+    # copies of their own: an instance set up on the other's copy is set up again.)
+    inst._cmr_files_dir = files_dir  # type: ignore[attr-defined]
     inst.setup()
     _instances[job_id] = (ref, dict(params), inst)
     while len(_instances) > INSTANCES_KEPT:
         _instances.popitem(last=False)  # the job served least recently: likely ended
     return inst
+
+
+def _take_counters(counted: Any, result: MapResult | ReduceResult) -> None:
+    """The task's counters and status line into its result; a counter limit the task broke
+    fails it, even if its code caught the error (its counters could not be kept whole)."""
+    result.counters, result.status = counted.counts, counted.status
+    if counted.error and not result.error:
+        result.error = counted.error
 
 
 def _timed_out(exc: TimeLimitExceeded) -> str:
@@ -346,9 +370,14 @@ def run_map(
 ) -> MapResult:
     result = MapResult(records_in=0, bytes_in=sum(len(d) for _, d in chunks))
     fd, path = tempfile.mkstemp(prefix="map-", suffix=".spool", dir=spec.spool_dir)
-    with taskprogress.running(spec.job), _reported(result, spec.limit_s, f"map task {spec.task}"):
+    with (
+        taskprogress.running(spec.job),
+        counters.collecting() as counted,
+        _reported(result, spec.limit_s, f"map task {spec.task}"),
+    ):
         _map_into(ref, params, chunks, spec, fd, result)
         result.spool = path
+    _take_counters(counted, result)
     if result.error:
         os.unlink(path)
     return result
@@ -362,7 +391,7 @@ def _map_into(
     fd: int,
     result: MapResult,
 ) -> None:
-    job = job_instance(spec.job, ref, params, spec.lines)
+    job = job_instance(spec.job, ref, params, spec.lines, spec.files_dir)
     universal = (spec.lines or job.lines) == "universal"
     mapper = _mapper_name(job)
     with os.fdopen(fd, "wb") as out:
@@ -521,6 +550,7 @@ def run_reduce(
     use_combiner: bool = True,
     limit_s: float = 0.0,
     what: str = "reduce",
+    files_dir: str = "",
 ) -> ReduceResult:
     """Group the winners' pairs by key (spilling sorted runs past the memory budget), run
     reduce over keys in sorted order, and write the partition's output lines. With
@@ -528,8 +558,12 @@ def run_reduce(
     result = ReduceResult()
     runs: list[str] = []  # sorted runs spilled to disk: removed however the task ends
     try:
-        with taskprogress.running(job_id), _reported(result, limit_s, what):
-            job = job_instance(job_id, ref, params)
+        with (
+            taskprogress.running(job_id),
+            counters.collecting() as counted,
+            _reported(result, limit_s, what),
+        ):
+            job = job_instance(job_id, ref, params, files_dir=files_dir)
             combiner = Combiner(job) if use_combiner and job.combine is not None else None
             groups: dict[Any, list[Any]] = {}
             held = 0
@@ -584,6 +618,7 @@ def run_reduce(
                 keyed = ((k, iter(groups[k])) for k in _sorted_keys(groups))
             with open(out_path, "w", encoding="utf-8", newline="\n") as out:
                 _write_output(job, keyed, out, result)
+        _take_counters(counted, result)
     finally:
         for r in runs:
             with contextlib.suppress(FileNotFoundError):

@@ -21,8 +21,9 @@ import contextlib
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
-from cmr import failures, wire
+from cmr import counters, failures, wire
 from cmr.backends.base import AllOf, Condition, Eq, Missing, Present, Update
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, WireError
 from cmr.lease import in_background
@@ -108,6 +109,13 @@ async def finalize(rt: Runtime, spec: JobSpec) -> bool:
         return False
     if sources is None:
         return False
+    winners = await be.table.query(job_pk(spec.job_id), prefix="map#")
+    try:
+        # Checked before anything is published: a job that publishes must succeed.
+        counted = await _counter_totals(rt, spec, winners)
+    except WireError as exc:
+        await failures.fail_job(rt, spec, f"the job cannot be published: {exc}", publisher=True)
+        return False
     await rt.step("finalize.begin", job=spec.job_id)
     finished = await begin_publishing(be, spec)
     if finished is None:
@@ -155,8 +163,7 @@ async def finalize(rt: Runtime, spec: JobSpec) -> bool:
             return False
         raise
     await rt.step("publish.manifest_written", job=spec.job_id)
-    winners = await be.table.query(job_pk(spec.job_id), prefix="map#")
-    totals = {
+    totals: dict[str, Any] = {
         # Exact totals from the commit records (the live counters may miss a worker that
         # died between its commit and its counter update).
         "records_out": sum(s.records for s in sources),
@@ -165,11 +172,36 @@ async def finalize(rt: Runtime, spec: JobSpec) -> bool:
         "bytes_in": sum(int(i.get("bytes_in", 0)) for i in winners),
         "maps_done": len(winners),
     }
+    if counted.sums:
+        totals["counters"] = counted.nested()
+    if counted.omitted:
+        totals["counters_omitted"] = counted.omitted
     if await end(be, spec, JobState.SUCCEEDED, totals=totals):
         rt.log.info("job succeeded", job=spec.job_id)
         await rt.step("finalize.succeeded", job=spec.job_id)
         rt.job_ended(spec)
     return True
+
+
+async def _counter_totals(
+    rt: Runtime, spec: JobSpec, winners: list[dict[str, object]]
+) -> counters.Totals:
+    """The job's counters: every winning map commit's and every committed reduce's, each
+    once (a record holds only the attempt that won it). WireError on a malformed record."""
+    totals = counters.Totals()
+    for item in winners:
+        try:
+            totals.add(counters.decode(item.get("counters")))
+        except WireError as exc:
+            raise WireError(f"the map commit record {item.get('sk')!r}: {exc}") from None
+    for item in await rt.backend.table.query(job_pk(spec.job_id), prefix="reduce#"):
+        if item.get("state") != "committed":
+            continue
+        try:
+            totals.add(counters.decode(item.get("counters")))
+        except WireError as exc:
+            raise WireError(f"the commit record {item.get('sk')!r}: {exc}") from None
+    return totals
 
 
 async def _succeeded(rt: Runtime, spec: JobSpec) -> bool:

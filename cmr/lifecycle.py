@@ -49,6 +49,7 @@ from cmr.records import (
     JobState,
     job_pk,
 )
+from cmr.sidefiles import side_files_url
 
 log = structlog.get_logger("cmr.lifecycle")
 
@@ -244,6 +245,7 @@ async def cleanup(backend: Backend, spec: JobSpec, state: JobState, step: Step =
     await asyncio.gather(*(delete_queue(n) for n in (in_q, reduce_q, *part_qs)))
     await step("cleanup.queues", {"job": spec.job_id})
     await backend.blobs.delete_prefix(scratch)
+    await backend.blobs.delete_prefix(side_files_url(spec.scratch, spec.job_id))
     await step("cleanup.scratch", {"job": spec.job_id})
     for prefix in ("map#", "fail#", "reduce#"):
         items = await backend.table.query(pk, prefix=prefix)

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgpack
 
-from cmr import compute, failures, wire
+from cmr import compute, failures, sidefiles, wire
 from cmr.backends.base import Put, Received, item_absent
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, TaskError, WireError
 from cmr.lease import message_lease
@@ -54,6 +54,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
     log = rt.log.bind(job=spec.job_id, task=task.task, attempt=attempt)
     async with message_lease(queues, in_q, msg.receipt, spec.visibility_s, rt.awake):
         ranges = await _ranges(rt, spec, task.task)
+        files_dir = await sidefiles.fetch(rt, spec)
         chunks = await asyncio.gather(*(_read(rt, r) for r in ranges))
         nbytes = sum(len(c) for c in chunks)
         result = await rt.cpu(
@@ -73,6 +74,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 piece_bytes=compute.map_piece_bytes(rt.settings.memory_mb * 1024 * 1024),
                 limit_s=task_limit(spec.task_timeout_s, nbytes),
                 lines=spec.lines,
+                files_dir=files_dir,
             ),
             limit_s=task_limit(spec.task_timeout_s, nbytes),
         )
@@ -90,6 +92,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             {p: r for p, r in enumerate(result.records) if r},
             result.records_in,
             result.bytes_in,
+            result.counters,
         )
         try:
             # Only while the job runs: an attempt that wakes after its job ended and was
@@ -102,6 +105,8 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             # applied the first time is answered as applied, by its token.)
             held = await table.get(pk, map_sk(task.task), consistent=True)
             won = held is not None and held.get("attempt") == attempt
+        if result.status:
+            log.info("map task status", status=result.status)
         if not won:
             stats["map_attempts_filtered"] += 1
             log.info("map attempt lost to an earlier commit; its batches will be ignored")
