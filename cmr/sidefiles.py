@@ -120,7 +120,8 @@ def gather(ref: JobRef, extra: Sequence[str]) -> list[Given]:
         _check_name(g.name, what)
         if g.name in names:
             raise UsageError(
-                f"two side files are named {g.name!r}: {names[g.name].path} and {g.path}; "
+                f"two side files are named {g.name!r}: {names[g.name].path} "
+                f"({names[g.name].origin}) and {what}; "
                 "name one otherwise with --file PATH#NAME"
             )
         names[g.name] = g
