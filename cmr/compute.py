@@ -128,7 +128,8 @@ def job_instance(
     # Before setup: setup may open its side files. (Two workers sharing this pool keep
     # copies of their own: an instance set up on the other's copy is set up again.)
     inst._cmr_files_dir = files_dir  # type: ignore[attr-defined]
-    inst.setup()
+    with counters.paused():
+        inst.setup()
     _instances[job_id] = (ref, dict(params), inst)
     while len(_instances) > INSTANCES_KEPT:
         _instances.popitem(last=False)  # the job served least recently: likely ended

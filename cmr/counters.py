@@ -55,6 +55,18 @@ def collecting() -> Iterator[_Task]:
         _task = None
 
 
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Increments inside count for no task (``setup``: it runs once per process, so what it
+    counted would depend on how many processes ran the job)."""
+    global _task  # noqa: PLW0603 - a pool process runs one task at a time
+    task, _task = _task, None
+    try:
+        yield
+    finally:
+        _task = task
+
+
 def _text(what: str, value: Any, most: int) -> str:
     if not isinstance(value, str):
         raise TypeError(f"increment_counter: the counter {what} must be a str; got {value!r}")
