@@ -193,7 +193,7 @@ async def test_each_worker_fetches_a_jobs_files_once(job: dict[str, Path], pool:
     def wrap(be: Backend) -> Backend:
         blobs = CountingBlobs(be.blobs)
         counted.append(blobs)
-        return Backend(be.name, be.queues, blobs, be.table, be.scratch)  # type: ignore[arg-type]
+        return Backend(be.name, be.queues, blobs, be.table, be.scratch)
 
     result = await chaos_run(
         str(job["job"]), job["in"], job["out"], seed=1, pool=pool, plan=FaultPlan(seed=1),
