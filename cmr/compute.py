@@ -113,24 +113,20 @@ def job_instance(
     """One set-up instance per job per process (``setup`` runs once, not per task).
     ``lines``: the job's line endings as submitted, if it chose them ("": the class's).
     ``files_dir``: where this worker keeps the job's side files (``Job.file``)."""
-    kept = _instances.get(job_id)
-    if (
-        kept is not None
-        and kept[0] == ref
-        and kept[1] == params
-        and getattr(kept[2], "_cmr_files_dir", "") == files_dir
-    ):
-        _instances.move_to_end(job_id)
+    # Two workers sharing this pool keep side files of their own: an instance each, set up
+    # on its worker's copies (alternating tasks must not set one instance up over and over).
+    slot = f"{job_id} {files_dir}" if files_dir else job_id
+    kept = _instances.get(slot)
+    if kept is not None and kept[0] == ref and kept[1] == params:
+        _instances.move_to_end(slot)
         return kept[2]
     inst = load_job_class(ref)(params)
     if lines:
         inst.lines = lines  # type: ignore[misc]  # the submission's choice, seen by setup too
-    # Before setup: setup may open its side files. (Two workers sharing this pool keep
-    # copies of their own: an instance set up on the other's copy is set up again.)
-    inst._cmr_files_dir = files_dir  # type: ignore[attr-defined]
+    inst._cmr_files_dir = files_dir  # type: ignore[attr-defined]  # before setup: it may open them
     with counters.paused():
         inst.setup()
-    _instances[job_id] = (ref, dict(params), inst)
+    _instances[slot] = (ref, dict(params), inst)
     while len(_instances) > INSTANCES_KEPT:
         _instances.popitem(last=False)  # the job served least recently: likely ended
     return inst
