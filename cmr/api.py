@@ -10,13 +10,13 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
 
-from cmr import logs, pipeline, submit, watch
+from cmr import counters, logs, pipeline, submit, watch
 from cmr.admission import serving_own_job
 from cmr.backends.base import Backend
 from cmr.backends.embedded import temporary_backend
@@ -44,6 +44,12 @@ class RunResult:
     @property
     def stats(self) -> dict[str, int]:
         return {k: v for k, v in self.record.items() if isinstance(v, int)}
+
+    @property
+    def counters(self) -> dict[str, dict[str, int]]:
+        """The job's counters (``Job.increment_counter``): {group: {name: total}}, each
+        winning task attempt counted once."""
+        return counters.of_record(self.record)
 
 
 def job_ref(job: str | type[Job]) -> JobRef:
@@ -114,6 +120,7 @@ class RunOptions:
     on_submit: Callable[[str], None] | None = None
     input_format: str = ""  # cmr.formats' input format; "": the job's ``input_format``
     output_format: str = ""  # cmr.formats' output format; "": the job's ``output_format``
+    files: Sequence[str] = ()  # side files beyond the job class's: "PATH[#NAME]" each
 
     @staticmethod
     def of(base: RunOptions | None = None, **overrides: Any) -> RunOptions:
@@ -125,6 +132,8 @@ class RunOptions:
         return replace(base or RunOptions(), **overrides)
 
     def job_options(self, ref: JobRef) -> submit.JobOptions:
+        if isinstance(self.files, str):
+            raise UsageError(f"files= must be a list of paths, not one str: [{self.files!r}]")
         cls = load_job_class(ref)
         return submit.JobOptions(
             **step_options(cls, self.params, self.reducers, self.step, self.from_step),
@@ -137,6 +146,7 @@ class RunOptions:
             lines=self.lines,
             input_format=self.input_format,
             output_format=self.output_format,
+            files=tuple(self.files),
         )
 
 

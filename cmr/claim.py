@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from cmr import counters
 from cmr.backends.base import AllOf, Condition, Eq, Missing, Table, Update
 from cmr.errors import BackendError, ConditionFailed
 from cmr.lease import in_background
@@ -82,21 +83,23 @@ class Claim:
         async with in_background(loop()):
             yield
 
-    async def commit(self, output: str, records: int, nbytes: int) -> bool:
+    async def commit(
+        self, output: str, records: int, nbytes: int, counted: counters.Flat | None = None
+    ) -> bool:
         """The fenced commit: succeeds only if nobody took the partition over meanwhile, and
         the job still runs (a commit after the job ended would leave its output blob behind
-        a cleanup that has already swept the scratch)."""
-        commit = Update(
-            *self.key,
-            set_={
-                "state": "committed",
-                "output": output,
-                "records": records,
-                "bytes": nbytes,
-                "committed_at": time.time(),
-            },
-            condition=self._ours(),
-        )
+        a cleanup that has already swept the scratch). ``counted``: the reduce's
+        Job.increment_counter totals, which count only as part of the commit that stands."""
+        fields: dict[str, object] = {
+            "state": "committed",
+            "output": output,
+            "records": records,
+            "bytes": nbytes,
+            "committed_at": time.time(),
+        }
+        if counted:
+            fields["counters"] = counters.encode(counted)
+        commit = Update(*self.key, set_=fields, condition=self._ours())
         try:
             await self.table.transact(
                 [commit, while_running(self.job_id)], token=f"commit-{self.token}"

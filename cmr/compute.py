@@ -31,7 +31,7 @@ from typing import Any
 
 import msgpack
 
-from cmr import formats, taskprogress, usercode, wire
+from cmr import counters, formats, taskprogress, usercode, wire
 from cmr.errors import JobCodeError
 from cmr.job import Job, JobRef, Step, load_job_class, steps_of
 from cmr.timelimit import TimeLimitExceeded, time_limit
@@ -79,6 +79,7 @@ class MapSpec:
     codecs: tuple[str, ...] = ()  # per chunk: its compression ("" none; () all none)
     starts: tuple[int, ...] = ()  # per chunk: the byte of its file it starts at
     step: int = 0  # which of the job's steps this task runs
+    files_dir: str = ""  # the job's side files on this worker (cmr.sidefiles); "": none
 
 
 @dataclass
@@ -89,6 +90,8 @@ class MapResult:
     records_in: int = 0
     bytes_in: int = 0
     error: str = ""  # "Type: message\ntraceback" when user code raised
+    counters: counters.Flat = field(default_factory=dict)  # Job.increment_counter totals
+    status: str = ""  # the last Job.set_status line
 
 
 @dataclass
@@ -97,6 +100,8 @@ class ReduceResult:
     keys: int = 0
     spills: int = 0
     error: str = ""
+    counters: counters.Flat = field(default_factory=dict)
+    status: str = ""
 
 
 # Set-up instances by job id: two jobs running the same code with the same params still get
@@ -107,18 +112,26 @@ _instances: collections.OrderedDict[str, tuple[JobRef, dict[str, str], Job]] = (
 INSTANCES_KEPT = 8  # jobs whose instance a pool process keeps (a fleet worker serves many)
 
 
-def job_instance(job_id: str, ref: JobRef, params: dict[str, str], lines: str = "") -> Job:
+def job_instance(
+    job_id: str, ref: JobRef, params: dict[str, str], lines: str = "", files_dir: str = ""
+) -> Job:
     """One set-up instance per job per process (``setup`` runs once, not per task).
-    ``lines``: the job's line endings as submitted, if it chose them ("": the class's)."""
-    kept = _instances.get(job_id)
+    ``lines``: the job's line endings as submitted, if it chose them ("": the class's).
+    ``files_dir``: where this worker keeps the job's side files (``Job.file``)."""
+    # Two workers sharing this pool keep side files of their own: an instance each, set up
+    # on its worker's copies (alternating tasks must not set one instance up over and over).
+    slot = f"{job_id} {files_dir}" if files_dir else job_id
+    kept = _instances.get(slot)
     if kept is not None and kept[0] == ref and kept[1] == params:
-        _instances.move_to_end(job_id)
+        _instances.move_to_end(slot)
         return kept[2]
     inst = load_job_class(ref)(params)
     if lines:
         inst.lines = lines  # type: ignore[misc]  # the submission's choice, seen by setup too
-    inst.setup()
-    _instances[job_id] = (ref, dict(params), inst)
+    inst._cmr_files_dir = files_dir  # type: ignore[attr-defined]  # before setup: it may open them
+    with counters.paused():
+        inst.setup()
+    _instances[slot] = (ref, dict(params), inst)
     while len(_instances) > INSTANCES_KEPT:
         _instances.popitem(last=False)  # the job served least recently: likely ended
     return inst
@@ -143,6 +156,14 @@ def job_step(job: Job, step: int) -> tuple[Step, str]:
 def _hook(fn: Callable[[], Any] | None) -> Any:
     """A step's init/final hook's result (pairs from a final hook; None: none)."""
     return None if fn is None else fn()
+
+
+def _take_counters(counted: Any, result: MapResult | ReduceResult) -> None:
+    """The task's counters and status line into its result; a counter limit the task broke
+    fails it, even if its code caught the error (its counters could not be kept whole)."""
+    result.counters, result.status = counted.counts, counted.status
+    if counted.error and not result.error:
+        result.error = counted.error
 
 
 def _timed_out(exc: TimeLimitExceeded) -> str:
@@ -376,9 +397,14 @@ def run_map(
 ) -> MapResult:
     result = MapResult(records_in=0, bytes_in=sum(len(d) for _, d in chunks))
     fd, path = tempfile.mkstemp(prefix="map-", suffix=".spool", dir=spec.spool_dir)
-    with taskprogress.running(spec.job), _reported(result, spec.limit_s, f"map task {spec.task}"):
+    with (
+        taskprogress.running(spec.job),
+        counters.collecting() as counted,
+        _reported(result, spec.limit_s, f"map task {spec.task}"),
+    ):
         _map_into(ref, params, chunks, spec, fd, result)
         result.spool = path
+    _take_counters(counted, result)
     if result.error:
         os.unlink(path)
     return result
@@ -392,7 +418,7 @@ def _map_into(
     fd: int,
     result: MapResult,
 ) -> None:
-    job = job_instance(spec.job, ref, params, spec.lines)
+    job = job_instance(spec.job, ref, params, spec.lines, spec.files_dir)
     step, step_name = job_step(job, spec.step)
     universal = (spec.lines or job.lines) == "universal"
     fmt = formats.parse_input(spec.input_format or "lines")
@@ -659,6 +685,7 @@ def run_reduce(
     what: str = "reduce",
     step_index: int = 0,
     output_format: str = "",
+    files_dir: str = "",
 ) -> ReduceResult:
     """Group the winners' pairs by key (spilling sorted runs past the memory budget), run
     reduce over keys in sorted order, and write the partition's output lines. With
@@ -666,8 +693,12 @@ def run_reduce(
     result = ReduceResult()
     runs: list[str] = []  # sorted runs spilled to disk: removed however the task ends
     try:
-        with taskprogress.running(job_id), _reported(result, limit_s, what):
-            job = job_instance(job_id, ref, params)
+        with (
+            taskprogress.running(job_id),
+            counters.collecting() as counted,
+            _reported(result, limit_s, what),
+        ):
+            job = job_instance(job_id, ref, params, files_dir=files_dir)
             step, step_name = job_step(job, step_index)
             combiner = (
                 Combiner(step.combine, f"{step_name}.combine")
@@ -730,6 +761,7 @@ def run_reduce(
             with open(out_path, "wb") as out:
                 fmt = output_format or type(job).output_format  # "": the class's
                 _write_output(job, keyed, out, result, fmt, step, step_name)
+        _take_counters(counted, result)
     finally:
         for r in runs:
             with contextlib.suppress(FileNotFoundError):

@@ -23,13 +23,13 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
-from cmr import failures, pipeline, wire
+from cmr import counters, failures, pipeline, wire
 from cmr.backends.base import AllOf, Condition, Eq, Missing, Present, Update
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, WireError
 from cmr.lease import in_background
 from cmr.lifecycle import begin_publishing, cleanup, end, job_scratch, reduce_output_url
 from cmr.publish import OutputConflict, Source, publish
-from cmr.records import ACTIVE_PK, JobSpec, JobState, job_pk, task_of
+from cmr.records import ACTIVE_PK, JobSpec, JobState, job_pk, step_job_id, task_of
 from cmr.runtime import Runtime
 
 WATCH_LEASES = 1.5  # a cleaner silent this many leases (on the watcher's clock) is replaced
@@ -109,12 +109,19 @@ async def finalize(rt: Runtime, spec: JobSpec) -> bool:
         return False
     if sources is None:
         return False
+    winners = await be.table.query(job_pk(spec.job_id), prefix="map#")
+    try:
+        # Checked before anything is published: a job that publishes must succeed.
+        counted = await _counter_totals(rt, spec, winners)
+    except WireError as exc:
+        await failures.fail_job(rt, spec, f"the job cannot be published: {exc}", publisher=True)
+        return False
     await rt.step("finalize.begin", job=spec.job_id)
     finished = await begin_publishing(be, spec)
     if finished is None:
         return await _succeeded(rt, spec)
     if not spec.final:
-        return await _hand_over(rt, spec, sources)
+        return await _hand_over(rt, spec, sources, winners, counted)
     await rt.step("publish.marked", job=spec.job_id)
     try:
         await publish(
@@ -158,27 +165,52 @@ async def finalize(rt: Runtime, spec: JobSpec) -> bool:
             return False
         raise
     await rt.step("publish.manifest_written", job=spec.job_id)
-    if await end(be, spec, JobState.SUCCEEDED, totals=await _totals(rt, spec, sources)):
+    totals = await _totals(rt, spec, sources, winners, counted)
+    if await end(be, spec, JobState.SUCCEEDED, totals=totals):
         rt.log.info("job succeeded", job=spec.job_id)
         await rt.step("finalize.succeeded", job=spec.job_id)
         rt.job_ended(spec)
     return True
 
 
-async def _totals(rt: Runtime, spec: JobSpec, sources: list[Source]) -> dict[str, Any]:
+async def _totals(
+    rt: Runtime,
+    spec: JobSpec,
+    sources: list[Source],
+    winners: list[dict[str, Any]],
+    counted: counters.Totals,
+) -> dict[str, Any]:
     """Exact totals from the commit records (the live counters may miss a worker that died
-    between its commit and its counter update)."""
-    winners = await rt.backend.table.query(job_pk(spec.job_id), prefix="map#")
-    return {
+    between its commit and its counter update). The last step of a pipeline adds the
+    counters of the steps before it: its record speaks for the run."""
+    totals: dict[str, Any] = {
         "records_out": sum(s.records for s in sources),
         "bytes_out": sum(s.bytes for s in sources),
         "records_in": sum(int(i.get("records_in", 0)) for i in winners),
         "bytes_in": sum(int(i.get("bytes_in", 0)) for i in winners),
         "maps_done": len(winners),
     }
+    if counted.sums and spec.pipeline:
+        totals["step_counters"] = counted.nested()  # this step's own
+    if spec.final and spec.step > spec.first_step:
+        for k in range(spec.first_step, spec.step):
+            earlier = step_job_id(spec.pipeline_id, spec.first_step, k)
+            rec = await rt.backend.table.get(job_pk(earlier), "job", consistent=True) or {}
+            counted.add_nested(rec.get("step_counters"))
+    if counted.sums:
+        totals["counters"] = counted.nested()
+    if counted.omitted:
+        totals["counters_omitted"] = counted.omitted
+    return totals
 
 
-async def _hand_over(rt: Runtime, spec: JobSpec, sources: list[Source]) -> bool:
+async def _hand_over(
+    rt: Runtime,
+    spec: JobSpec,
+    sources: list[Source],
+    winners: list[dict[str, Any]],
+    counted: counters.Totals,
+) -> bool:
     """A step of a pipeline that is not the last: its committed outputs become the next
     step's input (cmr.pipeline), and the step ends as succeeded, naming the next."""
     be = rt.backend
@@ -196,12 +228,33 @@ async def _hand_over(rt: Runtime, spec: JobSpec, sources: list[Source]) -> bool:
     if nxt is None:
         return await _succeeded(rt, spec)
     await rt.step("pipeline.handed_over", job=spec.job_id, next=nxt.job_id)
-    totals = {**await _totals(rt, spec, sources), "next": nxt.job_id}
+    totals = {**await _totals(rt, spec, sources, winners, counted), "next": nxt.job_id}
     if await end(be, spec, JobState.SUCCEEDED, totals=totals, publishing=True):
         rt.log.info("step succeeded", job=spec.job_id, next=nxt.job_id)
         await rt.step("finalize.succeeded", job=spec.job_id)
         rt.job_ended(spec)
     return True
+
+
+async def _counter_totals(
+    rt: Runtime, spec: JobSpec, winners: list[dict[str, object]]
+) -> counters.Totals:
+    """The job's counters: every winning map commit's and every committed reduce's, each
+    once (a record holds only the attempt that won it). WireError on a malformed record."""
+    totals = counters.Totals()
+    for item in winners:
+        try:
+            totals.add(counters.decode(item.get("counters")))
+        except WireError as exc:
+            raise WireError(f"the map commit record {item.get('sk')!r}: {exc}") from None
+    for item in await rt.backend.table.query(job_pk(spec.job_id), prefix="reduce#"):
+        if item.get("state") != "committed":
+            continue
+        try:
+            totals.add(counters.decode(item.get("counters")))
+        except WireError as exc:
+            raise WireError(f"the commit record {item.get('sk')!r}: {exc}") from None
+    return totals
 
 
 async def _succeeded(rt: Runtime, spec: JobSpec) -> bool:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from cmr import counters, sidefiles
 from cmr.errors import JobCodeError
 from cmr.partition import stable_partition
 from cmr.usercode import a_type
@@ -141,6 +142,23 @@ class Job:
     def format(self, key: Any, value: Any) -> str:
         """One output line (without the newline)."""
         return f"{_text(key)}\t{_text(value)}"
+
+    # Side files (cmr.sidefiles), shipped with the job: paths relative to the job file's
+    # directory, or absolute; ``cmr run --file PATH[#NAME]`` adds more. Name: the base name.
+    files: ClassVar[Sequence[str]] = ()
+
+    def file(self, name: str) -> str:
+        """The local path of the side file ``name`` on this worker (in ``setup`` too)."""
+        return sidefiles.path_in(self, name)
+
+    def increment_counter(self, group: str, name: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``group``/``name`` (mrjob's): summed exactly once per
+        winning task attempt into the job's ``counters``, shown by ``cmr status``."""
+        counters.increment(group, name, n)
+
+    def set_status(self, msg: str) -> None:
+        """The task's status line (mrjob's), logged by the worker: for people, never decisions."""
+        counters.set_status(msg)
 
 
 def _text(x: Any) -> str:

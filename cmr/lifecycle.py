@@ -50,6 +50,7 @@ from cmr.records import (
     job_pk,
     step_job_id,
 )
+from cmr.sidefiles import side_files_url
 
 log = structlog.get_logger("cmr.lifecycle")
 
@@ -266,6 +267,9 @@ async def cleanup(backend: Backend, spec: JobSpec, state: JobState, step: Step =
         # run can resume from them (`cmr run --from-step`), until `cmr cleanup`.
         previous = step_job_id(spec.pipeline_id, spec.first_step, spec.step - 1)
         await backend.blobs.delete_prefix(job_scratch(spec.scratch, previous))
+    if spec.final or state != JobState.SUCCEEDED:
+        # The run is over: its side files, staged once for every step, go.
+        await backend.blobs.delete_prefix(side_files_url(spec.scratch, spec.pipeline_id))
     await step("cleanup.scratch", {"job": spec.job_id})
     for prefix in ("map#", "fail#", "reduce#"):
         items = await backend.table.query(pk, prefix=prefix)

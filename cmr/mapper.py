@@ -22,7 +22,7 @@ from typing import Any
 
 import msgpack
 
-from cmr import compute, failures, formats, wire
+from cmr import compute, failures, formats, sidefiles, wire
 from cmr.backends.base import Put, Received, item_absent
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, TaskError, WireError
 from cmr.lease import message_lease
@@ -54,6 +54,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
     log = rt.log.bind(job=spec.job_id, task=task.task, attempt=attempt)
     async with message_lease(queues, in_q, msg.receipt, spec.visibility_s, rt.awake):
         ranges = await _ranges(rt, spec, task.task)
+        files_dir = await sidefiles.fetch(rt, spec)
         fmt = _input_format(spec)
         chunks = await asyncio.gather(*(_read(rt, r, fmt) for r in ranges))
         # Compression is told by a file's first bytes (decompressing is the pool's work).
@@ -89,6 +90,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 codecs=codecs,
                 starts=tuple(r.start for r in ranges),
                 step=spec.step,
+                files_dir=files_dir,
             ),
             limit_s=task_limit(spec.task_timeout_s, nbytes),
         )
@@ -106,6 +108,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             {p: r for p, r in enumerate(result.records) if r},
             result.records_in,
             result.bytes_in,
+            result.counters,
         )
         try:
             # Only while the job runs: an attempt that wakes after its job ended and was
@@ -118,6 +121,8 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             # applied the first time is answered as applied, by its token.)
             held = await table.get(pk, map_sk(task.task), consistent=True)
             won = held is not None and held.get("attempt") == attempt
+        if result.status:
+            log.info("map task status", status=result.status)
         if not won:
             stats["map_attempts_filtered"] += 1
             log.info("map attempt lost to an earlier commit; its batches will be ignored")

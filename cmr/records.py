@@ -22,11 +22,12 @@ import posixpath
 import re
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from cmr import formats, wire
+from cmr import counters as counting
+from cmr import formats, sidefiles, wire
 from cmr.backends.base import Item
 from cmr.backends.embedded.blobs import file_path
 from cmr.errors import WireError
@@ -145,6 +146,7 @@ class JobSpec:
 
     input_format: str = ""  # cmr.formats' input format; "": the job class's
     output_format: str = ""  # cmr.formats' output format; "": the job class's
+    files: tuple[sidefiles.SideFile, ...] = ()  # side files staged at submit (cmr.sidefiles)
 
     def owns_input(self, url: str) -> bool:
         """Whether ``url`` is (under) the job's recorded input: a plan's range elsewhere is
@@ -195,6 +197,7 @@ class JobSpec:
             ),
             "input_format": self.input_format,
             "output_format": self.output_format,
+            **({"files": sidefiles.to_record(self.files)} if self.files else {}),
         }
 
     @staticmethod
@@ -255,6 +258,10 @@ class JobSpec:
             *steps,
             input_format,
             output_format,
+            # Staged once for the whole run, under its first job's id.
+            files=sidefiles.from_record(
+                steps[3] or job_id, fields.url("scratch"), item.get("files")
+            ),
         )
 
 
@@ -366,15 +373,20 @@ class MapCommit:
     records: dict[int, int]
     records_in: int = 0  # input records and bytes the attempt read: the job's totals are
     bytes_in: int = 0  # summed from winners, so a worker dying after its commit loses none
+    # The attempt's Job.increment_counter totals: they count only if this commit wins.
+    counters: counting.Flat = field(default_factory=dict)
 
     def to_item(self) -> Item:
         sparse = [[p, self.batches[p], self.records.get(p, 0)] for p in sorted(self.batches)]
-        return {
+        item: Item = {
             "attempt": self.attempt,
             "counts": wire.pack(sparse),
             "records_in": self.records_in,
             "bytes_in": self.bytes_in,
         }
+        if self.counters:
+            item["counters"] = counting.encode(self.counters)
+        return item
 
     @staticmethod
     def from_item(item: Item) -> MapCommit:
@@ -392,6 +404,7 @@ class MapCommit:
                 records,
                 MapCommit._count(item.get("records_in", 0), "records_in", MAX_COUNT),
                 MapCommit._count(item.get("bytes_in", 0), "bytes_in", MAX_COUNT),
+                counting.decode(item.get("counters")),
             )
         except WireError as exc:
             raise WireError(wire.bounded(f"map commit record is malformed: {exc}")) from None

@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
-from cmr import compute, failures, janitor, wire
+from cmr import compute, failures, janitor, sidefiles, wire
 from cmr.backends.base import Received
 from cmr.claim import Claim, Refusal, claim
 from cmr.errors import BackendError, BlobMissing, QueueGone, WireError
@@ -355,6 +355,7 @@ async def _reduce_and_commit(
         spec.step,
         # Every step but the job's last writes pairs, what the next step reads.
         "pairs" if spec.writes_pairs else spec.output_format,
+        await sidefiles.fetch(rt, spec),
         limit_s=limit,
     )
     drain.stats["reduce_spills"] += result.spills
@@ -369,7 +370,9 @@ async def _reduce_and_commit(
     nbytes = os.path.getsize(out_path)
     await rt.backend.blobs.upload_file(out_path, url)
     await rt.step("reduce.output_written", job=spec.job_id, partition=drain.partition, output=url)
-    if not await owner.commit(url, result.records_out, nbytes):
+    if result.status:
+        rt.log.info("reduce task status", job=spec.job_id, status=result.status)
+    if not await owner.commit(url, result.records_out, nbytes, result.counters):
         drain.stats["leases_lost"] += 1
         rt.log.warning(
             "partition was taken over before our commit; output discarded",

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from cmr import sidefiles
 from cmr.backends.base import Backend, Update
 from cmr.errors import BackendError, CmrError
 from cmr.plan import Plan, load_plan
@@ -84,6 +85,8 @@ class Runtime:
     _pending_stats: dict[str, Counter[str]] = field(default_factory=dict)
     _stats_flusher: asyncio.Task[None] | None = None
     _plans: dict[str, Plan] = field(default_factory=dict)
+    # Jobs' side files this worker fetched (or is fetching), by job (cmr.sidefiles).
+    side_files: dict[str, asyncio.Future[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.awake.set()
@@ -112,6 +115,7 @@ class Runtime:
 
     def forget_job(self, job_id: str) -> None:
         self._plans.pop(job_id, None)
+        sidefiles.forget(self.side_files, self.spool_dir, job_id)
 
     async def pause(self, seconds: float) -> None:
         """Freeze this worker as SIGSTOP would: no receives, no lease renewals."""

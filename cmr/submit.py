@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from cmr import formats, places, wire
+from cmr import formats, places, sidefiles, wire
 from cmr.backends.base import Backend, BlobInfo, Blobs
 from cmr.backends.embedded import EmbeddedBlobs, file_url
 from cmr.errors import BackendError, BlobMissing, QueueGone, UsageError
@@ -82,6 +82,7 @@ class JobOptions:
     job_steps: int = 1
     input_format: str = ""  # cmr.formats' input format ("": the job class's)
     output_format: str = ""  # cmr.formats' output format ("": the job class's)
+    files: tuple[str, ...] = ()  # side files beyond the class's, "PATH[#NAME]" (cmr.sidefiles)
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -352,13 +353,14 @@ async def submit(
     # Everything checkable before work starts, cheapest first, and nothing written until
     # all of it passed: the places, the local input's files, the output.
     check_apart(source, output)
+    side = await asyncio.to_thread(sidefiles.gather, ref, options.files)
     local = await local_input(source)
     place = await prepare_output(backend, output, job_id, options.overwrite)
     scratch = job_scratch(backend.scratch, job_id)
     try:
         return await _submit(
             backend, ref, source, local, output, options, job_id, place, queue_prefix,
-            parallelism, split_bytes, memory_bytes,
+            parallelism, split_bytes, memory_bytes, side,
         )  # fmt: skip
     except BaseException:
         # Interrupted or failed half-way: what was made for the job must not linger, and a
@@ -380,6 +382,7 @@ async def _abandon(
         names = await backend.queues.list(f"{queue_prefix}{job_id}-")
         await asyncio.gather(*(_delete_queue(backend, q) for q in names))
         await backend.blobs.delete_prefix(scratch)
+        await backend.blobs.delete_prefix(sidefiles.side_files_url(backend.scratch, job_id))
 
 
 async def _delete_queue(backend: Backend, name: str) -> None:
@@ -400,6 +403,7 @@ async def _submit(
     parallelism: int,
     split_bytes: int | None,
     memory_bytes: int | None,
+    side: list[sidefiles.Given],
 ) -> JobSpec:
     input_root, inputs = await _input_blobs(backend, source, local, job_id)
     total = sum(i.size for i in inputs)
@@ -445,6 +449,7 @@ async def _submit(
         job_steps=options.job_steps,
         input_format=str(fmt),
         output_format=options.output_format,
+        files=await sidefiles.stage(backend, job_id, side),
     )
     in_q, reduce_q, part_qs = spec.queues()
     queues = backend.queues

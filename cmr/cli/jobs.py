@@ -275,7 +275,7 @@ def status(
     With no store given: $CMR_STORE, else the store of your last `cmr run`."""
     from rich.table import Table
 
-    from cmr import watch
+    from cmr import counters, watch
 
     configure_logs(logging.WARNING - 10 * verbose)
     w = where(store)
@@ -351,6 +351,11 @@ def status(
                 t.add_row(safe_text(field_), safe_text(value))  # data: never obeyed
             keep_whole(t, 1, [safe_text(spec.job_id).plain])
             print_table(out, t)
+            found = counters.of_record(rec)
+            if found:
+                out.print("counters:", highlight=False)
+                for line in counters.lines(found):
+                    out.print(safe_text("  " + line), highlight=False, soft_wrap=True)
             if rec.get("error"):
                 out.print(
                     Text.assemble(("error:", "bold red"), " ", safe_text(rec["error"])),

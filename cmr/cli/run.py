@@ -26,6 +26,7 @@ from cmr.cli.options import (
     safe_text,
     shared,
 )
+from cmr.counters import lines as counter_lines
 from cmr.settings import BackendName, LineEnds, WorkerSettings
 
 if TYPE_CHECKING:
@@ -54,6 +55,14 @@ def run(
         int, typer.Option(help="runs of one task that raise before the job fails")
     ] = 10,
     param: Annotated[list[str], typer.Option("--param", "-p", help="KEY=VALUE for the job")] = [],  # noqa: B006
+    file: Annotated[
+        list[str],
+        typer.Option(
+            "--file",
+            help="a side file to ship, PATH[#NAME] (repeatable); the job opens it with "
+            "self.file(NAME)",
+        ),
+    ] = [],  # noqa: B006
     memory_mb: Annotated[int, typer.Option(help="reducer memory before spilling, MB")] = 512,
     lines: Annotated[
         LineEnds | None,
@@ -177,6 +186,7 @@ def run(
         on_submit=on_submit,
         input_format=input_format,
         output_format=output_format,
+        files=tuple(file),
     )
     try:
         with bars:
@@ -206,3 +216,7 @@ def run(
         f"MB/s), {rec.get('records_out', 0)} records out in {len(result.parts)} parts under "
     )
     err.print(Text.assemble(summary, safe_text(output)), highlight=False)
+    if result.counters:  # as mrjob prints them: group, then its counters indented
+        err.print("Counters:", highlight=False)
+        for line in counter_lines(result.counters):
+            err.print(safe_text("  " + line), highlight=False)

@@ -816,4 +816,53 @@ CASES: list[Case] = [
         names=("cmr-usage-no-such-bucket",),
         needs_stack=True,
     ),
+    # ---------------------------------------------------------------- side files
+    Case(
+        "side-file-missing",
+        "--file names a file that does not exist",
+        (*RUN, "--file", "{tmp}/nope.txt"),
+        names=("nope.txt", "--file", "does not exist"),
+        setup=words,
+    ),
+    Case(
+        "side-file-dir",
+        "--file names a directory",
+        (*RUN, "--file", "{tmp}/in"),
+        names=("in", "directory"),
+        setup=words,
+    ),
+    Case(
+        "side-file-same-name",
+        "two side files with the same name",
+        (*RUN, "--file", "{tmp}/a/stop.txt", "--file", "{tmp}/b/stop.txt"),
+        names=("stop.txt", "#NAME"),
+        setup=_with(words, file_at("a/stop.txt"), file_at("b/stop.txt")),
+    ),
+    Case(
+        "side-file-bad-name",
+        "--file PATH#NAME with a / in NAME",
+        (*RUN, "--file", "{tmp}/stop.txt#sub/stop.txt"),
+        names=("sub/stop.txt", "plain file name"),
+        setup=_with(words, file_at("stop.txt")),
+    ),
+    Case(
+        "side-file-class-missing",
+        "the job class's files lists a file that does not exist",
+        RUN,
+        names=("J.files", "stop.txt"),
+        source=job(files='files = ["stop.txt"]'),
+        setup=words,
+    ),
+    Case(
+        "side-file-unknown-name",
+        "self.file() with a name the job did not ship",
+        RUN,
+        names=("J.file('nope.txt')", "stop.txt"),
+        source=job(
+            files='files = ["stop.txt"]',
+            setup="def setup(self):\n        open(self.file('nope.txt'))",
+        ),
+        setup=_with(words, file_at("stop.txt")),
+        user_frames="job.py",
+    ),
 ]
