@@ -53,7 +53,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
     attempt = secrets.token_hex(6)
     log = rt.log.bind(job=spec.job_id, task=task.task, attempt=attempt)
     async with message_lease(queues, in_q, msg.receipt, spec.visibility_s, rt.awake):
-        ranges = await _ranges(rt, spec, task.task)
+        ranges, cuts = await _ranges(rt, spec, task.task)
         chunks = await asyncio.gather(*(_read(rt, r) for r in ranges))
         nbytes = sum(len(c) for c in chunks)
         result = await rt.cpu(
@@ -73,6 +73,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 piece_bytes=compute.map_piece_bytes(rt.settings.memory_mb * 1024 * 1024),
                 limit_s=task_limit(spec.task_timeout_s, nbytes),
                 lines=spec.lines,
+                cuts=cuts,
             ),
             limit_s=task_limit(spec.task_timeout_s, nbytes),
         )
@@ -114,7 +115,10 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
     await rt.add_stats(spec.job_id, stats)
 
 
-async def _ranges(rt: Runtime, spec: JobSpec, task: int) -> tuple[wire.Range, ...]:
+async def _ranges(
+    rt: Runtime, spec: JobSpec, task: int
+) -> tuple[tuple[wire.Range, ...], tuple[Any, ...] | None]:
+    """The task's input ranges, and the job's cut points (total order; None: hashed)."""
     try:
         plan = await rt.plan(spec, job_scratch(spec.scratch, spec.job_id))
     except (BlobMissing, WireError) as exc:
@@ -126,7 +130,7 @@ async def _ranges(rt: Runtime, spec: JobSpec, task: int) -> tuple[wire.Range, ..
             raise TaskError(
                 f"the job's plan names {r.url[:200]!r}, outside its input {spec.input_root}"
             )
-    return plan.tasks[task]
+    return plan.tasks[task], plan.cuts
 
 
 async def _read(rt: Runtime, r: wire.Range) -> bytes:
