@@ -110,6 +110,7 @@ class RunOptions:
     worker_settings: WorkerSettings | None = None  # None: the defaults for the backend
     on_progress: Callable[[watch.Progress], None] | None = None
     on_submit: Callable[[str], None] | None = None
+    total_order: bool = False  # parts concatenate into one sorted sequence (or Job.total_order)
 
     @staticmethod
     def of(base: RunOptions | None = None, **overrides: Any) -> RunOptions:
@@ -130,6 +131,7 @@ class RunOptions:
             overwrite=self.overwrite,
             params=dict(self.params),
             lines=self.lines,
+            total_order=self.total_order,
         )
 
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import structlog
 
-from cmr import places, wire
+from cmr import places, sampling, wire
 from cmr.backends.base import Backend, BlobInfo, Blobs
 from cmr.backends.embedded import EmbeddedBlobs, file_url
 from cmr.errors import BackendError, BlobMissing, QueueGone, UsageError
-from cmr.job import JobRef
+from cmr.job import JobRef, load_job_class
 from cmr.lifecycle import cleanup, end, job_scratch, load_spec, record_submit
 from cmr.localinput import local_files
 from cmr.places import check_apart, make_output_dir, probe_output_dir
@@ -72,6 +72,7 @@ class JobOptions:
     overwrite: bool = False
     params: dict[str, str] = field(default_factory=dict)
     lines: str = ""  # how input lines end ("": the job class's own ``lines``)
+    total_order: bool = False  # sample keys, partition by range (or the class's total_order)
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -318,7 +319,13 @@ async def _submit(
             map_tasks=len(tasks),
         )
     scratch = job_scratch(backend.scratch, job_id)
-    data = Plan(tuple(tasks), place.replaced).to_bytes()
+    cuts = None
+    if sampling.check(load_job_class(ref), options.total_order):
+        cuts = await sampling.cut_points(
+            backend.blobs, ref, options.params, options.lines, tasks, options.partitions,
+            options.task_timeout_s,
+        )  # fmt: skip
+    data = Plan(tuple(tasks), place.replaced, cuts).to_bytes()
     await backend.blobs.put(plan_url(scratch), data)
     spec = JobSpec(
         job_id,

@@ -67,6 +67,14 @@ def run(
     overwrite: Annotated[
         bool, typer.Option(help="replace the output's parts once the new ones are complete")
     ] = False,
+    total_order: Annotated[
+        bool,
+        typer.Option(
+            "--total-order",
+            help="sample the keys at submit and partition by range: the parts, in order, "
+            "are one sorted sequence (default: the job's `total_order`)",
+        ),
+    ] = False,
     detach: Annotated[
         bool,
         typer.Option(
@@ -135,6 +143,7 @@ def run(
         task_timeout=task_timeout,
         max_task_attempts=max_task_attempts,
         overwrite=overwrite,
+        total_order=total_order,
         lines=lines.value if lines is not None else "",
         detach=detach,
         aws=where.aws,
