@@ -27,7 +27,23 @@ from cmr.usercode import UserCodeError, sort_key
 from cmr.wire import Range
 
 # Values of mixed types, in their natural order (the documented key order).
-MIXED = [-3, 0.5, 2, 10**12, "", "B", "a", b"\x00", b"z", (1,), (1, "a"), ("a",), False, True, None]
+MIXED: list[Any] = [
+    -3,
+    0.5,
+    2,
+    10**12,
+    "",
+    "B",
+    "a",
+    b"\x00",
+    b"z",
+    (1,),
+    (1, "a"),
+    ("a",),
+    False,
+    True,
+    None,
+]
 
 
 def _job(tmp_path: Path, body: str, name: str = "j.py") -> str:
@@ -102,7 +118,7 @@ async def test_values_reach_reduce_sorted(
     expected: dict[Any, list[Any]] = {}
     for i in range(n):
         key = 0 if i % 4 else i % 7
-        value = (i * 7919) % 100003
+        value: Any = (i * 7919) % 100003
         if key == 1 and natural:
             value = MIXED[(i * 7919) % len(MIXED)]
         expected.setdefault(key, []).append(value)
@@ -302,8 +318,8 @@ def test_cli_total_order_and_its_one_error_line(tmp_path: Path) -> None:
 
 
 def test_range_partitioner_follows_sort_key() -> None:
-    cuts = ("", 5, (1,), 2.5, b"a", "m")  # not sorted: sort them
-    cuts = tuple(sorted(cuts, key=sort_key))
+    given: tuple[Any, ...] = ("", 5, (1,), 2.5, b"a", "m")  # not sorted: sort them
+    cuts = tuple(sorted(given, key=sort_key))
     part = RangePartitioner(cuts)
     probes = [*MIXED, *cuts, -(10**30), "zz", b"", (0,), (1, 2), float("nan")]
     for key in probes:
