@@ -121,6 +121,7 @@ class RunOptions:
     input_format: str = ""  # cmr.formats' input format; "": the job's ``input_format``
     output_format: str = ""  # cmr.formats' output format; "": the job's ``output_format``
     files: Sequence[str] = ()  # side files beyond the job class's: "PATH[#NAME]" each
+    total_order: bool = False  # parts concatenate into one sorted sequence (or Job.total_order)
 
     @staticmethod
     def of(base: RunOptions | None = None, **overrides: Any) -> RunOptions:
@@ -147,6 +148,7 @@ class RunOptions:
             input_format=self.input_format,
             output_format=self.output_format,
             files=tuple(self.files),
+            total_order=self.total_order,
         )
 
 

@@ -34,6 +34,7 @@ import msgpack
 from cmr import counters, formats, taskprogress, usercode, wire
 from cmr.errors import JobCodeError
 from cmr.job import Job, JobRef, Step, load_job_class, steps_of
+from cmr.partition import RangePartitioner
 from cmr.timelimit import TimeLimitExceeded, time_limit
 
 COMBINE_KEYS = 200_000  # distinct keys held before a map task combines and flushes
@@ -80,6 +81,7 @@ class MapSpec:
     starts: tuple[int, ...] = ()  # per chunk: the byte of its file it starts at
     step: int = 0  # which of the job's steps this task runs
     files_dir: str = ""  # the job's side files on this worker (cmr.sidefiles); "": none
+    cuts: tuple[Any, ...] | None = None  # total order's cut points (the plan's); None: hash
 
 
 @dataclass
@@ -343,8 +345,14 @@ def universal_lines(data: bytes) -> bytes:
     return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
 
-def _partitioner(job: Job, partitions: int) -> Callable[[Any, int], int]:
-    """The job's partition(); a custom one is checked to return a partition that exists."""
+def _partitioner(
+    job: Job, partitions: int, cuts: tuple[Any, ...] | None = None
+) -> Callable[[Any, int], int]:
+    """The job's partition(); a custom one is checked to return a partition that exists.
+    With cut points (a total-order job's plan) the range partitioner: in range, as the plan
+    holds fewer cut points than partitions (cmr.plan)."""
+    if cuts is not None:
+        return RangePartitioner(cuts)
     part = job.partition
     if type(job).partition is Job.partition:
         return part  # stable_partition: in range by construction
@@ -425,7 +433,7 @@ def _map_into(
     mapper = _mapper_name(job, step, step_name, fmt.name == "lines")
     with os.fdopen(fd, "wb") as out:
         shuffle = _Shuffle(spec, out)
-        part = _partitioner(job, spec.partitions)
+        part = _partitioner(job, spec.partitions, spec.cuts)
         n = spec.partitions
         combiner = (
             Combiner(step.combine, f"{step_name}.combine")
@@ -558,6 +566,14 @@ def _piece_mapper(step: Step) -> Callable[[str, bytes], Any]:
 sort_key = usercode.sort_key  # the order of keys within a part (see cmr.Job)
 
 
+def value_sorting(job: Job, step: Step | None = None) -> tuple[bool, Callable[[Any], Any] | None]:
+    """(sort_values, value_order) of a step: its own when the job declares steps, the job
+    class's for a one-step job (its default step)."""
+    if step is not None and type(job).steps is not Job.steps:
+        return step.sort_values, step.value_order
+    return bool(job.sort_values), job.value_order
+
+
 def _sorted_keys(groups: dict[Any, list[Any]]) -> list[Any]:
     """The keys in sort_key order; plain sorting when all are str, or all int (the same
     order, ~4x faster than calling sort_key per key)."""
@@ -566,12 +582,63 @@ def _sorted_keys(groups: dict[Any, list[Any]]) -> list[Any]:
     return sorted(groups, key=sort_key)
 
 
-def _write_run(groups: dict[Any, list[Any]], spill_dir: str) -> str:
+class ValueOrder:
+    """How a job's values reach reduce when it sorts them (``Job.sort_values``): by
+    ``value_order`` (a key function over values, the user's) or in natural order
+    (``sort_key``). Spilled runs then hold one entry per value, (key, (value,)), in
+    (key, value) order, so the merge of the runs hands each key's values over sorted, one
+    at a time: a key with more values than memory holds is sorted on disk like the keys."""
+
+    def __init__(self, job: Job, value_order: Callable[[Any], Any] | None) -> None:
+        self.method = f"{type(job).__name__}.value_order"
+        self.custom = value_order
+        self.key: Callable[[Any], Any] = value_order if value_order is not None else sort_key
+
+    def sorted(self, values: list[Any]) -> list[Any]:
+        if self.custom is None and (
+            all(type(v) is str for v in values) or all(type(v) is int for v in values)
+        ):
+            return sorted(values)  # the same order as sort_key's, ~4x faster
+        try:
+            return sorted(values, key=self.key)
+        except TypeError as exc:
+            raise self.failed(exc) from exc
+
+    def guarded(self, merged: Iterator[Any]) -> Iterator[Any]:
+        """The merge of the runs, its errors said as value_order's: it is pulled from inside
+        the user's reduce, which would otherwise take the blame."""
+        try:
+            yield from merged
+        except Exception as exc:
+            problem = self.failed(exc)
+            if problem is exc:
+                raise
+            raise problem from exc
+
+    def failed(self, exc: Exception) -> Exception:
+        if usercode.culprit(exc) is not None:  # value_order raised: its frames say where
+            return usercode.UserCodeError(usercode.describe(exc).rstrip("\n"))
+        if isinstance(exc, TypeError):  # what value_order returned does not compare
+            return usercode.UserCodeError(
+                f"{self.method} returned sort keys that cannot be compared with each other "
+                f"({exc}): return one kind of value for every value (numbers, str, or tuples "
+                "of them)"
+            )
+        return exc
+
+
+def _write_run(
+    groups: dict[Any, list[Any]], spill_dir: str, order: ValueOrder | None = None
+) -> str:
     fd, path = tempfile.mkstemp(prefix="run-", suffix=".spill", dir=spill_dir)
     packer = msgpack.Packer(use_bin_type=True)
     with os.fdopen(fd, "wb") as f:
         for key in _sorted_keys(groups):
-            f.write(packer.pack((key, groups[key])))
+            if order is None:
+                f.write(packer.pack((key, groups[key])))
+            else:
+                for value in order.sorted(groups[key]):
+                    f.write(packer.pack((key, (value,))))
     return path
 
 
@@ -588,18 +655,26 @@ def _read_run(path: str, read_size: int) -> Iterator[tuple[Any, tuple[Any, ...]]
         yield from unpacker
 
 
-def _merged(runs: list[str], read_size: int) -> Iterator[tuple[Any, tuple[Any, ...]]]:
-    return heapq.merge(*(_read_run(r, read_size) for r in runs), key=lambda kv: sort_key(kv[0]))
+def _merged(
+    runs: list[str], read_size: int, order: ValueOrder | None = None
+) -> Iterator[tuple[Any, tuple[Any, ...]]]:
+    readers = (_read_run(r, read_size) for r in runs)
+    if order is None:
+        return heapq.merge(*readers, key=lambda kv: sort_key(kv[0]))
+    by = order.key
+    return order.guarded(heapq.merge(*readers, key=lambda kv: (sort_key(kv[0]), by(kv[1][0]))))
 
 
-def _merge_runs(runs: list[str], spill_dir: str, read_size: int) -> str:
+def _merge_runs(
+    runs: list[str], spill_dir: str, read_size: int, order: ValueOrder | None = None
+) -> str:
     """One sorted run from several, entries kept as they are (a key may repeat: readers
     group adjacent entries), so no key's values are ever gathered in memory here."""
     fd, path = tempfile.mkstemp(prefix="run-", suffix=".spill", dir=spill_dir)
     packer = msgpack.Packer(use_bin_type=True)
     try:
         with os.fdopen(fd, "wb") as f:
-            for kv in _merged(runs, read_size):
+            for kv in _merged(runs, read_size, order):
                 f.write(packer.pack(kv))
     except BaseException:
         os.unlink(path)
@@ -686,10 +761,14 @@ def run_reduce(
     step_index: int = 0,
     output_format: str = "",
     files_dir: str = "",
+    sort_values: bool | None = None,
+    value_order: Callable[[Any], Any] | None = None,
 ) -> ReduceResult:
     """Group the winners' pairs by key (spilling sorted runs past the memory budget), run
     reduce over keys in sorted order, and write the partition's output lines. With
-    ``use_combiner`` (and a job that has combine) long value lists are combined as they grow."""
+    ``use_combiner`` (and a job that has combine) long value lists are combined as they grow.
+    ``sort_values``: each key's values reach reduce sorted, by ``value_order`` (a key
+    function; None: natural order); None: as the job class says (``value_sorting``)."""
     result = ReduceResult()
     runs: list[str] = []  # sorted runs spilled to disk: removed however the task ends
     try:
@@ -700,6 +779,9 @@ def run_reduce(
         ):
             job = job_instance(job_id, ref, params, files_dir=files_dir)
             step, step_name = job_step(job, step_index)
+            if sort_values is None:
+                sort_values, value_order = value_sorting(job, step)
+            order = ValueOrder(job, value_order) if sort_values else None
             combiner = (
                 Combiner(step.combine, f"{step_name}.combine")
                 if use_combiner and step.combine is not None
@@ -736,26 +818,28 @@ def run_reduce(
                             ):
                                 groups[key] = combiner.values(key, vals)
                         if held >= memory_bytes:
-                            runs.append(_write_run(groups, spill_dir))
+                            runs.append(_write_run(groups, spill_dir, order))
                             groups, held = {}, 0
                             if combiner is not None:
                                 combiner.forget()
             if runs:
                 if groups:
-                    runs.append(_write_run(groups, spill_dir))
+                    runs.append(_write_run(groups, spill_dir, order))
                 groups = {}
                 result.spills = len(runs)
                 # Each open run holds a read buffer: merge at most MERGE_FANIN at once, so the
                 # buffers stay within the budget however many runs the partition needed.
                 read_size = max(16 * 1024, min(1 << 20, memory_bytes // (2 * MERGE_FANIN)))
                 while len(runs) > MERGE_FANIN:
-                    merged_run = _merge_runs(runs[:MERGE_FANIN], spill_dir, read_size)
+                    merged_run = _merge_runs(runs[:MERGE_FANIN], spill_dir, read_size, order)
                     runs[:] = [*runs[MERGE_FANIN:], merged_run]  # in place: the caller removes them
-                merged = _merged(runs, read_size)
+                merged = _merged(runs, read_size, order)
                 keyed: Iterator[tuple[Any, Iterator[Any]]] = (
                     (k, itertools.chain.from_iterable(vs for _, vs in grp))
                     for k, grp in itertools.groupby(merged, key=lambda kv: kv[0])
                 )
+            elif order is not None:
+                keyed = ((k, iter(order.sorted(groups[k]))) for k in _sorted_keys(groups))
             else:
                 keyed = ((k, iter(groups[k])) for k in _sorted_keys(groups))
             with open(out_path, "wb") as out:

@@ -71,7 +71,13 @@ class Job:
     (lists arrive as tuples), compared element by element in this same order (a shorter
     tuple before its extensions), then False, True, then None. Keys of mixed types never
     make the sort fail. Which part a key lands in is ``partition``'s choice (a hash by
-    default), so the order holds within a part, not across parts.
+    default), so the order holds within a part, not across parts, unless ``total_order``.
+
+    ``sort_values = True``: each key's values reach reduce sorted, in the same natural order
+    as keys, or by ``value_order(value)`` when the class defines that method (a key
+    function, as ``sorted`` takes). ``total_order = True``: keys are sampled at submit and
+    partitioned by range (``partition`` must be the default), so part i's keys all sort
+    before part i+1's, and the parts read in order are one sorted sequence.
     """
 
     reducers: ClassVar[int] = 4  # default partition count; ``--reducers`` overrides it
@@ -85,6 +91,10 @@ class Job:
     # ``cmr run --input-format`` / ``--output-format`` override them.
     input_format: ClassVar[str] = "lines"
     output_format: ClassVar[str] = "text"
+    sort_values: ClassVar[bool] = False  # values of each key reach reduce sorted
+    total_order: ClassVar[bool] = False  # parts concatenate into one sorted sequence
+    # value_order(value) -> sort key of the value, when sort_values (None: natural order).
+    value_order: Any = None
 
     def __init__(self, params: dict[str, str] | None = None) -> None:
         self.params: dict[str, str] = dict(params or {})
@@ -357,6 +367,14 @@ def check_job_class(cls: type[Job]) -> None:
         pass  # no signature to read (a C type): the first task says it
     if cls.combine is not None and not callable(cls.combine):
         raise JobCodeError(f"{name}.combine is {cls.combine!r}: it must be a method, or None")
+    for flag in ("sort_values", "total_order"):
+        if type(getattr(cls, flag)) is not bool:
+            raise JobCodeError(f"{name}.{flag} is {getattr(cls, flag)!r}: it must be True or False")
+    if cls.value_order is not None and not callable(cls.value_order):
+        raise JobCodeError(
+            f"{name}.value_order is {cls.value_order!r}: it must be a method "
+            "`def value_order(self, value)` returning the value's sort key, or None"
+        )
 
 
 def steps_of(job: Job) -> list[Step]:

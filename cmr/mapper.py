@@ -53,7 +53,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
     attempt = secrets.token_hex(6)
     log = rt.log.bind(job=spec.job_id, task=task.task, attempt=attempt)
     async with message_lease(queues, in_q, msg.receipt, spec.visibility_s, rt.awake):
-        ranges = await _ranges(rt, spec, task.task)
+        ranges, cuts = await _ranges(rt, spec, task.task)
         files_dir = await sidefiles.fetch(rt, spec)
         fmt = _input_format(spec)
         chunks = await asyncio.gather(*(_read(rt, r, fmt) for r in ranges))
@@ -91,6 +91,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 starts=tuple(r.start for r in ranges),
                 step=spec.step,
                 files_dir=files_dir,
+                cuts=cuts,
             ),
             limit_s=task_limit(spec.task_timeout_s, nbytes),
         )
@@ -135,7 +136,10 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
     await rt.add_stats(spec.job_id, stats)
 
 
-async def _ranges(rt: Runtime, spec: JobSpec, task: int) -> tuple[wire.Range, ...]:
+async def _ranges(
+    rt: Runtime, spec: JobSpec, task: int
+) -> tuple[tuple[wire.Range, ...], tuple[Any, ...] | None]:
+    """The task's input ranges, and the job's cut points (total order; None: hashed)."""
     try:
         plan = await rt.plan(spec, job_scratch(spec.scratch, spec.job_id))
     except (BlobMissing, WireError) as exc:
@@ -147,7 +151,7 @@ async def _ranges(rt: Runtime, spec: JobSpec, task: int) -> tuple[wire.Range, ..
             raise TaskError(
                 f"the job's plan names {r.url[:200]!r}, outside its input {spec.input_root}"
             )
-    return plan.tasks[task]
+    return plan.tasks[task], plan.cuts
 
 
 def _input_format(spec: JobSpec) -> formats.InputFormat:

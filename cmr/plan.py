@@ -11,6 +11,11 @@ name any plan, so a plan is read as a stranger's bytes: its decoded size is boun
 the zstd header (``wire.decoded_limit``), and tasks, ranges per task, ranges in all,
 offsets and string lengths each have a limit checked before the next task is built. The
 largest plan a worker will hold is the largest valid one (``MAX_PLAN_RANGES``).
+
+A total-order job's plan also holds its cut points (``cuts``, :mod:`cmr.sampling`): keys,
+each packed on its own (at most ``partition.MAX_CUT_BYTES``), at most one fewer than the
+job's partitions, strictly increasing by ``cmr.usercode.sort_key``; a plan whose cut points
+break any of this is refused like any other malformed plan.
 """
 
 from __future__ import annotations
@@ -20,12 +25,15 @@ import hashlib
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 
 from cmr import wire
 from cmr.backends.base import Blobs
 from cmr.errors import UsageError, WireError
+from cmr.partition import MAX_CUT_BYTES, is_key
+from cmr.usercode import sort_key
 from cmr.wire import Range
 
 MAX_PLAN_DECODED = 32 * wire.MIB  # a plan of 100,000 ranges with 100-byte URLs is ~23 MiB
@@ -50,6 +58,9 @@ def plan_url(job_scratch: str) -> str:
 class Plan:
     tasks: tuple[tuple[Range, ...], ...]
     replaced: tuple[str, ...] = ()  # parts in the output place at submit (with --overwrite)
+    # Total order: the range partitioner's cut points (() sends every key to part 0);
+    # None: the job partitions by hash (or its own partition()).
+    cuts: tuple[Any, ...] | None = None
 
     def to_bytes(self) -> bytes:
         """The plan's blob; a plan no worker would accept is refused here, at submit."""
@@ -58,6 +69,8 @@ class Plan:
             "tasks": [[[r.url, r.start, r.end, r.name] for r in t] for t in self.tasks],
             "replaced": list(self.replaced),
         }
+        if self.cuts is not None:
+            doc["cuts"] = [wire.pack(c) for c in self.cuts]
         raw = wire.pack(doc)
         data = wire.compress(raw)
         if len(raw) > _plan_limit(len(data)):
@@ -86,19 +99,22 @@ class Plan:
             _check_task(t)
         if not all(_is_name(n) for n in self.replaced):
             raise UsageError("a part to replace has a name too long or holding NUL")
+        if self.cuts is not None and (problem := cuts_problem(self.cuts)):
+            raise UsageError(f"the job's cut points (total order): {problem}")
 
     @staticmethod
     def digest(data: bytes) -> str:
         return hashlib.sha256(data).hexdigest()
 
     @staticmethod
-    def from_bytes(data: bytes, digest: str) -> Plan:
-        """The plan in ``data``, if its digest is ``digest`` and it is within every limit;
-        otherwise WireError (and only WireError), with a short text."""
+    def from_bytes(data: bytes, digest: str, partitions: int = wire.MAX_PARTITIONS) -> Plan:
+        """The plan in ``data``, if its digest is ``digest`` and it is within every limit
+        (a job of ``partitions`` has fewer cut points); otherwise WireError (and only
+        WireError), with a short text."""
         if Plan.digest(data) != digest:
             raise WireError("the job's plan does not match the digest its record names")
         try:
-            return _parse(wire.decompress(data, _plan_limit(len(data))))
+            return _parse(wire.decompress(data, _plan_limit(len(data))), partitions)
         except WireError as exc:
             raise WireError(wire.bounded(f"the job's plan is refused: {exc}")) from None
         except Exception as exc:  # msgpack's zoo, MemoryError: all mean "not a plan of ours"
@@ -135,8 +151,9 @@ def _check_task(ranges: tuple[Range, ...]) -> None:
 
 
 def _reader(raw: bytes) -> msgpack.Unpacker:
-    # Read in small pieces from a view of the plan: no copy of the whole is made.
-    return wire.unpacker(len(raw), source=io.BytesIO(raw))
+    # Read in small pieces from a view of the plan: no copy of the whole is made. Bytes
+    # values are the cut points' packed keys only.
+    return wire.unpacker(len(raw), max_bin=MAX_CUT_BYTES, source=io.BytesIO(raw))
 
 
 def _precount(raw: bytes) -> None:
@@ -153,7 +170,7 @@ def _precount(raw: bytes) -> None:
         return
 
 
-def _parse(raw: bytes) -> Plan:
+def _parse(raw: bytes, partitions: int = wire.MAX_PARTITIONS) -> Plan:
     # Every array is walked header first, and msgpack builds no array or map by itself
     # (max_len=0): a count is refused before anything is built for it, and no nesting is.
     _precount(raw)
@@ -163,19 +180,22 @@ def _parse(raw: bytes) -> Plan:
         raise WireError(f"it claims {fields} fields (limit {_PLAN_FIELDS})")
     tasks: list[tuple[Range, ...]] | None = None
     replaced: list[str] | None = None
+    cuts: tuple[Any, ...] | None = None
     for _ in range(fields):
         key = up.unpack()
         if key == "tasks" and tasks is None:
             tasks = _tasks(up)
         elif key == "replaced" and replaced is None:
             replaced = _replaced(up)
+        elif key == "cuts" and cuts is None:
+            cuts = _cuts(up, partitions)
         else:
             up.skip()  # a field a later version may add: skipping builds nothing
     if up.tell() != len(raw):
         raise WireError("extra bytes after its msgpack map")
     if tasks is None or replaced is None:
         raise WireError("'tasks' or 'replaced' is missing")
-    return Plan(tuple(tasks), tuple(replaced))
+    return Plan(tuple(tasks), tuple(replaced), cuts)
 
 
 def _count(up: msgpack.Unpacker, what: str, low: int, high: int) -> int:
@@ -238,8 +258,51 @@ def _replaced(up: msgpack.Unpacker) -> list[str]:
     return names
 
 
-async def load_plan(blobs: Blobs, job_scratch: str, digest: str) -> Plan:
+def cuts_problem(cuts: tuple[Any, ...]) -> str:
+    """What is wrong with a plan's cut points ("" if nothing): each a key (no dict, no
+    list) of at most MAX_CUT_BYTES packed, fewer than MAX_PARTITIONS, strictly increasing."""
+    if len(cuts) >= wire.MAX_PARTITIONS:
+        return f"there are {len(cuts)} cut points (at most {wire.MAX_PARTITIONS - 1})"
+    before = None
+    for i, c in enumerate(cuts):
+        if not is_key(c):
+            return f"cut point {i} is not a key (str, bytes, number, bool, None or a tuple)"
+        if len(wire.pack(c)) > MAX_CUT_BYTES:
+            return f"cut point {i} takes more than {MAX_CUT_BYTES} bytes"
+        now = sort_key(c)
+        if before is not None and not before < now:
+            return f"cut point {i} does not sort after cut point {i - 1}"
+        before = now
+    return ""
+
+
+def _cuts(up: msgpack.Unpacker, partitions: int) -> tuple[Any, ...]:
+    # Fewer than the job's partitions: the range partitioner's answer is then a partition.
+    packed = [up.unpack() for _ in range(_count(up, "cut points", 0, partitions - 1))]
+    cuts = []
+    for i, p in enumerate(packed):
+        if type(p) is not bytes:
+            raise WireError(f"cut point {i} is not a packed key")
+        cuts.append(_key(p))
+    if problem := cuts_problem(tuple(cuts)):
+        raise WireError(problem)
+    return tuple(cuts)
+
+
+def _key(packed: bytes) -> Any:
+    bound = len(packed)
+    up = wire.unpacker(bound, max_len=bound, max_str=bound, max_bin=bound)
+    up.feed(packed)
+    key = up.unpack()  # a packed cut point is at most MAX_CUT_BYTES: so is all it builds
+    if up.tell() != bound:
+        raise WireError("a cut point has extra bytes after its key")
+    return key
+
+
+async def load_plan(
+    blobs: Blobs, job_scratch: str, digest: str, partitions: int = wire.MAX_PARTITIONS
+) -> Plan:
     data = await blobs.get(plan_url(job_scratch))
     if len(data) <= _ASYNC_PLAN_BYTES:
-        return Plan.from_bytes(data, digest)
-    return await asyncio.to_thread(Plan.from_bytes, data, digest)  # off the event loop
+        return Plan.from_bytes(data, digest, partitions)
+    return await asyncio.to_thread(Plan.from_bytes, data, digest, partitions)  # off the loop

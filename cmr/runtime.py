@@ -109,7 +109,8 @@ class Runtime:
         """The job's plan, read once per worker (it never changes)."""
         plan = self._plans.get(spec.job_id)
         if plan is None:
-            plan = await load_plan(self.backend.blobs, job_scratch, spec.plan_digest)
+            blobs = self.backend.blobs
+            plan = await load_plan(blobs, job_scratch, spec.plan_digest, spec.partitions)
             self._plans[spec.job_id] = plan
         return plan
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from cmr import formats, places, sidefiles, wire
+from cmr import formats, places, sampling, sidefiles, wire
 from cmr.backends.base import Backend, BlobInfo, Blobs
 from cmr.backends.embedded import EmbeddedBlobs, file_url
 from cmr.errors import BackendError, BlobMissing, QueueGone, UsageError
@@ -83,6 +83,7 @@ class JobOptions:
     input_format: str = ""  # cmr.formats' input format ("": the job class's)
     output_format: str = ""  # cmr.formats' output format ("": the job class's)
     files: tuple[str, ...] = ()  # side files beyond the class's, "PATH[#NAME]" (cmr.sidefiles)
+    total_order: bool = False  # sample keys, partition by range (or the class's total_order)
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -421,7 +422,13 @@ async def _submit(
             map_tasks=len(tasks),
         )
     scratch = job_scratch(backend.scratch, job_id)
-    data = Plan(tuple(tasks), place.replaced).to_bytes()
+    cuts = None
+    if sampling.check(load_job_class(ref), options.total_order):
+        cuts = await sampling.cut_points(
+            backend.blobs, ref, options.params, options.lines, tasks, options.partitions,
+            options.task_timeout_s, fmt,
+        )  # fmt: skip
+    data = Plan(tuple(tasks), place.replaced, cuts).to_bytes()
     await backend.blobs.put(plan_url(scratch), data)
     many = options.job_steps > 1
     spec = JobSpec(

@@ -104,6 +104,14 @@ def run(
         int | None,
         typer.Option(help="run this step and the rest; the input is what the step before wrote"),
     ] = None,
+    total_order: Annotated[
+        bool,
+        typer.Option(
+            "--total-order",
+            help="sample the keys at submit and partition by range: the parts, in order, "
+            "are one sorted sequence (default: the job's `total_order`)",
+        ),
+    ] = False,
     detach: Annotated[
         bool,
         typer.Option(
@@ -176,6 +184,7 @@ def run(
         task_timeout=task_timeout,
         max_task_attempts=max_task_attempts,
         overwrite=overwrite,
+        total_order=total_order,
         lines=lines.value if lines is not None else "",
         step=step,
         from_step=from_step,
