@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -63,6 +64,7 @@ MB = 1_000_000
 RECORD, KEY = 100, 10  # TeraGen's records: 100 bytes, the first 10 the key
 _SPLITS = re.compile(rb"number of splits:(\d+)")
 _CHECKSUM = re.compile(r"^checksum\t[0-9a-f]+$")
+_RUNS = itertools.count(1)
 
 
 def cache_dir() -> Path:
@@ -247,7 +249,7 @@ def run(
     env.scratch.mkdir(parents=True, exist_ok=True)
     settings = conf(workers=env.workers, scratch=env.scratch, extra=extra)
     cmd = command(tool, args, settings, lib=hadoop.lib, scratch=env.scratch, jvm=env.jvm)
-    log = env.scratch / f"{tool}.log"
+    log = env.scratch / f"{tool}-{next(_RUNS):03d}.log"  # one per run, kept
     result = HadoopRun(tool, list(args), log=str(log))
     with log.open("wb") as out:
         cpu = peers.children_cpu()
@@ -279,12 +281,11 @@ def run(
     return result
 
 
-def teragen(rows: int, out: Path, env: Env, maps: int | None = None) -> HadoopRun:
-    """``rows`` 100-byte records into ``out``/part-m-NNNNN, one file per map task
-    (``maps``, default ``env.workers``; TeraGen's own default is 1)."""
+def teragen(rows: int, out: Path, env: Env) -> HadoopRun:
+    """``rows`` 100-byte records into ``out``/part-m-00000. One file: TeraGen makes one per
+    map task, and local mode forces ``mapreduce.job.maps`` to 1 (LocalClientProtocolProvider)."""
     shutil.rmtree(out, ignore_errors=True)
-    extra = {"mapreduce.job.maps": str(maps or env.workers)}
-    return run("teragen", [str(rows), str(out)], env, extra)
+    return run("teragen", [str(rows), str(out)], env)
 
 
 def terasort(inp: Path, out: Path, env: Env, reducers: int = 1) -> HadoopRun:
@@ -389,6 +390,11 @@ def cmr_parts(output: Path) -> list[Path]:
     return [output / p.name for p in by_partition]
 
 
+def link_name(i: int, n: int) -> str:
+    """The ``i``-th of ``n`` names, all of one width: their name order is their number order."""
+    return f"part-r-{i:0{max(5, len(str(n - 1)))}d}"
+
+
 def link_in_order(parts: Sequence[Path], into: Path) -> list[Path]:
     """A fresh directory of symlinks ``part-r-NNNNN`` to ``parts``, numbered in the order
     given. TeraValidate reads every file of its input not named ``_*`` or ``.*`` (Hadoop's
@@ -397,10 +403,9 @@ def link_in_order(parts: Sequence[Path], into: Path) -> list[Path]:
     the directory."""
     shutil.rmtree(into, ignore_errors=True)
     into.mkdir(parents=True)
-    width = max(5, len(str(len(parts) - 1)))  # one width: name order = number order
     links = []
     for i, part in enumerate(parts):
-        link = into / f"part-r-{i:0{width}d}"
+        link = into / link_name(i, len(parts))
         link.symlink_to(part.resolve())
         links.append(link)
     return links

@@ -125,7 +125,7 @@ def hadoop_row(task: str, ran: hadoop.HadoopRun, note: str = "") -> Row:
 def counts_check(want: Counter[str]) -> Callable[[cmr.RunResult], tuple[bool, str]]:
     def check(result: cmr.RunResult) -> tuple[bool, str]:
         diff = wordcount.differences(want, wordcount.read_parts(result.parts))
-        return (False, diff[0]) if diff else (True, f"{len(want)} words = baseline")
+        return (False, diff[0]) if diff else (True, f"{len(want)} distinct words = baseline's")
 
     return check
 
@@ -135,7 +135,7 @@ def hadoop_words(row: Row, out: Path, want_total: int) -> None:
         return
     total = hadoop.word_total(out)
     row.ok = total == want_total
-    row.check = f"{total} words{'' if row.ok else f', expected {want_total}'}"
+    row.check = f"{total} words in all" + (" = tokenizer's" if row.ok else f", not {want_total}")
 
 
 # --------------------------------------------------------------------------------- tasks
