@@ -34,7 +34,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -202,8 +202,7 @@ def tera_sort(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> Non
     if gen.failure:
         rows.append(Row(task, "both", note=f"not run: TeraGen {gen.failure}"))
         return
-    _, _, lines = hadoop.validate_run(out / "input", hadoop.Env(out / ".check-input", env.workers,
-                                                                 hadoop=env.hadoop))  # fmt: skip
+    _, _, lines = hadoop.validate_run(out / "input", replace(env, scratch=out / ".check-input"))
     want = hadoop.checksum(lines)
 
     def verdict(ok: bool, lines: list[str]) -> tuple[bool, str]:
@@ -218,8 +217,8 @@ def tera_sort(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> Non
         cmr_out = out / "cmr"
 
         def check(result: cmr.RunResult) -> tuple[bool, str]:
-            scratch = hadoop.Env(out / ".check-cmr", env.workers, hadoop=env.hadoop)
-            return verdict(*hadoop.validate_cmr_output(Path(result.output), scratch))
+            check_env = replace(env, scratch=out / ".check-cmr")
+            return verdict(*hadoop.validate_cmr_output(Path(result.output), check_env))
 
         cmr_in = link_inputs(out / "input", out / "cmr-input")
         rows.append(
@@ -231,7 +230,7 @@ def tera_sort(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> Non
     ran = hadoop.terasort(out / "input", out / "hadoop", env, args.reducers)
     rows.append(hadoop_row(task, ran, f"TeraSort example, {args.reducers} reducers"))
     if ran.failure is None:
-        check_env = hadoop.Env(out / ".check-hadoop", env.workers, hadoop=env.hadoop)
+        check_env = replace(env, scratch=out / ".check-hadoop")
         rows[-1].ok, rows[-1].check = verdict(*hadoop.teravalidate(out / "hadoop", check_env))
 
 
@@ -278,6 +277,12 @@ def main() -> int:
     ap.add_argument("--combine-max-split", type=int, help="bytes; default input / workers")
     ap.add_argument("--reducers", type=int, default=4, help="for cmr and Hadoop alike")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="Hadoop's tasks")
+    ap.add_argument(
+        "--hadoop-jvm",
+        default="",
+        help="JVM options for Hadoop, e.g. '-Xmx1g' (default: the JVM's own heap size, a "
+        "quarter of memory, as the hadoop launcher leaves it)",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", type=Path, default=HERE / "out" / "vs-hadoop")
@@ -290,7 +295,8 @@ def main() -> int:
         print(f"cannot run Hadoop: {why}", file=sys.stderr)
         return 2
     hadoop_install = hadoop.install(on_build=print)  # set-up: not timed
-    env = hadoop.Env(args.out / ".hadoop-scratch", args.workers, args.timeout, hadoop_install)
+    jvm = tuple(args.hadoop_jvm.split())
+    env = hadoop.Env(args.out / ".hadoop-scratch", args.workers, args.timeout, hadoop_install, jvm)
 
     rows: list[Row] = []
     for name in chosen:
@@ -309,6 +315,7 @@ def main() -> int:
             "hadoop_jars_sha256": hadoop_install.jars_sha256,
             "hadoop_install_s": hadoop_install.seconds,
             "hadoop_workers": args.workers,
+            "hadoop_jvm": list(jvm),
             "scale": args.scale,
             "rows": [asdict(r) for r in rows],
         }
