@@ -1,0 +1,329 @@
+"""cmr next to Hadoop 3.4.2 (local mode, one JVM), in one sitting: word count, many small
+files, TeraSort. Each cmr figure sits next to Hadoop's, with peak memory.
+
+    .venv/bin/python benchmarks/vs_hadoop.py [--scale 1] [--only wordcount,smallfiles,terasort]
+        [--workers N] [--reducers 4] [--json benchmarks/results-vs-hadoop.json]
+    .venv/bin/python benchmarks/vs_hadoop.py --scale 0.01      # smoke: under a minute
+
+At ``--scale 1``: word count over 200 MB (word count's seeded corpus), 20,000 small files
+holding 100 MB (the small files benchmark's corpus; Hadoop reads them with TextInputFormat,
+a map task per file, and with CombineTextInputFormat), and TeraSort of 20,000,000 TeraGen
+records (2 GB). Sizes and file counts are multiplied by ``--scale``.
+
+Checks: cmr's word counts equal the hand-written baseline's word for word (as in
+benchmarks/wordcount.py). Hadoop's WordCount splits words with Java's StringTokenizer
+(``" \\t\\n\\r\\f"``), not Python's ``str.split()``, so its words differ on the corpus's
+Unicode spaces; its check is the total: the sum of its counts equals the number of tokens
+that tokenizer finds in the bytes. TeraSort: TeraValidate passes (one checksum line, no
+error) and its checksum (the sum of the records' CRC-32s) equals the input's, so no record
+was lost or doubled; cmr's output is validated the same way (benchmarks/hadoop.py's
+``validate_cmr_output``). The cmr side of TeraSort is ``examples/terasort.py``; without it
+the row says "not available".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import cmr
+
+if __package__:  # imported as benchmarks.vs_hadoop (the tests)
+    from benchmarks import hadoop, peers, smallfiles, wordcount
+else:  # run as a script: benchmarks/ is on sys.path
+    import hadoop  # type: ignore[no-redef]
+    import peers  # type: ignore[no-redef]
+    import smallfiles  # type: ignore[no-redef]
+    import wordcount  # type: ignore[no-redef]
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+WORDCOUNT_JOB = f"{REPO / 'examples' / 'wordcount.py'}:WordCount"
+TERASORT_JOB = REPO / "examples" / "terasort.py"
+MB = 1_000_000
+TOKENIZER_SPACE = bytes.maketrans(b"\x0b", b"\x01")  # \v splits for Python, not for Java
+
+
+@dataclass
+class Row:
+    task: str
+    run: str  # "cmr embedded" or "Hadoop 3.4.2 local"
+    seconds: float | None = None
+    cpu_s: float | None = None
+    peak_mb: float | None = None
+    start_mb: float | None = None  # the measured tree's RSS when the row started
+    maps: int | None = None  # map tasks
+    ok: bool | None = None  # the row's check (see the module docstring)
+    check: str = ""
+    note: str = ""
+
+
+# -------------------------------------------------------------------------------- checks
+
+
+def tokenizer_total(files: list[Path]) -> int:
+    """Words Java's ``StringTokenizer`` (delimiters space, \\t, \\n, \\r, \\f) finds in these
+    files. Byte-wise is exact: the delimiters are ASCII, which UTF-8 never uses inside a
+    character, and decoding replaces invalid bytes without eating the ASCII after them."""
+    return sum(len(p.read_bytes().translate(TOKENIZER_SPACE).split()) for p in files)
+
+
+def cmr_row(
+    task: str,
+    job: str,
+    inp: Path,
+    out: Path,
+    check: Callable[[cmr.RunResult], tuple[bool, str]],
+    *,
+    reducers: int,
+    timeout: float,
+) -> Row:
+    """One cmr job on the embedded backend, measured as benchmarks/wordcount.py measures
+    it: this process and its pool, submit to output on disk."""
+    row = Row(task, "cmr embedded")
+    try:
+        with peers.PeakRss(os.getpid()) as peak:
+            result, wall, cpu = wordcount.timed(
+                wordcount.cmr_run, "embedded", 1, timeout, job, str(inp), str(out),
+                reducers=reducers, overwrite=True,
+            )  # fmt: skip
+    except TimeoutError:
+        row.note = f"failed: no result after {timeout:g}s (hung?)"
+        return row
+    except Exception as e:
+        row.note = f"failed: {type(e).__name__}: {e}"
+        return row
+    row.seconds, row.cpu_s, row.peak_mb, row.start_mb = wall, cpu, peak.mb, peak.first / MB
+    row.maps = int(result.record.get("maps_done", 0)) or None
+    row.ok, row.check = check(result)
+    return row
+
+
+def hadoop_row(task: str, ran: hadoop.HadoopRun, note: str = "") -> Row:
+    row = Row(task, f"Hadoop {hadoop.VERSION} local", note=note)
+    row.peak_mb, row.start_mb, row.cpu_s = ran.peak_mb, ran.start_mb, ran.cpu_s
+    row.maps = ran.maps or None
+    if ran.failure:
+        row.note = ran.failure
+    else:
+        row.seconds = ran.seconds
+    return row
+
+
+def counts_check(want: Counter[str]) -> Callable[[cmr.RunResult], tuple[bool, str]]:
+    def check(result: cmr.RunResult) -> tuple[bool, str]:
+        diff = wordcount.differences(want, wordcount.read_parts(result.parts))
+        return (False, diff[0]) if diff else (True, f"{len(want)} distinct words = baseline's")
+
+    return check
+
+
+def hadoop_words(row: Row, out: Path, want_total: int) -> None:
+    if row.seconds is None:
+        return
+    total = hadoop.word_total(out)
+    row.ok = total == want_total
+    row.check = f"{total} words in all" + (" = tokenizer's" if row.ok else f", not {want_total}")
+
+
+# --------------------------------------------------------------------------------- tasks
+
+
+def word_count(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> None:
+    path = wordcount.corpus(args.wordcount_mb * args.scale, args.seed).resolve()
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    mb = sum(p.stat().st_size for p in files) / MB
+    task = f"word count {mb:.1f} MB, {len(files)} files"
+    want = wordcount.baseline(files)
+    out = args.out / "wordcount"
+    rows.append(
+        cmr_row(task, WORDCOUNT_JOB, path, out / "cmr", counts_check(want),
+                reducers=args.reducers, timeout=args.timeout)
+    )  # fmt: skip
+    ran = hadoop.wordcount(path, out / "hadoop", env, reducers=args.reducers)
+    rows.append(hadoop_row(task, ran, "WordCount example, TextInputFormat"))
+    hadoop_words(rows[-1], out / "hadoop", tokenizer_total(files))
+
+
+def small_files(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> None:
+    count = max(2, round(args.smallfiles * args.scale))
+    size_mb = args.smallfiles_mb * args.scale
+    _, many = smallfiles.corpora(size_mb, count, args.seed)
+    files = sorted(p for p in many.rglob("*") if p.is_file())
+    total = sum(p.stat().st_size for p in files)
+    task = f"{len(files)} small files, {total / MB:.1f} MB"
+    want = wordcount.baseline(files)
+    want_total = tokenizer_total(files)
+    out = args.out / "smallfiles"
+    rows.append(
+        cmr_row(task, WORDCOUNT_JOB, many, out / "cmr", counts_check(want),
+                reducers=args.reducers, timeout=args.timeout)
+    )  # fmt: skip
+    ran = hadoop.wordcount(many, out / "hadoop-text", env, reducers=args.reducers)
+    rows.append(hadoop_row(task, ran, "WordCount, TextInputFormat (a map task per file)"))
+    hadoop_words(rows[-1], out / "hadoop-text", want_total)
+    split = args.combine_max_split or max(1 << 20, math.ceil(total / env.workers))
+    ran = hadoop.wordcount(many, out / "hadoop-combine", env, split, reducers=args.reducers)
+    note = f"WordCount, CombineTextInputFormat, max split {split / MB:.1f} MB"
+    rows.append(hadoop_row(task, ran, note))
+    hadoop_words(rows[-1], out / "hadoop-combine", want_total)
+
+
+def link_inputs(src: Path, into: Path) -> Path:
+    """TeraGen's data files (not its _SUCCESS and .crc files, which cmr would read as
+    records) hard-linked into a directory of their own: cmr's input, the same bytes."""
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
+    for p in sorted(src.glob("part-m-*")):
+        try:
+            os.link(p, into / p.name)
+        except OSError:  # another file system
+            shutil.copyfile(p, into / p.name)
+    return into
+
+
+def tera_sort(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> None:
+    records = max(1000, round(args.terasort_rows * args.scale))
+    task = f"TeraSort {records:,} records ({records * hadoop.RECORD / MB:,.0f} MB)"
+    out = args.out / "terasort"
+    gen = hadoop.teragen(records, out / "input", env)  # set-up: not a row
+    if gen.failure:
+        rows.append(Row(task, "both", note=f"not run: TeraGen {gen.failure}"))
+        return
+    _, _, lines = hadoop.validate_run(out / "input", replace(env, scratch=out / ".check-input"))
+    want = hadoop.checksum(lines)
+
+    def verdict(ok: bool, lines: list[str]) -> tuple[bool, str]:
+        got = hadoop.checksum(lines)
+        if not ok:
+            return False, f"TeraValidate: {' | '.join(lines[:3])[:300]}"
+        if got != want:
+            return False, f"checksum {got} != input's {want}"
+        return True, f"TeraValidate ok, checksum {got} = input's"
+
+    if TERASORT_JOB.exists():
+        cmr_out = out / "cmr"
+
+        def check(result: cmr.RunResult) -> tuple[bool, str]:
+            check_env = replace(env, scratch=out / ".check-cmr")
+            return verdict(*hadoop.validate_cmr_output(Path(result.output), check_env))
+
+        cmr_in = link_inputs(out / "input", out / "cmr-input")
+        rows.append(
+            cmr_row(task, str(TERASORT_JOB), cmr_in, cmr_out, check,
+                    reducers=args.reducers, timeout=args.timeout)
+        )  # fmt: skip
+    else:
+        rows.append(Row(task, "cmr embedded", note="not available: examples/terasort.py missing"))
+    ran = hadoop.terasort(out / "input", out / "hadoop", env, args.reducers)
+    rows.append(hadoop_row(task, ran, f"TeraSort example, {args.reducers} reducers"))
+    if ran.failure is None:
+        check_env = replace(env, scratch=out / ".check-hadoop")
+        rows[-1].ok, rows[-1].check = verdict(*hadoop.teravalidate(out / "hadoop", check_env))
+
+
+TASKS = {"wordcount": word_count, "smallfiles": small_files, "terasort": tera_sort}
+
+
+# -------------------------------------------------------------------------------- report
+
+
+def markdown(rows: list[Row]) -> str:
+    """The rows as a markdown table; "vs cmr" is a row's seconds over cmr's on its task."""
+    cmr_s = {r.task: r.seconds for r in rows if r.run.startswith("cmr") and r.seconds}
+    head = "| task | run | seconds | vs cmr | CPU s | peak MB | map tasks | check | note |"
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---|---|"]
+
+    def f(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    for r in rows:
+        base = cmr_s.get(r.task)
+        ratio = r.seconds / base if r.seconds and base else None
+        ok = {None: "", True: "ok: ", False: "FAILED: "}[r.ok]
+        lines.append(
+            f"| {r.task} | {r.run} | {f(r.seconds, '.2f')} | {f(ratio, '.2f')} | "
+            f"{f(r.cpu_s, '.1f')} | {f(r.peak_mb, '.0f')} | {r.maps or '-'} | "
+            f"{ok}{r.check} | {r.note} |"
+        )
+    return "\n".join(lines)
+
+
+def java_version() -> str:
+    done = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False)
+    return (done.stderr or done.stdout).splitlines()[0] if done.returncode == 0 else "?"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scale", type=float, default=1.0, help="multiplies every size")
+    ap.add_argument("--only", default=",".join(TASKS), help=f"any of {','.join(TASKS)}")
+    ap.add_argument("--wordcount-mb", type=float, default=200)
+    ap.add_argument("--smallfiles", type=int, default=20_000, help="number of small files")
+    ap.add_argument("--smallfiles-mb", type=float, default=100)
+    ap.add_argument("--terasort-rows", type=int, default=20_000_000)
+    ap.add_argument("--combine-max-split", type=int, help="bytes; default input / workers")
+    ap.add_argument("--reducers", type=int, default=4, help="for cmr and Hadoop alike")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="Hadoop's tasks")
+    ap.add_argument(
+        "--hadoop-jvm",
+        default="",
+        help="JVM options for Hadoop, e.g. '-Xmx1g' (default: the JVM's own heap size, a "
+        "quarter of memory, as the hadoop launcher leaves it)",
+    )
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--out", type=Path, default=HERE / "out" / "vs-hadoop")
+    ap.add_argument("--json", type=Path, help="e.g. benchmarks/results-vs-hadoop.json")
+    args = ap.parse_args()
+    chosen = [t.strip() for t in args.only.split(",") if t.strip()]
+    if unknown := [t for t in chosen if t not in TASKS]:
+        ap.error(f"unknown task {', '.join(unknown)}: choose from {', '.join(TASKS)}")
+    if why := hadoop.problem():
+        print(f"cannot run Hadoop: {why}", file=sys.stderr)
+        return 2
+    hadoop_install = hadoop.install(on_build=print)  # set-up: not timed
+    jvm = tuple(args.hadoop_jvm.split())
+    env = hadoop.Env(args.out / ".hadoop-scratch", args.workers, args.timeout, hadoop_install, jvm)
+
+    rows: list[Row] = []
+    for name in chosen:
+        TASKS[name](args, env, rows)
+        print(markdown([r for r in rows if r.task == rows[-1].task]), flush=True)
+    print()
+    print(markdown(rows))
+    if args.json:
+        doc: dict[str, Any] = {
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "command": " ".join(sys.argv),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "java": java_version(),
+            "hadoop": hadoop.VERSION,
+            "hadoop_jars_sha256": hadoop_install.jars_sha256,
+            "hadoop_install_s": hadoop_install.seconds,
+            "hadoop_workers": args.workers,
+            "hadoop_jvm": list(jvm),
+            "scale": args.scale,
+            "rows": [asdict(r) for r in rows],
+        }
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    if any(r.ok is False for r in rows):
+        return 1
+    return 2 if any(r.note.startswith("failed") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
