@@ -282,3 +282,30 @@ def test_hadoop_teravalidate_tells_sorted_from_unsorted(tmp_path: Path) -> None:
         text = log.read_text(errors="replace")
         assert "InaccessibleObjectException" not in text, log
         assert "IllegalAccessException" not in text, log
+
+
+async def test_cmr_terasort_passes_hadoops_teravalidate(tmp_path: Path) -> None:
+    """examples/terasort.py over TeraGen's records (several map tasks, 3 reducers, keys
+    sampled at submit): TeraValidate finds its parts, in order, sorted, with the checksum of
+    TeraGen's records (none lost or doubled)."""
+    from cmr.api import run_on
+    from cmr.backends.embedded import temporary_backend
+
+    env = hadoop.Env(tmp_path / "scratch", 2, 600, hadoop_here(), QUICK_JVM)
+    gen = hadoop.teragen(5000, tmp_path / "gen", env)
+    assert gen.failure is None
+    ok, lines = hadoop.teravalidate(tmp_path / "gen", env)  # TeraGen's own: unsorted
+    assert not ok
+    want = hadoop.checksum(lines)
+    src = tmp_path / "in"
+    src.mkdir()
+    os.link(tmp_path / "gen" / "part-m-00000", src / "part-m-00000")
+    async with temporary_backend() as be:
+        result = await run_on(
+            be, "examples/terasort.py", str(src), str(tmp_path / "out"), reducers=3,
+            split_bytes=64 * 1024,
+        )  # fmt: skip
+    assert result.record["maps"] > 3 and result.record["records_out"] == 5000
+    ok, lines = hadoop.validate_cmr_output(tmp_path / "out", env)
+    assert ok, lines
+    assert want is not None and hadoop.checksum(lines) == want
