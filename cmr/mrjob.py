@@ -28,12 +28,16 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from cmr.errors import JobCodeError, UsageError
-from cmr.job import Job, Pair, Step
+from cmr.job import Job, Pair
+
+if TYPE_CHECKING:
+    from cmr.job import Step
 
 ARGS_PARAM = "mrjob.args"  # the job's argv (after ``cmr run ... --``), a JSON list of str
+INPUT_PARAM = "mrjob.input"  # [the input's URI, whether it is one file] (input_param)
 MAX_ARGS = 1000
 
 # Protocols whose read evaluates its input: pickle runs code, repr goes through eval.
@@ -116,10 +120,16 @@ def _probe(mr_cls: type) -> Any:
 
 
 def _field(step: Any, name: str) -> Any:
-    try:
-        return step[name]
-    except (KeyError, TypeError):
-        return None
+    """What the MRStep was given for ``name`` (None: nothing; ``step[name]`` would give
+    mrjob's identity mapper or reducer instead)."""
+    given = getattr(step, "_steps", None)
+    return given.get(name) if isinstance(given, dict) else None
+
+
+def _has(step: Any, kind: str) -> bool:
+    """Whether the step runs a Python ``kind`` (mapper, combiner, reducer) task: one of its
+    functions or hooks is given (mrjob fills in the identity function then)."""
+    return bool(getattr(step, f"has_explicit_{kind}", False))
 
 
 def _argv(params: dict[str, str], name: str) -> list[str]:
@@ -160,9 +170,15 @@ class MRJobAdapter(Job):
             ) from None
         # Counters and status go to cmr's, with mrjob's own checks and comma rule.
         self.mr.increment_counter = self._increment_counter
-        self.mr.set_status = self.set_status
+        self.mr.set_status = lambda msg: self.set_status(str(msg))
         self._wd: str | None = None
         self._steps = _steps_of(self)
+
+    def mapping(self, source: str) -> None:
+        """What jobconf_from_env('mapreduce.map.input.file') says while map reads ``source``."""
+        uri = input_uri(self.params, source)
+        for var in INPUT_FILE_ENV:
+            os.environ[var] = uri
 
     def _increment_counter(self, group: Any, counter: Any, amount: int = 1) -> None:
         if not isinstance(amount, int):
@@ -208,6 +224,8 @@ class MRJobAdapter(Job):
         files: list[str] = []
         out: list[str] = []
         for dest, option, values in _parse_raw_args(mr.arg_parser, list(argv)):
+            if option is None and not values:
+                continue  # the input paths' positional, given none
             if dest in mr._file_arg_dests:
                 path = values[0]
                 files.append(path if "#" in path else f"{path}#{_file_name(path)}")
@@ -302,6 +320,8 @@ def _steps_of(a: MRJobAdapter) -> list[Step]:
                     "cmr runs the job's Python mapper, combiner and reducer only"
                 )
         for kind in ("mapper", "combiner", "reducer"):
+            if not _has(step, kind):
+                continue  # mrjob picks no protocol for a task the step does not have
             for fn in mr.pick_protocols(i, kind):
                 _refuse_protocol(name, f"step {i + 1}'s {kind}", fn)
         if i == 0 and a.input_format == "whole" and not _field(step, "mapper_raw"):
@@ -323,11 +343,13 @@ def _split(line: bytes) -> Pair:
 
 
 def _step(a: MRJobAdapter, i: int, s: Any, last: bool) -> Step:
+    from cmr.job import Step
+
     mr = a.mr
 
     def encoder(kind: str) -> Callable[[Iterable[Pair] | None], Iterator[Pair]]:
         write = mr.pick_protocols(i, kind)[1]
-        final = last and (kind == "reducer" or (kind == "mapper" and not _field(s, "reducer")))
+        final = last and (kind == "reducer" or (kind == "mapper" and not _has(s, "reducer")))
         if final:  # the job's output: the OUTPUT protocol's lines, as they are
 
             def out(pairs: Iterable[Pair] | None) -> Iterator[Pair]:
@@ -343,7 +365,7 @@ def _step(a: MRJobAdapter, i: int, s: Any, last: bool) -> Step:
         return shuffled
 
     def grouped(kind: str) -> Callable[[Any, Iterator[Any]], Iterable[Pair]]:
-        fn, read, encode = _field(s, kind), mr.pick_protocols(i, kind)[0], encoder(kind)
+        fn, read, encode = s[kind], mr.pick_protocols(i, kind)[0], encoder(kind)
 
         def call(key: bytes, tails: Iterator[bytes]) -> Iterator[Pair]:
             a.enter()
@@ -381,16 +403,18 @@ def _step(a: MRJobAdapter, i: int, s: Any, last: bool) -> Step:
 
         return on_init, on_final
 
-    mapper, raw = _field(s, "mapper"), _field(s, "mapper_raw")
-    m_read = mr.pick_protocols(i, "mapper")[0]
-    m_encode = encoder("mapper")
+    mapper = s["mapper"] if _has(s, "mapper") else None  # mrjob's identity if only hooks
+    raw = _field(s, "mapper_raw")
+    if mapper is not None:
+        m_read = mr.pick_protocols(i, "mapper")[0]
+        m_encode = encoder("mapper")
     map_fn: Callable[[Any, Any], Iterable[Pair]] | None = None
     chunk_fn: Callable[[str, bytes], Iterable[Pair]] | None = None
     if raw:
 
         def map_raw(source: str, data: bytes) -> Iterator[Pair]:
             a.enter()
-            _input_file(source)
+            a.mapping(source)
             with tempfile.TemporaryDirectory(prefix="cmr-mrjob-") as tmp:
                 path = Path(tmp, os.path.basename(source.rstrip("/")) or "input")
                 path.write_bytes(data)
@@ -402,7 +426,7 @@ def _step(a: MRJobAdapter, i: int, s: Any, last: bool) -> Step:
         # protocol; with no mapper they go on as they are (Hadoop's identity mapper).
         def map_lines(source: str, data: bytes) -> Iterator[Pair]:
             a.enter()
-            _input_file(source)
+            a.mapping(source)
             for line in data.split(b"\n"):
                 line = line.rstrip(b"\r\n")
                 if mapper is None:
@@ -424,8 +448,8 @@ def _step(a: MRJobAdapter, i: int, s: Any, last: bool) -> Step:
     return Step(
         map=map_fn,
         map_chunk=chunk_fn,
-        combine=grouped("combiner") if _field(s, "combiner") else None,
-        reduce=grouped("reducer") if _field(s, "reducer") else None,
+        combine=grouped("combiner") if _has(s, "combiner") else None,
+        reduce=grouped("reducer") if _has(s, "reducer") else None,
         map_init=map_init,
         map_final=map_final,
         combine_init=combine_init,
@@ -441,23 +465,41 @@ def _step(a: MRJobAdapter, i: int, s: Any, last: bool) -> Step:
     )
 
 
-def _input_file(source: str) -> None:
-    """What jobconf_from_env('mapreduce.map.input.file') gives the job while it maps
-    ``source``: a URI, as Hadoop's (a local path as file://)."""
-    uri = source if "://" in source else "file://" + os.path.abspath(source)
-    for var in INPUT_FILE_ENV:
-        os.environ[var] = uri
+def input_uri(params: dict[str, str], source: str) -> str:
+    """The URI of the input file map calls ``source`` (a name below the input), as Hadoop
+    gives it to a map task: the input given at submit (``INPUT_PARAM``) joined with it."""
+    try:
+        given = json.loads(params.get(INPUT_PARAM, "null"))
+    except ValueError:
+        given = None
+    if not (isinstance(given, list) and len(given) == 2 and isinstance(given[0], str)):
+        return source
+    root, is_file = given
+    return root if is_file else f"{root.rstrip('/')}/{source}"
 
 
-def job_args(job: str, argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
-    """For ``cmr run JOB ... -- ARGS``: the params and extra side files that give an mrjob
-    job its arguments. A cmr.Job takes ``--param`` instead: refused."""
+def input_param(input: str) -> str:
+    """``INPUT_PARAM``'s value for the input a job is submitted with (a local path becomes a
+    file:// URI, as mrjob's runners give it)."""
+    if "://" in input:
+        return json.dumps([input, False])
+    path = os.path.abspath(input)
+    return json.dumps(["file://" + path, os.path.isfile(path)])
+
+
+def job_args(job: str, input: str, argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """For ``cmr run JOB --input IN ... -- ARGS``: the params and extra side files
+    (``PATH#NAME``) an mrjob job needs (its arguments, its input's URI); none for a cmr.Job,
+    which takes ``--param`` instead of ARGS (refused)."""
     from cmr.job import JobRef, load_job_class
 
     cls = load_job_class(JobRef.parse(job))
     if not issubclass(cls, MRJobAdapter):
-        raise UsageError(
-            f"arguments after -- ({' '.join(argv)}) are for mrjob jobs; {job} is a cmr.Job: "
-            "give it --param KEY=VALUE"
-        )
-    return cls.submission(argv)
+        if argv:
+            raise UsageError(
+                f"arguments after -- ({' '.join(argv)}) are for mrjob jobs; {job} is a "
+                "cmr.Job: give it --param KEY=VALUE"
+            )
+        return {}, []
+    params, files = cls.submission(argv)
+    return {**params, INPUT_PARAM: input_param(input)}, files
