@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import peers
-from cmr.settings import AwsSettings
 from cmr.backends.base import Backend
+from cmr.settings import AwsSettings
 
 DATA = Path(__file__).parent / "data"
 PEER = peers.PEERS["mrjob-inline"]  # the pinned venv the benchmarks' mrjob peer runs in
@@ -257,8 +257,17 @@ def test_pickle_protocol_is_refused(tmp_path: Path) -> None:
     job.write_text(PICKLE_JOB)
     (tmp_path / "in.txt").write_text("a\n")
     done = subprocess.run(
-        [sys.executable, "-m", "cmr", "run", str(job), "-i", str(tmp_path / "in.txt"), "-o",
-         str(tmp_path / "out")],
+        [
+            sys.executable,
+            "-m",
+            "cmr",
+            "run",
+            str(job),
+            "-i",
+            str(tmp_path / "in.txt"),
+            "-o",
+            str(tmp_path / "out"),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -272,8 +281,20 @@ def test_pickle_protocol_is_refused(tmp_path: Path) -> None:
 def test_args_after_dashes_are_refused_for_a_cmr_job(tmp_path: Path) -> None:
     (tmp_path / "in.txt").write_text("a\n")
     done = subprocess.run(
-        [sys.executable, "-m", "cmr", "run", "examples/wordcount.py", "-i",
-         str(tmp_path / "in.txt"), "-o", str(tmp_path / "out"), "--", "--min", "3"],
+        [
+            sys.executable,
+            "-m",
+            "cmr",
+            "run",
+            "examples/wordcount.py",
+            "-i",
+            str(tmp_path / "in.txt"),
+            "-o",
+            str(tmp_path / "out"),
+            "--",
+            "--min",
+            "3",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
