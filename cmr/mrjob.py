@@ -427,8 +427,8 @@ def _step(a: MRJobAdapter, i: int, s: Any, last: bool) -> Step:
         def map_lines(source: str, data: bytes) -> Iterator[Pair]:
             a.enter()
             a.mapping(source)
-            for line in data.split(b"\n"):
-                line = line.rstrip(b"\r\n")
+            for given in data.split(b"\n"):
+                line = given.rstrip(b"\r\n")
                 if mapper is None:
                     yield _split(line)
                 else:
