@@ -309,7 +309,14 @@ def load_job_class(ref: JobRef) -> type[Job]:
         and obj is not Job
         and obj.__module__ == module.__name__
     ]
-    if cls_name is not None:
+    if not candidates:  # an mrjob job (cmr.mrjob): run unmodified, if it imported mrjob
+        from cmr.mrjob import job_class_in
+
+        adapted = job_class_in(module, cls_name)
+        candidates = [adapted] if adapted is not None else []
+    if cls_name is not None and candidates and candidates[0].__name__ == cls_name:
+        cls = candidates[0]
+    elif cls_name is not None:
         found = getattr(module, cls_name, None)
         if not (isinstance(found, type) and issubclass(found, Job)):
             raise JobCodeError(f"{src} has no Job subclass named {cls_name}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -39,6 +40,14 @@ def run(
     input: Annotated[str, typer.Option("--input", "-i", help="file, directory or s3:// prefix")],
     output: Annotated[str, typer.Option("--output", "-o", help="directory or s3:// prefix")],
     store: StoreFlags,
+    job_args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="after --: an mrjob job's own arguments (its add_passthru_arg/add_file_arg "
+            "options), e.g. -- --stop-words-file words.txt",
+            show_default=False,
+        ),
+    ] = None,
     reducers: Annotated[int | None, typer.Option(help="partitions (default: the job's)")] = None,
     workers: Annotated[
         int | None,
@@ -176,10 +185,13 @@ def run(
         )
         bars.update(ids["reduce"], total=p.reduces, completed=p.reduces_done, note="")
 
+    from cmr import mrjob  # an mrjob job's arguments and input URI (none for a cmr.Job)
+
+    mr_params, mr_files = mrjob.job_args(job, input, job_args or [])
     options = api.RunOptions(
         reducers=reducers,
         workers=(0 if detach else 1) if workers is None else workers,
-        params=key_values(param, "--param"),
+        params={**key_values(param, "--param"), **mr_params},
         visibility_timeout=visibility_timeout,
         task_timeout=task_timeout,
         max_task_attempts=max_task_attempts,
@@ -197,6 +209,8 @@ def run(
         output_format=output_format,
         files=tuple(file),
     )
+    if mr_files:  # the files its add_file_arg options name ship as side files
+        options = dataclasses.replace(options, files=(*options.files, *mr_files))
     try:
         with bars:
             result = interruptible(

@@ -1,0 +1,505 @@
+"""Run an mrjob job (a file defining an ``mrjob.job.MRJob`` subclass) unmodified on cmr.
+
+``cmr.job.load_job_class`` hands a module that defines no ``cmr.Job`` but one ``MRJob``
+subclass to ``adapt``, which returns a ``cmr.Job`` subclass whose ``steps()`` are the MRJob's
+``MRStep``s. mrjob itself is an optional extra (``pip install cmr[mrjob]``): nothing here
+imports it before a job file has.
+
+What travels between steps is what travels in Hadoop Streaming, which mrjob was written for:
+each pair is a line its protocol wrote (``pick_protocols``: the job's INPUT, INTERNAL and
+OUTPUT protocols, or its own choice), split at the first tab into the key (grouped and
+partitioned by its bytes) and the rest (the tab and the value). So the mrjob code reads the
+types its protocol gives (a tuple it yielded comes back a list under JSON), ``SORT_VALUES``
+sorts a key's values by their encoded bytes as Hadoop does, and the last step writes the
+OUTPUT protocol's lines as they are (output format ``raw``).
+
+Refused when the job is loaded, each with one line: protocols that evaluate code (pickle,
+repr: data, never code, on the wire), and what needs Hadoop or Spark (jar and Spark steps,
+``*_cmd`` and ``*_pre_filter`` shell commands, Hadoop input/output formats, partitioners,
+libjars, archives and dirs, jobconf other than the reducer count).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from cmr.errors import JobCodeError, UsageError
+from cmr.job import Job, Pair
+
+if TYPE_CHECKING:
+    from cmr.job import Step
+
+ARGS_PARAM = "mrjob.args"  # the job's argv (after ``cmr run ... --``), a JSON list of str
+INPUT_PARAM = "mrjob.input"  # [the input's URI, whether it is one file] (input_param)
+MAX_ARGS = 1000
+
+# Protocols whose read evaluates its input: pickle runs code, repr goes through eval.
+CODE_PROTOCOLS = ("PickleProtocol", "PickleValueProtocol", "ReprProtocol", "ReprValueProtocol")
+
+# MRStep's shell-command fields: they need Hadoop Streaming's subprocess plumbing.
+SHELL_FIELDS = (
+    "mapper_cmd",
+    "mapper_pre_filter",
+    "combiner_cmd",
+    "combiner_pre_filter",
+    "reducer_cmd",
+    "reducer_pre_filter",
+)
+# Jobconf that says how many reducers a step has: the one Hadoop setting cmr honours.
+REDUCES_CONF = ("mapreduce.job.reduces", "mapred.reduce.tasks")
+
+# Environment variables mrjob.compat.jobconf_from_env reads for the map task's input file
+# ("mapreduce.map.input.file", and its Hadoop 1 name "map.input.file").
+INPUT_FILE_ENV = ("mapreduce_map_input_file", "map_input_file")
+
+
+def _mrjob_base() -> type | None:
+    """mrjob.job.MRJob if the job's code imported it (never imported here first)."""
+    module = sys.modules.get("mrjob.job")
+    found = getattr(module, "MRJob", None)
+    return found if isinstance(found, type) else None
+
+
+def job_class_in(module: ModuleType, cls_name: str | None) -> type[Job] | None:
+    """The adapted MRJob subclass that ``module`` defines (or names ``cls_name``), or None
+    when it defines none (or several, unnamed: the caller's message lists the choices)."""
+    base = _mrjob_base()
+    if base is None:
+        return None
+    if cls_name is not None:
+        found = getattr(module, cls_name, None)
+        if isinstance(found, type) and issubclass(found, base) and found is not base:
+            return adapt(found)
+        return None
+    mine = [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type)
+        and issubclass(obj, base)
+        and obj is not base
+        and obj.__module__ == module.__name__
+    ]
+    return adapt(mine[0]) if len(mine) == 1 else None
+
+
+def adapt(mr_cls: type) -> type[Job]:
+    """A cmr.Job subclass that runs the MRJob subclass ``mr_cls``'s steps."""
+    probe = _probe(mr_cls)
+    if probe is not None:
+        files: tuple[str, ...] = tuple(probe.files())  # absolute, "#name" kept
+        raw = any(_field(s, "mapper_raw") for s in probe.steps()[:1])
+    else:  # it needs arguments to be made: what its class says
+        files = tuple(getattr(mr_cls, "FILES", ()) or ())
+        raw = getattr(mr_cls, "mapper_raw", None) is not getattr(_mrjob_base(), "mapper_raw", 0)
+    ns = {
+        "__module__": mr_cls.__module__,
+        "__qualname__": mr_cls.__qualname__,
+        "__doc__": mr_cls.__doc__,
+        "mrjob_class": mr_cls,
+        "files": files,
+        "input_format": "whole" if raw else "lines",
+        "output_format": "raw",
+    }
+    return type(mr_cls.__name__, (MRJobAdapter,), ns)
+
+
+def _probe(mr_cls: type) -> Any:
+    """An instance made with no arguments (what FILES and steps() say), or None when the
+    job needs arguments to be made (a required passthru arg)."""
+    try:
+        return mr_cls([])
+    except Exception:
+        return None
+
+
+def _field(step: Any, name: str) -> Any:
+    """What the MRStep was given for ``name`` (None: nothing; ``step[name]`` would give
+    mrjob's identity mapper or reducer instead)."""
+    given = getattr(step, "_steps", None)
+    return given.get(name) if isinstance(given, dict) else None
+
+
+def _has(step: Any, kind: str) -> bool:
+    """Whether the step runs a Python ``kind`` (mapper, combiner, reducer) task: one of its
+    functions or hooks is given (mrjob fills in the identity function then)."""
+    return bool(getattr(step, f"has_explicit_{kind}", False))
+
+
+def _argv(params: dict[str, str], name: str) -> list[str]:
+    """The job's argv from its params (a stranger's data on a worker: checked)."""
+    text = params.get(ARGS_PARAM)
+    if text is None:
+        return []
+    try:
+        args = json.loads(text)
+    except ValueError:
+        args = None
+    if (
+        not isinstance(args, list)
+        or len(args) > MAX_ARGS
+        or not all(isinstance(a, str) for a in args)
+    ):
+        raise JobCodeError(f"{name}: param {ARGS_PARAM} must be a JSON list of strings")
+    return args
+
+
+class MRJobAdapter(Job):
+    """A cmr job running an MRJob: made by ``adapt``; ``self.mr`` is the MRJob instance,
+    made with the job's own argument parsing from the args given after ``cmr run ... --``."""
+
+    mrjob_class: ClassVar[type]
+
+    def __init__(self, params: dict[str, str] | None = None) -> None:
+        super().__init__(params)
+        cls = self.mrjob_class
+        name = cls.__name__
+        args = _argv(self.params, name)
+        try:
+            self.mr = cls(args)
+        except Exception as exc:  # argparse's error, raised by MRJob(args=...) as ValueError
+            raise JobCodeError(
+                f"{name} {' '.join(args) or '(no arguments)'}: {exc} (give the job's "
+                "arguments after --: cmr run JOB --input IN --output OUT -- ARGS)"
+            ) from None
+        # Counters and status go to cmr's, with mrjob's own checks and comma rule.
+        self.mr.increment_counter = self._increment_counter
+        self.mr.set_status = lambda msg: self.set_status(str(msg))
+        self._wd: str | None = None
+        self._steps = _steps_of(self)
+
+    def mapping(self, source: str) -> None:
+        """What jobconf_from_env('mapreduce.map.input.file') says while map reads ``source``."""
+        uri = input_uri(self.params, source)
+        for var in INPUT_FILE_ENV:
+            os.environ[var] = uri
+
+    def _increment_counter(self, group: Any, counter: Any, amount: int = 1) -> None:
+        if not isinstance(amount, int):
+            raise TypeError(f"amount must be an integer, not {amount!r}")
+        # mrjob replaces commas (Hadoop Streaming's separator): the same names as mrjob's.
+        group = str(group).replace(",", ";")
+        counter = str(counter).replace(",", ";")
+        self.increment_counter(group, counter, amount)
+
+    def steps(self) -> Sequence[Step]:
+        return self._steps
+
+    def enter(self) -> None:
+        """Make the side files' directory the working directory, as mrjob's runners do (a
+        job opens its FILES by bare name), before any of the job's code runs."""
+        if self._wd is None:
+            names = self.file_names()
+            self._wd = os.path.dirname(self.file(names[0])) if names else ""
+        if self._wd and _cwd[0] != self._wd:
+            os.chdir(self._wd)
+            _cwd[0] = self._wd
+
+    def file_names(self) -> list[str]:
+        """The names the job's side files have on a worker: FILES' and its file args'."""
+        names = [_file_name(p) for p in self.files]
+        for dest in sorted(getattr(self.mr, "_file_arg_dests", ())):
+            value = getattr(self.mr.options, dest, None)
+            if isinstance(value, str):
+                names.append(value)
+        return names
+
+    @classmethod
+    def submission(cls, argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+        """The params and extra side files (``PATH#NAME``) for running with ``argv`` (what
+        was given after ``--``): file args ship their file, and the job sees its name."""
+        name = cls.mrjob_class.__name__
+        from mrjob.options import _parse_raw_args  # type: ignore[import-untyped]
+
+        try:
+            mr = cls.mrjob_class(list(argv))
+        except Exception as exc:
+            raise UsageError(f"{name} {' '.join(argv)}: {exc}") from None
+        files: list[str] = []
+        out: list[str] = []
+        for dest, option, values in _parse_raw_args(mr.arg_parser, list(argv)):
+            if option is None and not values:
+                continue  # the input paths' positional, given none
+            if dest in mr._file_arg_dests:
+                path = values[0]
+                files.append(path if "#" in path else f"{path}#{_file_name(path)}")
+                out += [option, _file_name(path)]
+            elif dest in mr._passthru_arg_dests:
+                out += ([option] if option else []) + list(values)
+            else:
+                what = option or " ".join(values)
+                raise UsageError(
+                    f"{name}: {what} is an option of mrjob's runners, not of the job: cmr runs "
+                    "the job itself (inputs: --input; give only the job's own arguments after --)"
+                )
+        return {ARGS_PARAM: json.dumps(out)}, files
+
+
+_cwd = [""]  # the directory enter() last made the working directory in this process
+
+
+def _file_name(path: str) -> str:
+    head, sep, tail = path.partition("#")
+    return tail if sep and tail else os.path.basename(head.rstrip("/"))
+
+
+def _refuse_protocol(name: str, where: str, fn: Any) -> None:
+    proto = getattr(fn, "__self__", None)
+    for klass in type(proto).__mro__ if proto is not None else ():
+        if klass.__name__ in CODE_PROTOCOLS and klass.__module__ == "mrjob.protocol":
+            raise JobCodeError(
+                f"{name} uses {type(proto).__name__} for {where}: it evaluates the data it "
+                "reads (pickle or eval), and cmr puts data, never code, on the wire; use "
+                "JSONProtocol (the default), JSONValueProtocol, RawProtocol or RawValueProtocol"
+            )
+
+
+def _check_job(a: MRJobAdapter) -> None:
+    """Refuse what needs Hadoop or Spark, naming it."""
+    mr, name = a.mr, a.mrjob_class.__name__
+    needs = [
+        ("HADOOP_INPUT_FORMAT", mr.hadoop_input_format()),
+        ("HADOOP_OUTPUT_FORMAT", mr.hadoop_output_format()),
+        ("PARTITIONER", mr.partitioner()),
+        ("LIBJARS", mr.libjars()),
+        ("ARCHIVES", mr.archives()),
+        ("DIRS", mr.dirs()),
+    ]
+    for what, value in needs:
+        if value:
+            raise JobCodeError(
+                f"{name} sets {what} ({value!r}): that needs Hadoop; cmr runs the job's "
+                "Python steps only"
+            )
+    _reducers(mr.jobconf(), name)
+
+
+def _reducers(conf: dict[str, Any] | None, name: str) -> int | None:
+    found = None
+    for key, value in (conf or {}).items():
+        if key not in REDUCES_CONF:
+            raise JobCodeError(
+                f"{name} sets jobconf {key!r}: Hadoop settings need Hadoop; cmr honours "
+                f"only {' and '.join(REDUCES_CONF)}"
+            )
+        try:
+            found = int(value)
+        except (TypeError, ValueError):
+            raise JobCodeError(f"{name}: jobconf {key} is {value!r}, not a number") from None
+    return found
+
+
+def _steps_of(a: MRJobAdapter) -> list[Step]:
+    mr, name = a.mr, a.mrjob_class.__name__
+    _check_job(a)
+    from mrjob.step import MRStep  # type: ignore[import-untyped]
+
+    mr_steps = list(mr.steps())
+    if not mr_steps:
+        raise JobCodeError(f"{name} has no steps: define mapper, reducer or steps()")
+    out = []
+    for i, step in enumerate(mr_steps):
+        where = f"{name} step {i + 1}"
+        if not isinstance(step, MRStep):
+            kind = type(step).__name__
+            tool = "Spark" if "Spark" in kind else "Hadoop"
+            raise JobCodeError(
+                f"{where} is a {kind}: that needs {tool}; cmr runs MRSteps (mapper, combiner, "
+                "reducer) only"
+            )
+        for field in SHELL_FIELDS:
+            if _field(step, field):
+                raise JobCodeError(
+                    f"{where} uses {field} (a shell command): that needs Hadoop Streaming; "
+                    "cmr runs the job's Python mapper, combiner and reducer only"
+                )
+        for kind in ("mapper", "combiner", "reducer"):
+            if not _has(step, kind):
+                continue  # mrjob picks no protocol for a task the step does not have
+            for fn in mr.pick_protocols(i, kind):
+                _refuse_protocol(name, f"step {i + 1}'s {kind}", fn)
+        if i == 0 and a.input_format == "whole" and not _field(step, "mapper_raw"):
+            raise JobCodeError(
+                f"{where}: with these arguments it has no mapper_raw, but its class does: cmr "
+                "decides the input format when it loads the job"
+            )
+        if _field(step, "mapper_raw") and (i > 0 or a.input_format != "whole"):
+            raise JobCodeError(f"{where}: mapper_raw is for the first step only")
+        out.append(_step(a, i, step, last=i == len(mr_steps) - 1))
+    return out
+
+
+def _split(line: bytes) -> Pair:
+    """A protocol's line as Hadoop Streaming shuffles it: the key is the bytes before the
+    first tab; the rest (tab included, b"" when there is none) keeps the line exact."""
+    tab = line.find(b"\t")
+    return (line, b"") if tab < 0 else (line[:tab], line[tab:])
+
+
+def _step(a: MRJobAdapter, i: int, s: Any, last: bool) -> Step:
+    from cmr.job import Step
+
+    mr = a.mr
+
+    def encoder(kind: str) -> Callable[[Iterable[Pair] | None], Iterator[Pair]]:
+        write = mr.pick_protocols(i, kind)[1]
+        final = last and (kind == "reducer" or (kind == "mapper" and not _has(s, "reducer")))
+        if final:  # the job's output: the OUTPUT protocol's lines, as they are
+
+            def out(pairs: Iterable[Pair] | None) -> Iterator[Pair]:
+                for k, v in pairs or ():
+                    yield write(k, v) + b"\n", None
+
+            return out
+
+        def shuffled(pairs: Iterable[Pair] | None) -> Iterator[Pair]:
+            for k, v in pairs or ():
+                yield _split(write(k, v))
+
+        return shuffled
+
+    def grouped(kind: str) -> Callable[[Any, Iterator[Any]], Iterable[Pair]]:
+        fn, read, encode = s[kind], mr.pick_protocols(i, kind)[0], encoder(kind)
+
+        def call(key: bytes, tails: Iterator[bytes]) -> Iterator[Pair]:
+            a.enter()
+            first = next(tails)
+            k, v = read(key + first)
+
+            def values() -> Iterator[Any]:
+                yield v
+                for tail in tails:
+                    yield read(key + tail)[1]
+
+            yield from encode(fn(k, values()))
+
+        return call
+
+    def hooks(kind: str) -> tuple[Callable[[], None] | None, Callable[[], Iterable[Pair]] | None]:
+        init, final = _field(s, kind + "_init"), _field(s, kind + "_final")
+        if init is None and final is None:
+            return None, None
+        encode = encoder(kind)
+        pending: list[Pair] = []
+
+        def on_init() -> None:
+            a.enter()
+            pending.clear()
+            if init is not None:  # mrjob lets init yield pairs too: sent with final's
+                pending.extend(encode(init()))
+
+        def on_final() -> Iterator[Pair]:
+            a.enter()
+            yield from pending
+            pending.clear()
+            if final is not None:
+                yield from encode(final())
+
+        return on_init, on_final
+
+    mapper = s["mapper"] if _has(s, "mapper") else None  # mrjob's identity if only hooks
+    raw = _field(s, "mapper_raw")
+    if mapper is not None:
+        m_read = mr.pick_protocols(i, "mapper")[0]
+        m_encode = encoder("mapper")
+    map_fn: Callable[[Any, Any], Iterable[Pair]] | None = None
+    chunk_fn: Callable[[str, bytes], Iterable[Pair]] | None = None
+    if raw:
+
+        def map_raw(source: str, data: bytes) -> Iterator[Pair]:
+            a.enter()
+            a.mapping(source)
+            with tempfile.TemporaryDirectory(prefix="cmr-mrjob-") as tmp:
+                path = Path(tmp, os.path.basename(source.rstrip("/")) or "input")
+                path.write_bytes(data)
+                yield from m_encode(raw(str(path), source))
+
+        map_fn = map_raw
+    elif i == 0:
+        # Input lines, as mrjob reads them: bytes without "\r\n", decoded by the INPUT
+        # protocol; with no mapper they go on as they are (Hadoop's identity mapper).
+        def map_lines(source: str, data: bytes) -> Iterator[Pair]:
+            a.enter()
+            a.mapping(source)
+            for given in data.split(b"\n"):
+                line = given.rstrip(b"\r\n")
+                if mapper is None:
+                    yield _split(line)
+                else:
+                    yield from m_encode(mapper(*m_read(line)))
+
+        chunk_fn = map_lines
+    elif mapper is not None:
+
+        def map_pairs(key: bytes, tail: bytes) -> Iterator[Pair]:
+            a.enter()
+            yield from m_encode(mapper(*m_read(key + tail)))
+
+        map_fn = map_pairs
+    map_init, map_final = hooks("mapper")
+    combine_init, combine_final = hooks("combiner")
+    reduce_init, reduce_final = hooks("reducer")
+    return Step(
+        map=map_fn,
+        map_chunk=chunk_fn,
+        combine=grouped("combiner") if _has(s, "combiner") else None,
+        reduce=grouped("reducer") if _has(s, "reducer") else None,
+        map_init=map_init,
+        map_final=map_final,
+        combine_init=combine_init,
+        combine_final=combine_final,
+        reduce_init=reduce_init,
+        reduce_final=reduce_final,
+        reducers=_reducers(_field(s, "jobconf"), a.mrjob_class.__name__)
+        or _reducers(mr.jobconf(), a.mrjob_class.__name__),
+        # Hadoop sorts a key's values by their encoded bytes: the natural order of the
+        # bytes each value travels as (the tab and the value's encoding).
+        sort_values=bool(mr.sort_values()),
+        value_order=None,
+    )
+
+
+def input_uri(params: dict[str, str], source: str) -> str:
+    """The URI of the input file map calls ``source`` (a name below the input), as Hadoop
+    gives it to a map task: the input given at submit (``INPUT_PARAM``) joined with it."""
+    try:
+        given = json.loads(params.get(INPUT_PARAM, "null"))
+    except ValueError:
+        given = None
+    if not (isinstance(given, list) and len(given) == 2 and isinstance(given[0], str)):
+        return source
+    root, is_file = given
+    return root if is_file else f"{root.rstrip('/')}/{source}"
+
+
+def input_param(input: str) -> str:
+    """``INPUT_PARAM``'s value for the input a job is submitted with (a local path becomes a
+    file:// URI, as mrjob's runners give it)."""
+    if "://" in input:
+        return json.dumps([input, False])
+    path = os.path.abspath(input)
+    return json.dumps(["file://" + path, os.path.isfile(path)])
+
+
+def job_args(job: str, input: str, argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """For ``cmr run JOB --input IN ... -- ARGS``: the params and extra side files
+    (``PATH#NAME``) an mrjob job needs (its arguments, its input's URI); none for a cmr.Job,
+    which takes ``--param`` instead of ARGS (refused)."""
+    from cmr.job import JobRef, load_job_class
+
+    cls = load_job_class(JobRef.parse(job))
+    if not issubclass(cls, MRJobAdapter):
+        if argv:
+            raise UsageError(
+                f"arguments after -- ({' '.join(argv)}) are for mrjob jobs; {job} is a "
+                "cmr.Job: give it --param KEY=VALUE"
+            )
+        return {}, []
+    params, files = cls.submission(argv)
+    return {**params, INPUT_PARAM: input_param(input)}, files
