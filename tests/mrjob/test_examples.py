@@ -7,19 +7,23 @@ The others are refused by ``cmr run`` with one line saying why. EXAMPLES.md list
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import subprocess
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from benchmarks import peers
 from cmr.backends.base import Backend
 from cmr.settings import AwsSettings
 
+# benchmarks/peers.py, imported by name: mypy would take benchmarks/peers/ (the runners'
+# directory) for it.
+peers: Any = importlib.import_module("benchmarks.peers")
 DATA = Path(__file__).parent / "data"
 PEER = peers.PEERS["mrjob-inline"]  # the pinned venv the benchmarks' mrjob peer runs in
 EXAMPLES = PEER.venv / "lib" / "python3.11" / "site-packages" / "mrjob" / "examples"
@@ -87,7 +91,8 @@ class Inline:
 def mrjob_python() -> Path:
     problem, _ = peers.ensure_venv(PEER)
     assert problem is None, problem
-    return PEER.python
+    python: Path = PEER.python
+    return python
 
 
 @pytest.fixture(scope="session")
