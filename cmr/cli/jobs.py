@@ -243,6 +243,8 @@ def _record_json(spec: Any, rec: dict[str, Any], p: Progress) -> dict[str, Any]:
 
 
 def _step_json(spec: Any, rec: dict[str, Any]) -> dict[str, Any]:
+    from cmr import pipeline
+
     return {
         "step": spec.step + 1,
         "job": spec.job_id,
@@ -252,6 +254,11 @@ def _step_json(spec: Any, rec: dict[str, Any]) -> dict[str, Any]:
         "records_in": rec.get("records_in"),
         "records_out": rec.get("records_out"),
         "error": rec.get("error"),
+        # What a succeeded step before the last wrote: the next step's input, kept until
+        # the pipeline ends (or, when a later step failed, until `cmr cleanup`).
+        "outputs": pipeline.outputs_root(spec)
+        if not spec.final and rec.get("state") == "succeeded"
+        else None,
     }
 
 

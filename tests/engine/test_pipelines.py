@@ -170,6 +170,7 @@ def test_a_pipeline_on_the_local_stack_as_a_user_runs_it(
         assert "no b in step 2" in failed.stderr
         doc = json.loads(cmr("status", bad, "--json", "--store", store).stdout)
         assert [s["state"] for s in doc["steps"]] == ["succeeded", "failed"]
+        assert doc["steps"][0]["outputs"].startswith(f"s3://cmr-pl-{tag}/")
         # Step 1's committed output is kept (a resume reads it) until `cmr cleanup`.
         kept = cmr("cleanup", bad, "--store", store)
         assert kept.returncode == 0, kept.stderr
