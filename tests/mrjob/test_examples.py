@@ -67,6 +67,10 @@ CASES = [
     # the order its values arrive, which Hadoop leaves undefined (the inline runner's is
     # its map tasks' output order; cmr's, the shuffle's).
     Case("mr_text_classifier", ("docs-to-classify",), args=("--min-df", "1"), as_data=True),
+    # mapper_raw reading WARC records with warcio (Common Crawl's WET files), two steps:
+    # one plain file and one gzipped per record, as Common Crawl ships them (both runners
+    # decompress it into one split for mapper_raw). Made by warcio's WARCWriter.
+    Case("mr_phone_to_url", ("phones.wet", "phones2.wet.gz")),
 ]
 
 
