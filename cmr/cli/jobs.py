@@ -388,8 +388,8 @@ def wait(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     announce(w)
 
     async def body(be: Backend, spec: JobSpec) -> dict[str, Any]:
-        record = await watch.wait(be, spec)
-        await watch.fetch_output(be, spec, record)
+        last, record = await watch.wait_steps(be, spec)  # a pipeline's last step's
+        await watch.fetch_output(be, last, record)
         return record
 
     try:

@@ -123,8 +123,8 @@ def _reduce(
     seen: list[int] = []  # sizes of the sorted runs written to disk, observed as files
     write_run = compute._write_run
 
-    def observed(groups: dict[Any, list[Any]], spill_dir: str) -> str:
-        path = write_run(groups, spill_dir)
+    def observed(groups: dict[Any, list[Any]], spill_dir: str, *rest: Any) -> str:
+        path = write_run(groups, spill_dir, *rest)
         assert os.path.dirname(path) == str(tmp_path / "spill")
         seen.append(os.path.getsize(path))
         return path

@@ -30,6 +30,7 @@ OBJECTS = "arn:${AWS::Partition}:s3:::${BucketName}/*"
 FLEET = "arn:${AWS::Partition}:s3:::${BucketName}/fleet/*"
 ALLOWED = {
     QUEUES: {
+        "sqs:CreateQueue",  # a pipeline's next step's queues (cmr.pipeline), under the prefix
         "sqs:GetQueueUrl",
         "sqs:GetQueueAttributes",
         "sqs:SendMessage",
@@ -214,7 +215,9 @@ def test_the_role_cannot_write_fleet(template: dict[str, Any]) -> None:
         assert role_allows(template, "s3:PutObject", obj + key)
         assert role_allows(template, "s3:DeleteObject", obj + key)
     assert not role_allows(template, "s3:PutObject", "arn:aws:s3:::other-bucket/x")
-    assert not role_allows(template, "sqs:CreateQueue", "arn:aws:sqs:us-east-1:123456789012:cmr-x")
+    # Queues only under the prefix (a pipeline's worker makes its next step's), never listed.
+    assert role_allows(template, "sqs:CreateQueue", "arn:aws:sqs:us-east-1:123456789012:cmr-x")
+    assert not role_allows(template, "sqs:CreateQueue", "arn:aws:sqs:us-east-1:123456789012:x")
     assert not role_allows(template, "sqs:ListQueues", "arn:aws:sqs:us-east-1:123456789012:cmr-x")
 
 
@@ -354,12 +357,13 @@ def worker_actions() -> set[str]:
 
 def test_the_role_is_exactly_what_the_worker_calls(template: dict[str, Any]) -> None:
     """Derived from the code: every action the worker needs is granted, and nothing else
-    (no sqs:CreateQueue or ListQueues: the submitter makes and lists a job's queues)."""
+    (no sqs:ListQueues: the submitter lists a job's queues; a worker creates queues only for
+    a pipeline's next step, under the queue prefix)."""
     granted = {a for st in statements(template) for a in as_list(st["Action"])}
     needed = worker_actions()
     assert needed - granted == set(), "the worker calls what the role does not allow"
     assert granted - needed == set(), "the role allows what the worker never calls"
-    assert "sqs:CreateQueue" not in granted and "sqs:ListQueues" not in granted
+    assert "sqs:ListQueues" not in granted
 
 
 def test_imdsv2_required_and_volumes_encrypted(template: dict[str, Any]) -> None:
