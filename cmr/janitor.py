@@ -154,14 +154,7 @@ async def finalize(rt: Runtime, spec: JobSpec) -> bool:
         # Publishing errors are bounded too: the finalizers that meet them count them on
         # the job record, and the job fails at once on a permanent one or once the count
         # passes the task attempts (otherwise the next finalizer tries again).
-        errors = await be.table.update(
-            Update(job_pk(spec.job_id), "job", add={"publish_errors": 1})
-        )
-        if isinstance(exc, failures.PERMANENT) or int(errors.get("publish_errors", 0)) >= max(
-            1, spec.max_task_attempts
-        ):
-            reason = f"publishing the job's output failed:\n{failures.describe(exc)}"
-            await failures.fail_job(rt, spec, reason, publisher=True)
+        if await _count_publish_error(rt, spec, exc, "publishing the job's output failed"):
             return False
         raise
     await rt.step("publish.manifest_written", job=spec.job_id)
@@ -212,28 +205,51 @@ async def _hand_over(
     counted: counters.Totals,
 ) -> bool:
     """A step of a pipeline that is not the last: its committed outputs become the next
-    step's input (cmr.pipeline), and the step ends as succeeded, naming the next."""
+    step's input (cmr.pipeline), and the step ends as succeeded, naming the next. Errors
+    are bounded as publishing's are."""
     be = rt.backend
-    try:
-        plan = await rt.plan(spec, job_scratch(spec.scratch, spec.job_id))
-    except (BlobMissing, WireError) as exc:
-        reason = f"the next step cannot be made: the step's plan cannot be read: {exc}"
-        await failures.fail_job(rt, spec, reason, publisher=True)
-        return False
 
     async def made(nxt: JobSpec) -> None:
         await rt.step("pipeline.next_made", job=spec.job_id, next=nxt.job_id)
 
-    nxt = await pipeline.hand_over(be, spec, sources, plan.replaced, made)
-    if nxt is None:
+    try:
+        plan = await rt.plan(spec, job_scratch(spec.scratch, spec.job_id))
+        totals = await _totals(rt, spec, sources, winners, counted)
+        done = await pipeline.hand_over(be, spec, sources, plan.replaced, totals, made)
+    except (BlobMissing, WireError, pipeline.HandOverError) as exc:
+        reason = f"the next step cannot be made: {exc}"
+        await failures.fail_job(rt, spec, reason, publisher=True)
+        return False
+    except failures.PASS_THROUGH:
+        raise
+    except Exception as exc:
+        if await _count_publish_error(rt, spec, exc, "making the next step failed"):
+            return False
+        raise
+    if done is None:
         return await _succeeded(rt, spec)
+    nxt, ended = done
     await rt.step("pipeline.handed_over", job=spec.job_id, next=nxt.job_id)
-    totals = {**await _totals(rt, spec, sources, winners, counted), "next": nxt.job_id}
-    if await end(be, spec, JobState.SUCCEEDED, totals=totals, publishing=True):
+    if ended:
         rt.log.info("step succeeded", job=spec.job_id, next=nxt.job_id)
         await rt.step("finalize.succeeded", job=spec.job_id)
         rt.job_ended(spec)
     return True
+
+
+async def _count_publish_error(rt: Runtime, spec: JobSpec, exc: Exception, what: str) -> bool:
+    """Count an error of publishing (or handing over) on the job record; True when it failed
+    the job: a permanent error, or the count past the task attempts. Otherwise the next
+    finalizer tries again."""
+    errors = await rt.backend.table.update(
+        Update(job_pk(spec.job_id), "job", add={"publish_errors": 1})
+    )
+    if isinstance(exc, failures.PERMANENT) or int(errors.get("publish_errors", 0)) >= max(
+        1, spec.max_task_attempts
+    ):
+        await failures.fail_job(rt, spec, f"{what}:\n{failures.describe(exc)}", publisher=True)
+        return True
+    return False
 
 
 async def _counter_totals(

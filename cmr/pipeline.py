@@ -6,10 +6,10 @@ worker that finalizes it (any worker: ``cmr.janitor``) *hands over* instead of p
 1. it marks the step as publishing (from then on the step can only succeed, and a worker's
    repair check finalizes it again if this one dies);
 2. it makes the next step's job from the step's committed outputs: a plan whose map tasks
-   read those outputs whole (as pairs), its queues, its task messages, and then, in one
-   transaction, its record, its row in the active index, and the output place's claim,
-   passed from this step to the next;
-3. it ends the step as succeeded, naming the next.
+   read those outputs whole (as pairs), its queues and its task messages;
+3. in one transaction: the next step's record and row in the active index, the output
+   place's claim passed from this step to the next, and this step ended as succeeded,
+   naming the next (so no reader ever sees one without the other).
 
 Every part is idempotent and derived only from the step's record and commits (the next
 step's id, plan and queues are the same whoever makes them), so any number of workers may
@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from cmr import wire
 from cmr.backends.base import Backend, Eq, Put, TxWrite, Update, item_absent
-from cmr.errors import BackendError, ConditionFailed, QueueGone, UsageError
+from cmr.errors import BackendError, CmrError, ConditionFailed, QueueGone, UsageError
 from cmr.lifecycle import _token, job_scratch
 from cmr.plan import Plan, plan_url
 from cmr.publish import Source
@@ -92,21 +93,34 @@ def next_spec(spec: JobSpec, plan_digest: str, maps: int) -> JobSpec:
     )
 
 
+class HandOverError(CmrError):
+    """The next step cannot be made, ever (the step is failed with this reason)."""
+
+
+# What a next step's record must hold for a hand-over to take it as its own: a record made
+# by anyone else (whoever can write the table can write one first) is refused.
+_SAME = ("job", "digest", "params", "plan_digest", "output", "scratch", "queue_prefix",
+         "pipeline", "step", "maps", "partitions")  # fmt: skip
+
+
 async def hand_over(
     be: Backend,
     spec: JobSpec,
     sources: Sequence[Source],
     replaced: Sequence[str],
+    totals: dict[str, Any],
     made: Callable[[JobSpec], Awaitable[None]],
-) -> JobSpec | None:
-    """Make the next step's job from this step's committed outputs (step 2 above). Returns
-    its spec, or None when it cannot be made any more because this step ended meanwhile.
+) -> tuple[JobSpec, bool] | None:
+    """Make the next step's job from this step's committed outputs and end this step, naming
+    it, in one transaction (steps 2 and 3 above). Returns (the next step's spec, whether
+    this call ended this step), or None when this step ended without a next (it failed).
     ``replaced``: the parts of the output place the last step's publication replaces;
-    ``made`` is awaited once the next step's plan, queues and tasks exist (a test's crash
-    point)."""
+    ``totals``: this step's, for its record; ``made`` is awaited once the next step's plan,
+    queues and tasks exist (a test's crash point). HandOverError when it can never be made."""
     tasks = next_tasks(sources)
     data = Plan(tuple(tasks), tuple(replaced)).to_bytes()
     nxt = next_spec(spec, Plan.digest(data), len(tasks))
+    await _drop_orphans(be, spec, sources)
     await be.blobs.put(plan_url(job_scratch(nxt.scratch, nxt.job_id)), data)
     in_q, reduce_q, part_qs = nxt.queues()
     await asyncio.gather(
@@ -118,46 +132,79 @@ async def hand_over(
     )
     await made(nxt)
     record = await be.table.get(job_pk(spec.job_id), "job", consistent=True) or {}
-    if record.get("state") != JobState.RUNNING.value:
-        await _undo(be, nxt)
+    if record.get("state") == JobState.RUNNING.value:
+        extra = {k: record[k] for k in CARRIED if k in record}
+        extra["input_bytes"] = sum(s.bytes for s in sources)
+        extra["inputs"] = len(sources)
+        try:
+            await _record(be, spec, nxt, extra, totals)
+        except ConditionFailed:
+            pass  # decided by someone else: see below what stands
+        else:
+            return nxt, True
+    held = await be.table.get(job_pk(nxt.job_id), "job", consistent=True)
+    if held is None:
+        mine = await be.table.get(job_pk(spec.job_id), "job", consistent=True) or {}
+        if mine.get("state") == JobState.RUNNING.value:
+            raise HandOverError(
+                f"the output place {spec.output} is no longer claimed by this step (its "
+                "claim record was changed)"
+            )
+        await _undo(be, nxt, plan=True)  # the step failed: what we made serves nobody
         return None
-    extra = {k: record[k] for k in CARRIED if k in record}
-    extra["input_bytes"] = sum(s.bytes for s in sources)
-    extra["inputs"] = len(sources)
-    if await _record(be, spec, nxt, extra):
-        return nxt
-    # Made already, by another worker handing over at the same time, or long ago (if we
-    # were paused past the next step's whole run, what we just made must go again).
-    held = await be.table.get(job_pk(nxt.job_id), "job", consistent=True) or {}
+    if any(held.get(k) != v for k, v in nxt.to_item().items() if k in _SAME):
+        raise HandOverError(
+            f"a record of step {nxt.step + 1} ({nxt.job_id}) exists that no hand-over of "
+            "this step made: the table was written by someone else"
+        )
     if held.get("state") != JobState.RUNNING.value:
+        # We were paused past the next step's whole run: what we just made must go again.
         await _undo(be, nxt, plan=bool(held.get("cleaned")))
-    return nxt
+    return nxt, False
 
 
-async def _record(be: Backend, spec: JobSpec, nxt: JobSpec, extra: dict[str, Any]) -> bool:
-    """The next step's record, active row and the output's claim, at once; False if it
-    exists already (or this step no longer owns the output: it ended meanwhile)."""
-    import time
+async def _drop_orphans(be: Backend, spec: JobSpec, sources: Sequence[Source]) -> None:
+    """Leave only the committed outputs in the step's output place: a reducer that died
+    between its upload and its commit left its file there, which a resume from the kept
+    outputs (``--from-step``) would otherwise read."""
+    committed = {s.url for s in sources}
+    found = await be.blobs.list(outputs_root(spec))
+    orphans = [b.url for b in found if b.url not in committed]
+    if orphans:
+        await be.blobs.delete(orphans)
 
+
+async def _record(
+    be: Backend, spec: JobSpec, nxt: JobSpec, extra: dict[str, Any], totals: dict[str, Any]
+) -> None:
+    """At once: the next step's record and active row, the output place's claim passed to
+    it, the pipeline's listing at its step, and this step ended as succeeded, naming it.
+    ConditionFailed if the next step's record exists, this step no longer runs, or the
+    claim is not this step's."""
     now = time.time()
     row = {"state": JobState.RUNNING.value, "created": now}
+    done = JobState.SUCCEEDED.value
     writes: list[TxWrite] = [
         Put(job_pk(nxt.job_id), "job", {**nxt.to_item(), **extra, **row}, item_absent()),
         Put(ACTIVE_PK, nxt.job_id, row),
         Update(OUTPUTS_PK, nxt.output, set_={"job": nxt.job_id}, condition=Eq("job", spec.job_id)),
         Update(JOBS_PK, spec.pipeline_id, set_={"step": nxt.step + 1}),
+        Update(
+            job_pk(spec.job_id),
+            "job",
+            set_={**totals, "state": done, "finished": now, "next": nxt.job_id},
+            condition=Eq("state", JobState.RUNNING.value),
+        ),
+        # The row stays: cleaning the step up is the duty left, and any worker may take it.
+        Update(ACTIVE_PK, spec.job_id, set_={"state": done}),
     ]
-    try:
-        await be.table.transact(writes, token=_token())
-    except ConditionFailed:
-        return False
-    return True
+    await be.table.transact(writes, token=_token())
 
 
 async def _undo(be: Backend, nxt: JobSpec, *, plan: bool = False) -> None:
-    """Remove what a late hand-over made for a step that ended already: its queues (always
-    safe: an ended job's queues serve nobody) and, once that step was cleaned up, its plan
-    (before then its cleanup still reads it)."""
+    """Remove what a late hand-over made for a next step that ended already, or was never
+    made: its queues (nobody serves them any more) and, with ``plan`` (the step was cleaned
+    up, or never existed), its plan (before then its cleanup still reads it)."""
     in_q, reduce_q, part_qs = nxt.queues()
 
     async def delete(name: str) -> None:
@@ -191,7 +238,8 @@ async def current(be: Backend, job_id: str) -> tuple[JobSpec, dict[str, Any]]:
     return (await chain(be, job_id))[-1]
 
 
-HANDOVER_WAIT_S = 30.0  # how long cancelling waits for a step that is handing over
+HANDOVER_WAIT_S = 90.0  # how long cancelling waits for a step handing over (a dead
+# hand-over is taken up by a worker's repair check, every janitor_s: 60 s by default)
 
 
 async def cancel(be: Backend, job_id: str, reason: str, *, clean: bool = False) -> bool:

@@ -51,6 +51,12 @@ def check(cls: type[Job], total_order: bool) -> bool:
     with its own ``partition`` cannot: the range partitioner replaces it."""
     if not (total_order or cls.total_order):
         return False
+    if cls.steps is not Job.steps:
+        raise UsageError(
+            f"{cls.__name__} has steps() and asks for total order: total order applies to "
+            "one-step jobs (keys are sampled from the input at submit); sort the last step's "
+            "output with a one-step job that reads it (`--input-format pairs`)"
+        )
     if cls.partition is not Job.partition:
         raise UsageError(
             f"{cls.__name__} defines partition() and asks for total order "

@@ -50,6 +50,7 @@ from cmr.settings import LineEnds
 from cmr.split import Input, choose_split_bytes, input_name, plan
 
 STAGE_CONCURRENCY = 16
+MAX_QUEUE_NAME = 80  # SQS's limit on a queue's name
 MAX_REPLACED_LOCAL = 5_000  # part files a fetched local output may replace (kept in the record)
 LINE_MODES = tuple(str(m) for m in LineEnds)
 # Reducers past both of these for a job's map tasks are mostly empty parts: a warning.
@@ -431,6 +432,14 @@ async def _submit(
     data = Plan(tuple(tasks), place.replaced, cuts).to_bytes()
     await backend.blobs.put(plan_url(scratch), data)
     many = options.job_steps > 1
+    longest = f"{queue_prefix}{job_id}-s{options.job_steps}-p00000"
+    if many and len(longest) > MAX_QUEUE_NAME:
+        raise UsageError(
+            f"the queue prefix {queue_prefix!r} is too long for a job of {options.job_steps} "
+            f"steps: its last step's queues would be named like {longest} ({len(longest)} "
+            f"characters; SQS allows {MAX_QUEUE_NAME}): use a prefix of at most "
+            f"{MAX_QUEUE_NAME - len(longest) + len(queue_prefix)} characters"
+        )
     spec = JobSpec(
         job_id,
         ref,

@@ -438,7 +438,7 @@ def cleanup(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     """Delete a job's queues, scratch data and records now (a running job is cancelled)."""
     configure_logs(logging.WARNING - 10 * verbose)
     from cmr import lifecycle, pipeline
-    from cmr.records import JobState, job_pk
+    from cmr.records import FINAL_STATES, JobState, job_pk
 
     w = where(store)
     if embedded_run(w, job) is not None:
@@ -455,10 +455,18 @@ def cleanup(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     async def body(be: Backend, spec: JobSpec) -> None:
         await pipeline.cancel(be, spec.job_id, "cancelled by cmr cleanup")
         # Every step of a pipeline (cleanup is idempotent), and what a failed step kept of
-        # the step before it for resuming.
+        # the step before it for resuming. A step still running (publishing: it could not
+        # be cancelled) is its workers' to finish; it is never cleaned from under them.
         for each, _ in await pipeline.chain(be, job):
-            rec = await be.table.get(job_pk(each.job_id), "job") or {}
-            await lifecycle.cleanup(be, each, JobState(str(rec.get("state", "cancelled"))))
+            rec = await be.table.get(job_pk(each.job_id), "job", consistent=True) or {}
+            state = str(rec.get("state", ""))
+            if state not in {s.value for s in FINAL_STATES}:
+                fail(
+                    f"job {job} is publishing its output and can no longer be cancelled; it "
+                    f"ends in a moment: run `cmr cleanup {job}` again once `cmr status {job}` "
+                    "says it ended"
+                )
+            await lifecycle.cleanup(be, each, JobState(state))
             await be.blobs.delete_prefix(lifecycle.job_scratch(each.scratch, each.job_id))
 
     asyncio.run(_on_job(w.store, job, body)())
