@@ -20,8 +20,9 @@ from cmr.fleet.lookups import bucket_exists, bucket_tags, stack_tagged, table_ex
 from cmr.fleet.stack import Aws, describe_stack, stack_params, wait_stack
 from cmr.records import job_pk
 
-# What `cmr run` names a job's queues: <prefix><job id>-in, -reduce, -p00000 ...
-_JOB_QUEUE = re.compile(r"(\d{8}-\d{6}-[0-9a-f]{16})-(in|reduce|p\d{5})")
+# What `cmr run` names a job's queues: <prefix><job id>-in, -reduce, -p00000 ...; a
+# pipeline's later steps are jobs <pipeline id>-s<n> (cmr.pipeline).
+_JOB_QUEUE = re.compile(r"(\d{8}-\d{6}-[0-9a-f]{16}(?:-s\d{1,2})?)-(in|reduce|p\d{5})")
 
 
 @dataclass

@@ -178,10 +178,14 @@ def test_up_scale_status_logs_down(moto_env: dict[str, str]) -> None:
     # merely shares the prefix, nor one named like a job's but of no job it knows.
     sqs = boto3.client("sqs")
     job = "20260101-000000-0123456789abcdef"
-    boto3.client("dynamodb").put_item(
-        TableName=table, Item={"pk": {"S": f"job#{job}"}, "sk": {"S": "job"}}
-    )
-    ours = [sqs.create_queue(QueueName=f"{prefix}{job}-{s}")["QueueUrl"] for s in ("in", "p00000")]
+    for known in (job, f"{job}-s2"):  # a pipeline's second step is a job of its own
+        boto3.client("dynamodb").put_item(
+            TableName=table, Item={"pk": {"S": f"job#{known}"}, "sk": {"S": "job"}}
+        )
+    ours = [
+        sqs.create_queue(QueueName=f"{prefix}{job}{s}")["QueueUrl"]
+        for s in ("-in", "-p00000", "-s2-reduce")
+    ]
     theirs = [
         sqs.create_queue(QueueName=f"{prefix}someone-elses")["QueueUrl"],
         sqs.create_queue(QueueName=f"{prefix}20260101-000000-{'f' * 16}-in")["QueueUrl"],
