@@ -170,25 +170,20 @@ async def end(
     claim: dict[str, Any] = {"active": False}
     if state == JobState.SUCCEEDED:
         claim["published"] = spec.job_id
-    # The job list has one row per pipeline (its first job's id): a step that succeeded
-    # and handed over leaves it running; the output's claim passed to the next step.
-    handed_over = state == JobState.SUCCEEDED and not spec.final
-    listed = {"state": state.value, "finished": now}
     writes: list[TxWrite] = [
         Update(pk, "job", set_=fields, condition=condition),
+        # The job list has one row per pipeline (its first job's id): any step's end ends
+        # the run (a step that hands over ends in cmr.pipeline's own transaction instead).
+        Update(JOBS_PK, spec.pipeline_id, set_={"state": state.value, "finished": now}),
         # The row stays: cleaning up is the duty left, and any worker may take it.
         Update(ACTIVE_PK, spec.job_id, set_={"state": state.value}),
+        Update(
+            OUTPUTS_PK,
+            spec.output,
+            set_=claim,
+            condition=AnyOf((Missing("pk"), Eq("job", spec.job_id))),
+        ),
     ]
-    if not handed_over:
-        writes[1:1] = [Update(JOBS_PK, spec.pipeline_id, set_=listed)]
-        writes.append(
-            Update(
-                OUTPUTS_PK,
-                spec.output,
-                set_=claim,
-                condition=AnyOf((Missing("pk"), Eq("job", spec.job_id))),
-            )
-        )
     try:
         await backend.table.transact(writes, token=_token())
     except ConditionFailed:
@@ -201,7 +196,7 @@ async def end(
                 f"cancelled or failed; it will end in a moment (`cmr wait {spec.job_id}`)"
             ) from None
         # The output claim is not ours (a record changed by hand?): end the job all the same.
-        await backend.table.transact(writes[:3] if not handed_over else writes, token=_token())
+        await backend.table.transact(writes[:3], token=_token())
     return True
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,8 +198,8 @@ async def _input_blobs(
     if local is not None:
         path, files = local.path, local.files
         if path.is_dir() and (path / MANIFEST).is_file():
-            listed = _listed_parts((path / MANIFEST).read_bytes())
-            files = [f for f in files if f.parent != path or f.name in listed]
+            keep = _output_files((path / MANIFEST).read_bytes())
+            files = [f for f in files if f.parent != path or keep(f.name)]
         if backend.capabilities.local_files:
             root = file_url(path) if path.is_file() else file_url(path) + "/"
             blobs = [BlobInfo(file_url(f), f.stat().st_size) for f in files]
@@ -216,29 +217,22 @@ async def _input_blobs(
                     f"{root}): check the bucket and prefix, or upload the input first"
                 ) from None
             if any(b.url == root + MANIFEST for b in blobs):
-                listed = _listed_parts(await backend.blobs.get(root + MANIFEST))
+                keep = _output_files(await backend.blobs.get(root + MANIFEST))
                 top = [b.url[len(root) :] for b in blobs]
-                blobs = [b for b, n in zip(blobs, top, strict=True) if "/" in n or n in listed]
+                blobs = [b for b, n in zip(blobs, top, strict=True) if "/" in n or keep(n)]
     return root, [Input(b.url, b.size, input_name(root, b)) for b in blobs]
 
 
-def _listed_parts(manifest: bytes) -> set[str]:
-    """The files of an input directory that is an output (a ``_SUCCESS`` at its top): a
-    cmr output's parts are those its manifest lists (others are leftovers of a replaced or
-    failed job); another tool's ``_SUCCESS`` (Hadoop's is empty) is only a marker. Either
-    way the marker itself is no input."""
+def _output_files(manifest: bytes) -> Callable[[str], bool]:
+    """Which files at the top of an input directory that is an output (a ``_SUCCESS`` at
+    its top) are input: a cmr output's parts are those its manifest lists (others are
+    leftovers of a replaced or failed job); another tool's ``_SUCCESS`` (Hadoop's is empty)
+    is only a marker. Either way the marker itself is no input."""
     try:
-        return {p.name for p in Manifest.from_bytes(manifest).parts}
+        listed = {p.name for p in Manifest.from_bytes(manifest).parts}
     except OutputConflict:
-        return _ALL_BUT_MANIFEST
-
-
-class _AllButManifest(set[str]):
-    def __contains__(self, name: object) -> bool:
-        return name != MANIFEST
-
-
-_ALL_BUT_MANIFEST = _AllButManifest()
+        return lambda name: name != MANIFEST
+    return listed.__contains__
 
 
 async def sniff_inputs(blobs: Blobs, inputs: list[Input], fmt: formats.InputFormat) -> list[Input]:
