@@ -37,9 +37,10 @@ class Step:
     only the last step writes the job's output.
 
     ``map`` None passes pairs through unchanged; ``reduce`` None makes a map-only step
-    (each value of each key is written as it is). Hooks run once per task: ``map_init``
-    before a map task's records, ``map_final`` after them (the pairs it yields are mapped
-    output too); ``reduce_init``/``reduce_final`` around a reduce task; ``combine_init``/
+    (each value of each key is written as it is); with neither, a step sorts: its records
+    reach the output grouped and ordered by key (TeraSort's step). Hooks run once per task:
+    ``map_init`` before a map task's records, ``map_final`` after them (the pairs it yields
+    are mapped output too); ``reduce_init``/``reduce_final`` around a reduce task; ``combine_init``/
     ``combine_final`` around a map task's combining."""
 
     map: Callable[[Any, Any], Iterable[Pair]] | None = None
@@ -401,8 +402,6 @@ def steps_of(job: Job) -> list[Step]:
     for i, step in enumerate(steps, 1):
         if not isinstance(step, Step):
             raise JobCodeError(f"{name}.steps() item {i} is {a_type(step)}, not a cmr.Step")
-        if step.map is None and step.reduce is None and step.map_chunk is None:
-            raise JobCodeError(f"{name}.steps() step {i} has neither map nor reduce")
         for what in (
             "map",
             "combine",

@@ -27,9 +27,9 @@ from typing import Any
 
 from cmr import formats, usercode, wire
 from cmr.backends.base import Blobs
-from cmr.compute import universal_lines
+from cmr.compute import piece_mapper, universal_lines
 from cmr.errors import UsageError
-from cmr.job import Job, JobRef, load_job_class
+from cmr.job import Job, JobRef, load_job_class, steps_of
 from cmr.partition import MAX_CUT_BYTES, is_key
 from cmr.split import read_split
 from cmr.timelimit import TimeLimitExceeded, task_limit, time_limit
@@ -46,16 +46,16 @@ SHORT_STR = MAX_CUT_BYTES // 4 - 8
 SHORT_BYTES = MAX_CUT_BYTES - 8
 
 
-def check(cls: type[Job], total_order: bool) -> bool:
+def check(cls: type[Job], total_order: bool, steps: int = 1) -> bool:
     """Whether the job runs in total order (its class, or the submission, says so); a job
-    with its own ``partition`` cannot: the range partitioner replaces it."""
+    with its own ``partition`` cannot: the range partitioner replaces it, nor a pipeline."""
     if not (total_order or cls.total_order):
         return False
-    if cls.steps is not Job.steps:
+    if steps > 1:
         raise UsageError(
-            f"{cls.__name__} has steps() and asks for total order: total order applies to "
-            "one-step jobs (keys are sampled from the input at submit); sort the last step's "
-            "output with a one-step job that reads it (`--input-format pairs`)"
+            f"{cls.__name__} has {steps} steps and asks for total order: total order applies "
+            "to one-step jobs (keys are sampled from the input at submit); sort the last "
+            "step's output with a one-step job that reads it (`--input-format pairs`)"
         )
     if cls.partition is not Job.partition:
         raise UsageError(
@@ -105,6 +105,9 @@ async def sample_records(
     ``map`` per line unless overridden), jsonlines likewise; fixed records that start in the
     range; a whole-file or compressed input whole, from the stretch at its start (at most
     WHOLE_SAMPLE_MAX; a larger one is left out of the sample)."""
+    step = steps_of(job)[0]  # a one-step job's (a pipeline is refused total order)
+    map_piece = piece_mapper(step)
+    map_record = step.map if step.map is not None else _as_pair
     head = await blobs.get_range(r.url, 0, formats.SNIFF_BYTES) if r.start == 0 else b""
     codec = formats.sniff(head) if head else ""
     max_record = WHOLE_SAMPLE_MAX
@@ -114,7 +117,7 @@ async def sample_records(
             if job.lines == "universal":
                 data = universal_lines(data)
             data = data[:-1] if data.endswith(b"\n") else data
-            return [(job.map_chunk, r.name, data)] if data else []
+            return [(map_piece, r.name, data)] if data else []
         chunk = formats.Chunk(r.name, data, "", r.start, max_record)
     elif fmt.name == "fixed" and not codec:
         size = fmt.record_len
@@ -130,8 +133,13 @@ async def sample_records(
         chunk = formats.Chunk(r.name, data, codec, 0, max_record)
         if fmt.name == "lines":
             pieces = formats.line_pieces(chunk, WHOLE_SAMPLE_MAX, job.lines == "universal")
-            return [(job.map_chunk, r.name, p) for p in pieces]
-    return [(job.map, k, v) for k, v in formats.records(fmt, chunk, WHOLE_SAMPLE_MAX)]
+            return [(map_piece, r.name, p) for p in pieces]
+    return [(map_record, k, v) for k, v in formats.records(fmt, chunk, WHOLE_SAMPLE_MAX)]
+
+
+def _as_pair(key: Any, value: Any) -> Iterable[tuple[Any, Any]]:
+    """A step without map: its record is its pair."""
+    return ((key, value),)
 
 
 class _Keys:

@@ -418,7 +418,7 @@ async def _submit(
         )
     scratch = job_scratch(backend.scratch, job_id)
     cuts = None
-    if sampling.check(load_job_class(ref), options.total_order):
+    if sampling.check(load_job_class(ref), options.total_order, options.job_steps):
         cuts = await sampling.cut_points(
             backend.blobs, ref, options.params, options.lines, tasks, options.partitions,
             options.task_timeout_s, fmt,

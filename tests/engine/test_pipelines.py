@@ -97,7 +97,9 @@ async def test_step_options_out_of_range_are_refused(embedded: Backend, tmp_path
         await run_on(
             embedded, f"{JOBS}:ThreeSteps", str(src), str(tmp_path / "o"), step=1, from_step=2
         )
-    with pytest.raises(JobCodeError, match=r"BadSteps.steps\(\) step 1 has neither map nor reduce"):
+    with pytest.raises(
+        JobCodeError, match=r"BadSteps.steps\(\) step 1: map is 'words', not callable"
+    ):
         await run_on(embedded, f"{JOBS}:BadSteps", str(src), str(tmp_path / "o"))
     assert not (tmp_path / "o").exists()
 
