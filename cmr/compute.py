@@ -64,6 +64,7 @@ VALUE_COST = 8  # one more value of a key: a list slot
 # its packed bytes do not show (an int packs to 1 byte and is a 28-byte object).
 PAIR_COST = 64 + 2 * 40
 PAIR_BLOCK = 4096  # pairs read from a spool at a time (C loops do the rest)
+BLOCK_PARTITIONS = 32  # a block spread over more partitions goes pair by pair
 PAIR_SAMPLE = 8  # pairs of a block whose object sizes are measured
 PLAIN_KEYS = (str, int, bytes)  # kinds whose own order is sort_key's, == its grouping
 MERGE_FANIN = 64  # sorted runs merged at once; more are merged in passes first
@@ -185,6 +186,17 @@ class _Block(list[tuple[Any, Any]]):
     """Records of a step without map, as an input format read them: pairs already."""
 
 
+def _unpackable(pairs: list[tuple[Any, Any]]) -> tuple[Any, Any] | None:
+    """The first pair msgpack cannot pack (a block refused as a whole names it)."""
+    pack = msgpack.Packer(use_bin_type=True).pack
+    for pair in pairs:
+        try:
+            pack(pair)
+        except (TypeError, ValueError, OverflowError):
+            return pair
+    return None
+
+
 def _array_header(n: int) -> int:
     """Bytes of msgpack's header of an array of n items: fixarray, array 16, array 32."""
     return 1 if n < 16 else 3 if n < 1 << 16 else 5
@@ -245,6 +257,10 @@ class _Shuffle:
         keys = list(map(_first, pairs))
         ps = many(keys, n) if many is not None else list(map(part, keys, itertools.repeat(n)))
         which = set(ps)
+        if len(which) > BLOCK_PARTITIONS:  # one pass per partition would cost more
+            for p, (key, value) in zip(ps, pairs, strict=True):
+                self.add(p, key, value)
+            return
         for p in which:
             mine = pairs if len(which) == 1 else list(itertools.compress(pairs, map(p.__eq__, ps)))
             self._add_packed(p, mine)
@@ -503,7 +519,11 @@ def _map_into(
                 _hook(step.combine_init)
             for source in _map_calls(step, fmt, chunks, spec, result, universal):
                 if type(source) is _Block and combiner is None:
-                    shuffle.add_block(source, part)
+                    try:
+                        shuffle.add_block(source, part)
+                    except (TypeError, ValueError, OverflowError):
+                        pair = _unpackable(source)  # what the diagnosis below names
+                        raise
                     continue
                 pair = None
                 for pair in source:
@@ -691,9 +711,13 @@ class ValueOrder:
         return exc
 
 
-def _blocks(spools: list[str]) -> Iterator[tuple[list[tuple[Any, Any]], int]]:
-    """The spooled pairs in blocks of PAIR_BLOCK, each with the packed bytes it came from.
-    Every entry is checked to be a (key, value) pair, by C loops over the block."""
+def _blocks(spools: list[str], memory_bytes: int) -> Iterator[tuple[list[tuple[Any, Any]], int]]:
+    """The spooled pairs in blocks, each with the packed bytes it came from: at most
+    PAIR_BLOCK pairs, and about a sixteenth of the memory budget by the bytes per pair of
+    the block before (the budget is checked between blocks; a first block is small). Every
+    entry is checked to be a (key, value) pair, by C loops over the block."""
+    cap = max(4096, memory_bytes // 16)
+    count = 16
     for spool in spools:
         with open(spool, "rb") as f:
             unpacker = msgpack.Unpacker(
@@ -704,21 +728,30 @@ def _blocks(spools: list[str]) -> Iterator[tuple[list[tuple[Any, Any]], int]]:
                 max_buffer_size=wire.MAX_DECODED,
             )
             at = 0
-            while block := list(itertools.islice(unpacker, PAIR_BLOCK)):
+            while block := list(itertools.islice(unpacker, count)):
                 if set(map(type, block)) != {tuple} or set(map(len, block)) != {2}:
                     raise WireError("a spooled record is not a [key, value] pair")
                 now = unpacker.tell()
                 yield block, now - at
+                per_pair = max(1, (now - at) // len(block))
+                count = max(1, min(PAIR_BLOCK, cap // per_pair))
                 at = now
 
 
 def _block_cost(block: list[tuple[Any, Any]], packed: int) -> int:
     """What holding a block of pairs costs, for the memory budget: the larger of its packed
-    bytes plus per-pair overheads, and the object sizes of a sample scaled to the block."""
-    step = max(1, len(block) // PAIR_SAMPLE)
-    sample = block[::step]
-    sizes = sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in sample)
-    return len(block) * PAIR_COST + max(packed, sizes * len(block) // len(sample))
+    bytes plus per-pair overheads and its objects' sizes. Those are measured on a sample
+    when keys and values are all str, bytes or int (a size that follows the packed one);
+    on every pair otherwise (a tuple of empty maps packs to a byte per map)."""
+    flat = {str, bytes, int}
+    if set(map(type, map(_first, block))) <= flat and set(map(type, map(_second, block))) <= flat:
+        step = max(1, len(block) // PAIR_SAMPLE)
+        sample = block[::step]
+        sizes = sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in sample)
+        sizes = sizes * len(block) // len(sample)
+    else:
+        sizes = sum(map(sys.getsizeof, itertools.chain.from_iterable(block)))
+    return len(block) * PAIR_COST + max(packed, sizes)
 
 
 def _sorted_pairs(
@@ -739,6 +772,12 @@ def _sorted_pairs(
     for block, packed in blocks:
         kinds.update(map(type, map(_first, block)))
         if len(kinds) > 1 or not kinds.issubset(PLAIN_KEYS):
+            if held >= memory_bytes // 4:
+                # Regrouped in a dict, these would be held twice for a while: spilled
+                # instead, a run in sort_key order (one plain kind: its own order).
+                pairs.sort(key=_first)
+                runs.append(_write_pairs_run(pairs, spill_dir))
+                pairs = []
             return pairs, itertools.chain([(block, packed)], blocks)
         pairs += block
         held += _block_cost(block, packed)
@@ -939,7 +978,7 @@ def run_reduce(
             )
             groups: dict[Any, list[Any]] = {}
             held = 0
-            blocks = _blocks(spools)
+            blocks = _blocks(spools, memory_bytes)
             pairs: list[tuple[Any, Any]] = []
             rest: Iterator[tuple[list[tuple[Any, Any]], int]] | None = blocks
             if combiner is None and order is None:
@@ -984,11 +1023,17 @@ def run_reduce(
                 # buffers stay within the budget however many runs the partition needed.
                 read_size = max(16 * 1024, min(1 << 20, memory_bytes // (2 * MERGE_FANIN)))
                 while len(runs) > MERGE_FANIN:
-                    merged_run = _merge_runs(runs[:MERGE_FANIN], spill_dir, read_size, order, plain)
-                    # First, where its runs were: a merge keeps equal keys in run order,
-                    # so each key's values stay in arrival order. In place: the caller
-                    # removes them.
-                    runs[:] = [merged_run, *runs[MERGE_FANIN:]]
+                    # Each MERGE_FANIN consecutive runs become one, where they were: a
+                    # merge keeps equal keys in run order, so each key's values stay in
+                    # arrival order, and every run is rewritten once a pass. In place:
+                    # every live run is always in ``runs``, which the caller removes.
+                    i = 0
+                    while i < len(runs):
+                        group = runs[i : i + MERGE_FANIN]
+                        if len(group) > 1:
+                            merged_run = _merge_runs(group, spill_dir, read_size, order, plain)
+                            runs[i : i + MERGE_FANIN] = [merged_run]
+                        i += 1
                 merged = _merged(runs, read_size, order, plain)
                 keyed: Iterator[tuple[Any, Iterator[Any]]] = (
                     (k, itertools.chain.from_iterable(vs for _, vs in grp))

@@ -482,7 +482,8 @@ _WRITERS: dict[str, Callable[[Any, BinaryIO], Write]] = {
 }
 
 
-RAW_JOIN = 65536  # pairs joined into one write: fewer calls, a bounded extra copy
+RAW_JOIN = 65536  # pairs joined into one write at most (fewer calls), and
+RAW_JOIN_BYTES = 8 << 20  # about this many bytes: a bounded extra copy
 
 
 def write_raw(output_format: str, out: BinaryIO, pairs: list[tuple[Any, Any]]) -> int:
@@ -493,15 +494,17 @@ def write_raw(output_format: str, out: BinaryIO, pairs: list[tuple[Any, Any]]) -
     objects scattered in memory)."""
     if output_format != "raw":
         return 0
-    done = 0
+    done, count = 0, 256
     at = iter(pairs)
-    while some := list(itertools.islice(at, RAW_JOIN)):
+    while some := list(itertools.islice(at, count)):
         try:
             data = b"".join(itertools.chain.from_iterable(some))
         except TypeError:
             return done
         out.write(data)
         done += len(some)
+        # The next join about RAW_JOIN_BYTES, by this one's bytes per pair.
+        count = max(1, min(RAW_JOIN, RAW_JOIN_BYTES * len(some) // max(1, len(data))))
     return done
 
 

@@ -312,7 +312,7 @@ _QUEUE_PREFIX = re.compile(r"[0-9A-Za-z_-]{0,40}")  # SQS queue names: 80 of the
 _URL = re.compile(r"(s3|file)://[^\x00-\x1f\x7f]+")
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=4096)
 def _local_path(url: str) -> str:
     # Decoded as the embedded blob store decodes it to read, then normalised.
     return posixpath.normpath("/" + str(file_path(url)))

@@ -222,6 +222,9 @@ def _sample_keys(job: Job, calls: list[MapCall], limit_s: float) -> list[Any]:
     try:
         with time_limit(limit_s, "sampling keys for total order"):
             job.setup()
+            map_init = steps_of(job)[0].map_init
+            if map_init is not None:
+                map_init()  # as a map task runs it before its records
             for method, a, b in calls:
                 source = method(a, b)
                 for pair in source:

@@ -57,6 +57,32 @@ class TotalSort(Sort):
     total_order = True
 
 
+class WideSort(Sort):
+    reducers = 40  # a block of records spreads over more partitions than add_block splits
+
+
+class JsonPass(cmr.Job):
+    input_format = "jsonlines"
+
+    def steps(self):
+        return [cmr.Step()]
+
+
+class Scaled(cmr.Job):
+    input_format = "fixed:{record}:{key}"
+    output_format = "raw"
+    total_order = True
+
+    def steps(self):
+        return [cmr.Step(map=self.scaled, map_init=self.start)]
+
+    def start(self):
+        self.factor = 1  # what map needs: set before any record, at submit's sampling too
+
+    def scaled(self, key, value):
+        yield key * self.factor, value
+
+
 class KeysOnly(cmr.Job):
     input_format = "fixed:{record}:{key}"
     output_format = "raw"
@@ -155,7 +181,7 @@ def _records(n: int, record: int, key: int, seed: int = 7) -> bytes:
 
 
 @pytest.mark.parametrize("compress", [True, False], ids=["zstd bodies", "plain bodies"])
-@pytest.mark.parametrize("job", ["Sort", "TotalSort"])
+@pytest.mark.parametrize("job", ["Sort", "TotalSort", "WideSort"])
 async def test_a_step_without_map_or_reduce_sorts_every_record(
     embedded: Backend, tmp_path: Path, compress: bool, job: str
 ) -> None:
@@ -219,3 +245,45 @@ async def test_raw_output_refuses_a_str_value_naming_it(embedded: Backend, tmp_p
     ):
         await run_on(embedded, f"{code}:TextValues", str(src), str(tmp_path / "out"), reducers=1)
     assert not list((tmp_path / "out").glob("part-*"))  # nothing published
+
+
+def test_big_values_are_counted_before_a_block_is_held(tmp_path: Path) -> None:
+    # 300 values of 200 KB under a 4 MB budget: blocks follow the bytes per pair, so the
+    # budget is checked every few pairs (a block of 4,096 pairs would hold all 60 MB).
+    value = bytes(200_000)
+    groups = [[(f"k{i:03d}", value) for i in range(300)]]
+    job = tmp_path / "listing.py"
+    job.write_text(LISTING.replace('output_format = "jsonlines"', 'output_format = "pairs"'))
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    out = tmp_path / "out"
+    ref = JobRef.parse(str(job))
+    spools = _spools(tmp_path, groups)
+    result = compute.run_reduce("big-values", ref, {}, spools, str(out), 4 << 20, str(spill))
+    assert result.error == ""
+    assert result.spills >= 10
+    unpacker = msgpack.Unpacker(raw=False, use_list=False, max_buffer_size=1 << 27)
+    unpacker.feed(out.read_bytes())
+    got = list(unpacker)
+    assert got == [(f"k{i:03d}", (value,)) for i in range(300)]
+
+
+async def test_a_record_that_is_not_wire_data_is_named(embedded: Backend, tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"n": 1}\n18446744073709551616\n')
+    code = tmp_path / "sort.py"
+    code.write_text(SORT.format(record=4, key=2))
+    with pytest.raises(JobFailed, match=r"18446744073709551616.*outside the 64-bit range"):
+        await run_on(embedded, f"{code}:JsonPass", str(src), str(tmp_path / "out"), reducers=1)
+
+
+async def test_total_order_samples_after_map_init(embedded: Backend, tmp_path: Path) -> None:
+    src = tmp_path / "in.bin"
+    data = _records(2_000, 20, 4)
+    src.write_bytes(data)
+    code = tmp_path / "sort.py"
+    code.write_text(SORT.format(record=20, key=4))
+    result = await run_on(embedded, f"{code}:Scaled", str(src), str(tmp_path / "out"), reducers=3)
+    whole = b"".join(Path(p).read_bytes() for p in result.parts)
+    keys = [whole[i : i + 4] for i in range(0, len(whole), 20)]
+    assert keys == sorted(keys) and len(keys) == 2_000

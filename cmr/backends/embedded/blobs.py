@@ -37,7 +37,7 @@ def _new_file_mode() -> int:
 FILE_MODE = _new_file_mode()
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=4096)
 def file_path(url: str) -> Path:
     """The local path of a ``file://`` URL (plain paths are accepted too). Cached: a map
     task over many small files asks for each several times, and parsing costs ~10 µs."""
