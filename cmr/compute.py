@@ -31,7 +31,7 @@ from typing import Any
 
 import msgpack
 
-from cmr import counters, formats, taskprogress, usercode, wire
+from cmr import counters, fixedsort, formats, taskprogress, usercode, wire
 from cmr.errors import JobCodeError, WireError
 from cmr.job import Job, JobRef, Step, load_job_class, steps_of
 from cmr.partition import RangePartitioner
@@ -287,6 +287,18 @@ class _Shuffle:
         if self.sizes[p] >= self.target[p]:
             self.flush(p)
 
+    def add_rows(self, p: int, rows: memoryview, n: int, width: int) -> None:
+        """n pairs packed as fixed-width rows (cmr.fixedsort), in pieces of whole rows no
+        bigger than a batch takes in one (a row is at most ``floor`` bytes: Cuts.of)."""
+        per = max(1, self.floor // width)
+        for at in range(0, n, per):
+            k = min(per, n - at)
+            self.buffers[p].append(bytes(rows[at * width : (at + k) * width]))
+            self.sizes[p] += k * width
+            self.counts[p] += k
+            if self.sizes[p] >= self.target[p]:
+                self.flush(p)
+
     def flush(self, p: int) -> None:
         if not self.buffers[p]:
             return
@@ -517,7 +529,16 @@ def _map_into(
             _hook(step.map_init)
             if combiner is not None:
                 _hook(step.combine_init)
-            for source in _map_calls(step, fmt, chunks, spec, result, universal):
+            columns = (
+                fixedsort.Cuts.of(part, n, fmt.key_len, fmt.record_len, shuffle.floor)
+                if fmt.name == "fixed" and step.map is None and combiner is None and spec.compress
+                else None
+            )
+            for source in _map_calls(step, fmt, chunks, spec, result, universal, columns):
+                if type(source) is fixedsort.Packed:
+                    for p, rows, count in source.parts():
+                        shuffle.add_rows(p, rows, count, source.layout.width)
+                    continue
                 if type(source) is _Block and combiner is None:
                     try:
                         shuffle.add_block(source, part)
@@ -584,10 +605,12 @@ def _map_calls(
     spec: MapSpec,
     result: MapResult,
     universal: bool,
+    columns: fixedsort.Cuts | None = None,
 ) -> Iterator[Any]:
     """What the step's map returns for each piece of lines (``map_chunk``) or each record
     (``map``) of the chunks, counting the records read; then what ``map_final`` returns.
-    A step without map passes its records on as pairs."""
+    A step without map passes its records on as pairs; fixed records, uncompressed, as
+    arrays of packed rows (fixedsort.Packed) when ``columns`` holds the cut points."""
     codecs = spec.codecs or ("",) * len(chunks)
     starts = spec.starts or (0,) * len(chunks)
     # The largest record a compressed input or a whole file may decode to: half the budget
@@ -613,6 +636,15 @@ def _map_calls(
     else:
         map_record = step.map
         for (name, data), codec, start in zip(chunks, codecs, starts, strict=True):
+            if columns is not None and not codec and len(data) % fmt.record_len == 0:
+                layout = fixedsort.Layout(fmt.key_len, fmt.record_len - fmt.key_len)
+                per = max(1, spec.piece_bytes // fmt.record_len) * fmt.record_len
+                view = memoryview(data)
+                for at in range(0, len(data), per):
+                    span = view[at : at + per]
+                    result.records_in += len(span) // fmt.record_len
+                    yield fixedsort.partitioned(layout, span, columns)
+                continue
             read = formats.Chunk(name, data, codec, start, max_record)
             records = formats.records(fmt, read, spec.piece_bytes)
             if map_record is None:
@@ -976,82 +1008,148 @@ def run_reduce(
                 if use_combiner and step.combine is not None
                 else None
             )
-            groups: dict[Any, list[Any]] = {}
-            held = 0
-            blocks = _blocks(spools, memory_bytes)
-            pairs: list[tuple[Any, Any]] = []
-            rest: Iterator[tuple[list[tuple[Any, Any]], int]] | None = blocks
-            if combiner is None and order is None:
-                pairs, rest = _sorted_pairs(blocks, memory_bytes, spill_dir, runs)
-                if rest is not None:  # a key of another kind: grouped as below, from here
-                    rest = itertools.chain([(pairs, 0)], rest)
-                    pairs = []
-            for block, _ in rest if rest is not None else ():
-                for key, value in block:
-                    try:
-                        vals = groups.get(key)
-                    except TypeError:  # a dict in the key: the map's to answer for
-                        raise usercode.unhashable_key(
-                            key, _mapper_name(job, step, step_name)
-                        ) from None
-                    if vals is None:
-                        groups[key] = [value]
-                        held += KEY_COST + sys.getsizeof(key) + sys.getsizeof(value)
-                    else:
-                        vals.append(value)
-                        held += VALUE_COST + sys.getsizeof(value)
-                        if (
-                            combiner is not None
-                            and len(vals) >= REDUCE_COMBINE_AT
-                            and combiner.due(key, len(vals))
-                        ):
-                            groups[key] = combiner.values(key, vals)
-                    if held >= memory_bytes:
-                        runs.append(_write_run(groups, spill_dir, order))
-                        groups, held = {}, 0
-                        if combiner is not None:
-                            combiner.forget()
-            plain = rest is None  # every key of one plain kind, in runs and in pairs
-            if runs:
-                if pairs:
-                    runs.append(_write_pairs_run(pairs, spill_dir))
-                if groups:
-                    runs.append(_write_run(groups, spill_dir, order))
-                groups, pairs = {}, []
-                result.spills = len(runs)
-                # Each open run holds a read buffer: merge at most MERGE_FANIN at once, so the
-                # buffers stay within the budget however many runs the partition needed.
-                read_size = max(16 * 1024, min(1 << 20, memory_bytes // (2 * MERGE_FANIN)))
-                while len(runs) > MERGE_FANIN:
-                    # Each MERGE_FANIN consecutive runs become one, where they were: a
-                    # merge keeps equal keys in run order, so each key's values stay in
-                    # arrival order, and every run is rewritten once a pass. In place:
-                    # every live run is always in ``runs``, which the caller removes.
-                    i = 0
-                    while i < len(runs):
-                        group = runs[i : i + MERGE_FANIN]
-                        if len(group) > 1:
-                            merged_run = _merge_runs(group, spill_dir, read_size, order, plain)
-                            runs[i : i + MERGE_FANIN] = [merged_run]
-                        i += 1
-                merged = _merged(runs, read_size, order, plain)
-                keyed: Iterator[tuple[Any, Iterator[Any]]] = (
-                    (k, itertools.chain.from_iterable(vs for _, vs in grp))
-                    for k, grp in itertools.groupby(merged, key=_first)
+            fmt = output_format or type(job).output_format  # "": the class's
+            if not _sorted_rows(
+                step, fmt, combiner, order, spools, out_path, memory_bytes, spill_dir, runs, result
+            ):
+                _grouped(
+                    job,
+                    step,
+                    step_name,
+                    combiner,
+                    order,
+                    spools,
+                    out_path,
+                    memory_bytes,
+                    spill_dir,
+                    runs,
+                    result,
+                    fmt,
                 )
-            elif rest is None:
-                keyed = ((k, map(_second, grp)) for k, grp in itertools.groupby(pairs, _first))
-            elif order is not None:
-                keyed = ((k, iter(order.sorted(groups[k]))) for k in _sorted_keys(groups))
-            else:
-                keyed = ((k, iter(groups[k])) for k in _sorted_keys(groups))
-            with open(out_path, "wb") as out:
-                fmt = output_format or type(job).output_format  # "": the class's
-                sorted_pairs = pairs if rest is None and not runs else None
-                _write_output(job, keyed, out, result, fmt, step, step_name, sorted_pairs)
         _take_counters(counted, result)
     finally:
         for r in runs:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(r)
     return result
+
+
+def _sorted_rows(
+    step: Step,
+    fmt: str,
+    combiner: Combiner | None,
+    order: ValueOrder | None,
+    spools: list[str],
+    out_path: str,
+    memory_bytes: int,
+    spill_dir: str,
+    runs: list[str],
+    result: ReduceResult,
+) -> bool:
+    """A step with no reduce writing raw output of fixed records (TeraSort): sorted as
+    arrays (cmr.fixedsort). False when it is not such a step, or its spools hold other
+    pairs, with nothing written: the general path then does it."""
+    if (
+        fmt != "raw"
+        or combiner is not None
+        or order is not None
+        or step.reduce is not None
+        or step.reduce_init is not None
+        or step.reduce_final is not None
+    ):
+        return False
+    with open(out_path, "wb") as out:
+        try:
+            done = fixedsort.sort_spools(spools, memory_bytes, spill_dir, out, runs)
+        except fixedsort.NotRows:
+            return False  # before it wrote anything; runs it spilled are the caller's
+    result.records_out, result.spills = done
+    return True
+
+
+def _grouped(
+    job: Job,
+    step: Step,
+    step_name: str,
+    combiner: Combiner | None,
+    order: ValueOrder | None,
+    spools: list[str],
+    out_path: str,
+    memory_bytes: int,
+    spill_dir: str,
+    runs: list[str],
+    result: ReduceResult,
+    fmt: str,
+) -> None:
+    """Group the spooled pairs by key, in memory and in runs spilled past the budget, and
+    write what reduce makes of each key's values."""
+    groups: dict[Any, list[Any]] = {}
+    held = 0
+    blocks = _blocks(spools, memory_bytes)
+    pairs: list[tuple[Any, Any]] = []
+    rest: Iterator[tuple[list[tuple[Any, Any]], int]] | None = blocks
+    if combiner is None and order is None:
+        pairs, rest = _sorted_pairs(blocks, memory_bytes, spill_dir, runs)
+        if rest is not None:  # a key of another kind: grouped as below, from here
+            rest = itertools.chain([(pairs, 0)], rest)
+            pairs = []
+    for block, _ in rest if rest is not None else ():
+        for key, value in block:
+            try:
+                vals = groups.get(key)
+            except TypeError:  # a dict in the key: the map's to answer for
+                raise usercode.unhashable_key(key, _mapper_name(job, step, step_name)) from None
+            if vals is None:
+                groups[key] = [value]
+                held += KEY_COST + sys.getsizeof(key) + sys.getsizeof(value)
+            else:
+                vals.append(value)
+                held += VALUE_COST + sys.getsizeof(value)
+                if (
+                    combiner is not None
+                    and len(vals) >= REDUCE_COMBINE_AT
+                    and combiner.due(key, len(vals))
+                ):
+                    groups[key] = combiner.values(key, vals)
+            if held >= memory_bytes:
+                runs.append(_write_run(groups, spill_dir, order))
+                groups, held = {}, 0
+                if combiner is not None:
+                    combiner.forget()
+    plain = rest is None  # every key of one plain kind, in runs and in pairs
+    if runs:
+        if pairs:
+            runs.append(_write_pairs_run(pairs, spill_dir))
+        if groups:
+            runs.append(_write_run(groups, spill_dir, order))
+        groups, pairs = {}, []
+        result.spills = len(runs)
+        # Each open run holds a read buffer: merge at most MERGE_FANIN at once, so the
+        # buffers stay within the budget however many runs the partition needed.
+        read_size = max(16 * 1024, min(1 << 20, memory_bytes // (2 * MERGE_FANIN)))
+        while len(runs) > MERGE_FANIN:
+            # Each MERGE_FANIN consecutive runs become one, where they were: a
+            # merge keeps equal keys in run order, so each key's values stay in
+            # arrival order, and every run is rewritten once a pass. In place:
+            # every live run is always in ``runs``, which the caller removes.
+            i = 0
+            while i < len(runs):
+                group = runs[i : i + MERGE_FANIN]
+                if len(group) > 1:
+                    merged_run = _merge_runs(group, spill_dir, read_size, order, plain)
+                    runs[i : i + MERGE_FANIN] = [merged_run]
+                i += 1
+        merged = _merged(runs, read_size, order, plain)
+        keyed: Iterator[tuple[Any, Iterator[Any]]] = (
+            (k, itertools.chain.from_iterable(vs for _, vs in grp))
+            for k, grp in itertools.groupby(merged, key=_first)
+        )
+    elif rest is None:
+        keyed = ((k, map(_second, grp)) for k, grp in itertools.groupby(pairs, _first))
+    elif order is not None:
+        keyed = ((k, iter(order.sorted(groups[k]))) for k in _sorted_keys(groups))
+    else:
+        keyed = ((k, iter(groups[k])) for k in _sorted_keys(groups))
+    with open(out_path, "wb") as out:
+        sorted_pairs = pairs if rest is None and not runs else None
+        _write_output(job, keyed, out, result, fmt, step, step_name, sorted_pairs)

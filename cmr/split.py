@@ -44,6 +44,15 @@ def choose_split_bytes(total: int, parallelism: int, memory_bytes: int | None = 
     return max(MIB, min(cap, target))
 
 
+SLIVER = 10  # a file's last 1/SLIVER of a split is folded into the range before it
+
+
+def never_cut(size: int, split_bytes: int) -> bool:
+    """Whether ``plan`` keeps a file of this size whole whatever its codec: its remainder
+    is always a sliver (so its compression need not be known before the worker reads it)."""
+    return size < split_bytes // SLIVER
+
+
 def plan(
     inputs: Sequence[Input], split_bytes: int, fmt: InputFormat = LINES
 ) -> list[tuple[Range, ...]]:
@@ -65,7 +74,7 @@ def plan(
             if align > 1:
                 # Never inside a record: a range holds whole records (at least one).
                 end = min(inp.size, start + max(align, (end - start) // align * align))
-            if whole or inp.size - end < split_bytes // 10:
+            if whole or inp.size - end < split_bytes // SLIVER:
                 end = inp.size  # a sliver left over would be a whole extra task; fold it in
             pending.append(Range(inp.url, start, end, inp.name))
             pending_bytes += end - start

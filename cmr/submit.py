@@ -48,7 +48,7 @@ from cmr.records import (
     new_job_id,
 )
 from cmr.settings import LineEnds
-from cmr.split import Input, choose_split_bytes, input_name, plan
+from cmr.split import Input, choose_split_bytes, input_name, never_cut, plan
 
 STAGE_CONCURRENCY = 16
 MAX_QUEUE_NAME = 80  # SQS's limit on a queue's name
@@ -235,10 +235,15 @@ def _output_files(manifest: bytes) -> Callable[[str], bool]:
     return listed.__contains__
 
 
-async def sniff_inputs(blobs: Blobs, inputs: list[Input], fmt: formats.InputFormat) -> list[Input]:
+async def sniff_inputs(
+    blobs: Blobs, inputs: list[Input], fmt: formats.InputFormat, split_bytes: int
+) -> list[Input]:
     """The inputs with their compression, told by their first bytes (one small read each,
     16 at a time), where it decides how a file is cut: compressed files are whole-file tasks.
-    Formats read whole anyway are told by the worker from the bytes it reads. Fixed records
+    Formats read whole anyway, and files too small to be cut in any case (split.never_cut:
+    20,000 small files cost 20,000 reads here), are told by the worker from the bytes it
+    reads; except fixed records (checked here) and files named as compressed (a name that
+    lies is warned of here). Fixed records
     must fill a plain file exactly: refused here, naming the file. A pairs input read from
     an earlier job's output leaves out its manifest (``_SUCCESS``), which is not pairs."""
     if fmt.name == "pairs":
@@ -249,6 +254,12 @@ async def sniff_inputs(blobs: Blobs, inputs: list[Input], fmt: formats.InputForm
 
     async def one(inp: Input) -> Input:
         if inp.size == 0:
+            return inp
+        if (
+            never_cut(inp.size, split_bytes)
+            and fmt.name != "fixed"
+            and not formats.named_codec(inp.name)
+        ):
             return inp
         async with gate:
             head = await blobs.get_range(inp.url, 0, formats.SNIFF_BYTES)
@@ -407,8 +418,9 @@ async def _submit(
     given = "pairs" if options.first_step > 0 else options.input_format
     fmt = formats.parse_input(given or load_job_class(ref).input_format)
     check_formats(load_job_class(ref), str(fmt))
-    inputs = await sniff_inputs(backend.blobs, inputs, fmt)
-    tasks = plan(inputs, split_bytes or choose_split_bytes(total, parallelism, memory_bytes), fmt)
+    split_bytes = split_bytes or choose_split_bytes(total, parallelism, memory_bytes)
+    inputs = await sniff_inputs(backend.blobs, inputs, fmt, split_bytes)
+    tasks = plan(inputs, split_bytes, fmt)
     if options.partitions > max(FEW_REDUCERS, REDUCERS_PER_MAP * len(tasks)):
         log.warning(
             "far more reducers than the input needs: most parts will be empty, and each "

@@ -1,0 +1,350 @@
+"""Fixed-length records sorted as arrays: the shuffle of a step with neither map nor reduce
+over fixed records (``fixed:<len>:<key_len>`` input, raw output) — TeraSort's.
+
+Held as Python objects, such a sort costs ~2 µs a record in tuples, dereferences and
+joins, and no faster sort exists for them. Here no record ever becomes an object: a chunk
+is a numpy array of (key, value) records, partitioned by the range partitioner's cut points
+with ``searchsorted``; a pair on the wire is msgpack's ``[bin key, bin value]``, which for
+fixed lengths is a fixed-width row, so a map task writes rows as an array and a reducer
+checks that every row of its spools has exactly that layout before it sorts them by key
+(``argsort``, stable: equal keys keep their arrival order, as the general path keeps it).
+What one path produces, the other reads: the bytes are msgpack's own, and spools that are
+not all rows of one layout (pairs of another job's map, a later step) go the general way.
+
+Keys compare as numpy's fixed-width bytes (``S<key_len>``), byte by byte and unsigned: for
+keys of one length the order of Python's ``bytes`` (cmr's key order). A partition too big
+for the memory budget is sorted in runs on disk, merged a block of each run at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Literal
+
+import numpy as np
+
+from cmr.partition import RangePartitioner
+
+HOLD_FACTOR = 3  # bytes held per spooled byte while sorting in memory (rows, records, sorted)
+MIN_RUN = 1 << 20  # bytes of rows sorted at once at least, however small the budget
+MERGE_SHARE = 4  # the merge's blocks hold at most budget / this, all runs together
+MIN_BLOCK = 16 * 1024  # bytes of a run read at once at least (cmr.compute's read_size floor)
+MERGE_FANIN = 64  # runs merged at once; more are merged in passes first (open files)
+
+
+def _bin_header(n: int) -> bytes:
+    """msgpack's header of a bin of n bytes (bin 8, 16, 32)."""
+    if n < 1 << 8:
+        return bytes((0xC4, n))
+    if n < 1 << 16:
+        return b"\xc5" + n.to_bytes(2, "big")
+    return b"\xc6" + n.to_bytes(4, "big")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A (key, value) pair of bytes of these lengths, as msgpack packs it: a fixed-width row
+    ``92 <bin header> key <bin header> value``."""
+
+    key_len: int
+    value_len: int
+
+    @property
+    def head(self) -> bytes:
+        return b"\x92" + _bin_header(self.key_len)
+
+    @property
+    def mid(self) -> bytes:
+        return _bin_header(self.value_len)
+
+    @property
+    def width(self) -> int:
+        return len(self.head) + self.key_len + len(self.mid) + self.value_len
+
+    @property
+    def record_len(self) -> int:
+        return self.key_len + self.value_len
+
+    def rows(self) -> np.dtype[Any]:
+        return np.dtype(
+            [
+                ("h", f"V{len(self.head)}"),
+                ("k", f"S{self.key_len}"),
+                ("m", f"V{len(self.mid)}"),
+                ("v", f"V{self.value_len}"),
+            ]
+        )
+
+    def records(self) -> np.dtype[Any]:
+        return np.dtype([("k", f"S{self.key_len}"), ("v", f"V{self.value_len}")])
+
+    def pack(self, records: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Records as msgpack rows."""
+        rows = np.empty(len(records), self.rows())
+        rows["h"] = np.void(self.head)
+        rows["k"] = records["k"]
+        rows["m"] = np.void(self.mid)
+        rows["v"] = records["v"]
+        return rows
+
+    def unpack(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        """Bytes of whole rows as records; None unless every row has this layout exactly."""
+        if len(data) % self.width:
+            return None
+        rows = data.view(self.rows())
+        if (
+            not (rows["h"] == np.void(self.head)).all()
+            or not (rows["m"] == np.void(self.mid)).all()
+        ):
+            return None
+        records = np.empty(len(rows), self.records())
+        records["k"] = rows["k"]
+        records["v"] = rows["v"]
+        return records
+
+
+def _bin(head: bytes, at: int) -> tuple[int, int] | None:
+    """(length, header bytes) of the bin whose header starts at ``at``; None unless it is
+    one, in msgpack's smallest header for its length (what msgpack packs), of a byte or
+    more."""
+    size = {0xC4: 1, 0xC5: 2, 0xC6: 4}.get(head[at]) if at < len(head) else None
+    if size is None or len(head) < at + 1 + size:
+        return None
+    n = int.from_bytes(head[at + 1 : at + 1 + size], "big")
+    if n < 1 or _bin_header(n) != head[at : at + 1 + size]:
+        return None
+    return n, 1 + size
+
+
+def head_needed(head: bytes) -> int:
+    """Bytes of a row's start that ``layout_of`` needs, from at least its first 6."""
+    key = _bin(head, 1)
+    return 1 + key[1] + key[0] + 5 if key is not None else len(head)
+
+
+def layout_of(head: bytes) -> Layout | None:
+    """The layout of the row ``head`` starts (``head_needed`` bytes of it); None unless it
+    is a pair of two bins."""
+    if head[:1] != b"\x92" or (key := _bin(head, 1)) is None:
+        return None
+    value = _bin(head, 1 + key[1] + key[0])
+    return Layout(key[0], value[0]) if value is not None else None
+
+
+# The map side ----------------------------------------------------------------------------
+
+
+class Cuts:
+    """A total-order job's cut points as an array of keys, when they are all bytes of the
+    records' key length (sampled keys are); else the step's records go the general way."""
+
+    def __init__(self, keys: np.ndarray[Any, Any], partitions: int) -> None:
+        self.keys = keys
+        self.partitions = partitions
+
+    @classmethod
+    def of(
+        cls, part: Any, partitions: int, key_len: int, record_len: int, floor: int
+    ) -> Cuts | None:
+        """None unless records of this shape are rows (a key and a value of at least a
+        byte; a row small enough to batch whole: ``floor``) and ``part`` a range
+        partitioner over such keys or a single partition."""
+        if not 1 <= key_len < record_len or Layout(key_len, record_len - key_len).width > floor:
+            return None
+        if type(part) is not RangePartitioner:
+            return cls(np.empty(0, f"S{key_len}"), 1) if partitions == 1 else None
+        cuts: Sequence[Any] = part.cuts
+        if not all(type(c) is bytes and len(c) == key_len for c in cuts):
+            return None
+        # RangePartitioner sends a key to the part counting the cuts at or before it.
+        return cls(np.array(cuts, dtype=f"S{key_len}"), partitions)
+
+
+@dataclass
+class Packed:
+    """A chunk's records as rows, partition by partition: ``rows[at[p]:at[p + 1]]``."""
+
+    layout: Layout
+    rows: np.ndarray[Any, Any]
+    at: np.ndarray[Any, Any]
+
+    def parts(self) -> Iterator[tuple[int, memoryview, int]]:
+        """(partition, its rows' bytes, how many) of each partition with rows."""
+        data = self.rows.view(np.uint8).reshape(-1).data
+        w = self.layout.width
+        for p in np.flatnonzero(np.diff(self.at)).tolist():
+            a, b = int(self.at[p]), int(self.at[p + 1])
+            yield p, data[a * w : b * w], b - a
+
+
+def partitioned(layout: Layout, data: bytes | memoryview, cuts: Cuts) -> Packed:
+    """Whole records (``len(data)`` a multiple of the record length) as rows, grouped by
+    partition, each partition's in input order."""
+    records = np.frombuffer(data, layout.records())
+    if not len(cuts.keys):
+        return Packed(layout, layout.pack(records), np.array([0, len(records)]))
+    parts = np.searchsorted(cuts.keys, records["k"], side="right")
+    order = np.argsort(parts, kind="stable")
+    at = np.zeros(cuts.partitions + 1, np.int64)
+    np.cumsum(np.bincount(parts, minlength=cuts.partitions), out=at[1:])
+    return Packed(layout, layout.pack(records[order]), at)
+
+
+# The reduce side -------------------------------------------------------------------------
+
+
+def spools_layout(spools: list[str]) -> Layout | None:
+    """The layout of the first row of the spools; None when they hold none or another kind
+    of pair. Every row is checked against it as it is read (``unpack``)."""
+    for spool in spools:
+        with open(spool, "rb") as f:
+            head = f.read(6)
+            if head:
+                return layout_of(head + f.read(head_needed(head) - len(head)))
+    return None
+
+
+def _read_rows(spools: list[str], layout: Layout, run_bytes: int) -> Iterator[np.ndarray[Any, Any]]:
+    """The spools' rows, concatenated, in pieces of about run_bytes (whole rows)."""
+    per = max(1, run_bytes // layout.width) * layout.width
+    buf = np.empty(per, np.uint8)
+    filled = 0
+    for spool in spools:
+        with open(spool, "rb", buffering=0) as f:
+            while True:
+                got = f.readinto(buf.data[filled:])
+                if not got:
+                    break
+                filled += got
+                if filled == per:
+                    yield buf
+                    buf, filled = np.empty(per, np.uint8), 0
+    if filled:
+        yield buf[:filled]
+
+
+class NotRows(Exception):
+    """The spools hold something other than rows of one layout: the general path reads them."""
+
+
+def sorted_records(records: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    order = np.argsort(np.ascontiguousarray(records["k"]), kind="stable")
+    return np.take(records, order)
+
+
+def sort_spools(
+    spools: list[str], memory_bytes: int, spill_dir: str, out: BinaryIO, runs: list[str]
+) -> tuple[int, int]:
+    """Write the spools' records sorted by key to ``out`` as raw records (key then value);
+    how many, and how many sorted runs were spilled. Raises NotRows before writing anything
+    when the spools are not rows of one layout. Past the memory budget, sorted runs are
+    spilled (named in ``runs``, which the caller removes) and merged."""
+    layout = spools_layout(spools)
+    if layout is None:
+        raise NotRows
+    total = sum(os.path.getsize(s) for s in spools)
+    if total % layout.width:
+        raise NotRows
+    if total * HOLD_FACTOR <= memory_bytes:
+        pieces = list(_read_rows(spools, layout, max(1, total)))
+        records = layout.unpack(pieces[0]) if pieces else np.empty(0, layout.records())
+        if records is None:
+            raise NotRows
+        del pieces
+        done = sorted_records(records)
+        out.write(done.view(np.uint8).reshape(-1).data)
+        return len(done), 0
+    run_bytes = max(MIN_RUN, memory_bytes // HOLD_FACTOR)
+    for rows in _read_rows(spools, layout, run_bytes):
+        records = layout.unpack(rows)
+        if records is None:
+            raise NotRows
+        del rows
+        fd, path = tempfile.mkstemp(prefix="run-", suffix=".rows", dir=spill_dir)
+        runs.append(path)
+        with os.fdopen(fd, "wb") as f:
+            f.write(sorted_records(records).view(np.uint8).reshape(-1).data)
+    spilled = len(runs)
+    while len(runs) > MERGE_FANIN:
+        # Each MERGE_FANIN consecutive runs become one, where they were: equal keys stay in
+        # run order, so in arrival order. In place: every live run is always in ``runs``.
+        i = 0
+        while i < len(runs):
+            group = runs[i : i + MERGE_FANIN]
+            if len(group) > 1:
+                fd, path = tempfile.mkstemp(prefix="run-", suffix=".rows", dir=spill_dir)
+                runs.insert(i, path)
+                with os.fdopen(fd, "wb") as f:
+                    _merge(group, layout, memory_bytes, f)
+                del runs[i + 1 : i + 1 + len(group)]
+                for done_run in group:
+                    os.unlink(done_run)
+            i += 1
+    return _merge(runs, layout, memory_bytes, out), spilled
+
+
+class _Run:
+    """A sorted run on disk, read a block at a time."""
+
+    def __init__(self, path: str, layout: Layout, rows: int) -> None:
+        self.f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed by the merge)
+        self.dtype = layout.records()
+        self.per = rows * layout.record_len
+        self.block = np.empty(0, self.dtype)
+        self.ended = False
+
+    def refill(self) -> None:
+        data = self.f.read(self.per)
+        while data and len(data) < self.per:  # a short read is not the end
+            more = self.f.read(self.per - len(data))
+            if not more:
+                break
+            data += more
+        if len(data) < self.per:
+            self.ended = True
+            self.f.close()
+        block = np.frombuffer(data, self.dtype)
+        self.block = np.concatenate([self.block, block]) if len(self.block) else block
+
+
+def _merge(paths: list[str], layout: Layout, memory_bytes: int, out: BinaryIO) -> int:
+    """The sorted runs merged, equal keys in run order (a stable sort of their
+    concatenation): each round emits every record that sorts at or before the smallest
+    (last key of its block, run) of the runs with more to read, then refills that run."""
+    per_run = max(MIN_BLOCK, memory_bytes // (MERGE_SHARE * len(paths)))
+    rows = max(1, per_run // layout.record_len)
+    runs = [_Run(p, layout, rows) for p in paths]
+    written = 0
+    try:
+        for r in runs:
+            r.refill()
+        while True:
+            open_runs = [i for i, r in enumerate(runs) if not r.ended]
+            taken = []
+            if not open_runs:
+                taken = [r.block for r in runs]
+                for r in runs:
+                    r.block = r.block[:0]
+            else:
+                bound_run = min(open_runs, key=lambda i: (runs[i].block["k"][-1], i))
+                bound = runs[bound_run].block["k"][-1:]
+                for i, r in enumerate(runs):
+                    side: Literal["left", "right"] = "right" if i <= bound_run else "left"
+                    n = int(np.searchsorted(r.block["k"], bound, side=side)[0])
+                    taken.append(r.block[:n])
+                    r.block = r.block[n:]
+            merged = sorted_records(np.concatenate(taken))
+            out.write(merged.view(np.uint8).reshape(-1).data)
+            written += len(merged)
+            if not open_runs:
+                return written
+            for i in open_runs:
+                if not len(runs[i].block):
+                    runs[i].refill()
+    finally:
+        for r in runs:
+            if not r.f.closed:
+                r.f.close()

@@ -1,0 +1,190 @@
+"""Fixed records sorted as arrays (cmr.fixedsort): a map task packs them as msgpack rows,
+partitioned by the cut points; a reducer checks every row's layout and sorts them by key.
+Each must give byte for byte what the general path gives (every pair once, keys in bytes
+order, equal keys in arrival order), in memory, spilled, merged in passes; and spools of
+other pairs go the general way, whatever the fast path had begun."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import operator
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from cmr import compute, fixedsort, wire
+from cmr.job import JobRef
+
+SORT = """
+import cmr
+
+
+class Sort(cmr.Job):
+    input_format = "fixed:{record}:{key}"
+    output_format = "raw"
+
+    def steps(self):
+        return [cmr.Step()]
+"""
+KEY, RECORD = 10, 100
+
+
+def _job(tmp_path: Path) -> JobRef:
+    code = tmp_path / "sort.py"
+    code.write_text(SORT.format(record=RECORD, key=KEY))
+    return JobRef.parse(f"{code}:Sort")
+
+
+def _pairs(n: int, seed: int, value_len: int = RECORD - KEY) -> list[tuple[bytes, bytes]]:
+    """Keys from a few bytes (NUL and 0xff among them: many repeats, trailing NULs), each
+    value naming where it came from, so arrival order shows in the output."""
+    rnd = random.Random(seed)
+    return [
+        (
+            bytes(rnd.choice(b"\x00\x01\x41\x42\xff") for _ in range(KEY)),
+            (b"%03d%09d" % (seed, i)).ljust(value_len, b"v")[:value_len],
+        )
+        for i in range(n)
+    ]
+
+
+def _spools(tmp_path: Path, groups: list[list[tuple[Any, Any]]]) -> list[str]:
+    packer = msgpack.Packer(use_bin_type=True)
+    paths = []
+    for i, pairs in enumerate(groups):
+        path = tmp_path / f"spool-{i}"
+        path.write_bytes(b"".join(packer.pack(p) for p in pairs))
+        paths.append(str(path))
+    return paths
+
+
+def _reduce(tmp_path: Path, spools: list[str], memory: int) -> tuple[compute.ReduceResult, bytes]:
+    out = tmp_path / f"out-{memory}"
+    spill = tmp_path / f"spill-{memory}"
+    spill.mkdir()
+    result = compute.run_reduce(
+        "fixed-sort", _job(tmp_path), {}, spools, str(out), memory, str(spill)
+    )
+    assert result.error == ""
+    assert os.listdir(spill) == []  # runs removed however the task ended
+    return result, out.read_bytes()
+
+
+def _expected(groups: list[list[tuple[Any, Any]]]) -> bytes:
+    """The general path's output: the spools' pairs in order, sorted stably by key."""
+    pairs = sorted(itertools.chain.from_iterable(groups), key=operator.itemgetter(0))
+    return b"".join(k + v for k, v in pairs)
+
+
+@pytest.mark.parametrize(
+    ("memory", "min_run", "spilled"),
+    [(64 << 20, None, False), (0, 16 * 1024, True), (0, 2 * 1024, True)],
+    ids=["in memory", "spilled", "merged in passes"],
+)
+def test_rows_sort_as_the_general_path_sorts_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory: int, min_run: int | None, spilled: bool
+) -> None:
+    if min_run is not None:
+        # Runs this small make a partition of ~1.5 MB ~80 runs (past a merge's 64): what a
+        # spill of a 30 GB partition does with the default budget.
+        monkeypatch.setattr(fixedsort, "MIN_RUN", min_run)
+        monkeypatch.setattr(fixedsort, "MIN_BLOCK", 1024)
+    groups = [_pairs(6000, 1), _pairs(5000, 2), _pairs(4000, 3)]
+    result, out = _reduce(tmp_path, _spools(tmp_path, groups), memory)
+    assert out == _expected(groups)
+    assert result.records_out == 15_000
+    assert (result.spills > 0) == spilled
+    if min_run == 2 * 1024:
+        assert result.spills > fixedsort.MERGE_FANIN
+    with open(tmp_path / "direct", "wb") as f:  # the path run_reduce took: this one
+        assert fixedsort.sort_spools(_spools(tmp_path, groups), memory, str(tmp_path), f, [])[0]
+    assert (tmp_path / "direct").read_bytes() == out
+
+
+@pytest.mark.parametrize("memory", [64 << 20, 0], ids=["in memory", "spilled"])
+def test_spools_of_other_pairs_go_the_general_way(tmp_path: Path, memory: int) -> None:
+    # Rows of one layout first (sorted into runs when spilled), then values of another
+    # length: the layout check refuses them and the general path does the whole partition.
+    groups = [_pairs(30_000, 1), _pairs(500, 2, value_len=40), _pairs(100, 3)]
+    result, out = _reduce(tmp_path, _spools(tmp_path, groups), memory)
+    assert out == _expected(groups)
+    assert result.records_out == 30_600
+
+
+def test_a_row_with_another_header_is_not_a_row(tmp_path: Path) -> None:
+    # A str key packs as a str header (0xaa), not bin: the same width, another layout.
+    groups: list[list[tuple[Any, Any]]] = [
+        _pairs(50, 1),
+        [("A" * KEY, b"v" * (RECORD - KEY))],
+        _pairs(50, 2),
+    ]
+    spools = _spools(tmp_path, groups)
+    assert fixedsort.spools_layout(spools) == fixedsort.Layout(KEY, RECORD - KEY)
+    with open(tmp_path / "out", "wb") as out, pytest.raises(fixedsort.NotRows):
+        fixedsort.sort_spools(spools, 64 << 20, str(tmp_path), out, [])
+    assert (tmp_path / "out").stat().st_size == 0  # nothing written before the check
+    result = compute.run_reduce(
+        "fixed-sort", _job(tmp_path), {}, spools, str(tmp_path / "out2"), 64 << 20, str(tmp_path)
+    )
+    assert "Sort.reduce yielded ('AAAAAAAAAA'" in result.error  # the general path's diagnosis
+
+
+@pytest.mark.parametrize(
+    "head",
+    [b"", b"\x92", b"\x93\xc4\x01a\xc4\x01b", b"\x92\xc5\x00\x05abcde\xc4\x01b", b"\x92\xc4\x00"],
+    ids=["empty", "short", "three items", "a bigger header than msgpack's", "an empty key"],
+)
+def test_a_spool_head_that_is_no_row_has_no_layout(head: bytes) -> None:
+    assert fixedsort.layout_of(head + bytes(64)) is None
+    assert fixedsort.layout_of(head) is None
+    assert fixedsort.layout_of(head[: fixedsort.head_needed(head[:6])]) is None
+
+
+def test_layouts_read_back_as_msgpack_packs_them() -> None:
+    for key_len, value_len in [(1, 1), (10, 90), (255, 256), (300, 70_000)]:
+        row = msgpack.packb((b"k" * key_len, b"v" * value_len), use_bin_type=True)
+        layout = fixedsort.layout_of(row[: fixedsort.head_needed(row[:6])])
+        assert layout == fixedsort.Layout(key_len, value_len)
+        assert layout.width == len(row)
+
+
+def _records(n: int, seed: int) -> bytes:
+    return b"".join(k + v for k, v in _pairs(n, seed))
+
+
+@pytest.mark.parametrize("cuts", [(), (b"\x01" * KEY,), (b"\x00" * KEY, b"A" * KEY, b"B\xff" * 5)])
+def test_a_map_task_packs_rows_partitioned_in_input_order(
+    tmp_path: Path, cuts: tuple[bytes, ...]
+) -> None:
+    data = [_records(7000, 1), _records(3000, 2)]
+    spec = compute.MapSpec(
+        "fixed-map", 0, "a1", len(cuts) + 1, 256 * 1024, str(tmp_path),
+        piece_bytes=64 * 1024,  # several pieces a chunk
+        input_format=f"fixed:{RECORD}:{KEY}", cuts=cuts,
+    )  # fmt: skip
+    result = compute.run_map(_job(tmp_path), {}, [("a", data[0]), ("b", data[1])], spec)
+    assert result.error == ""
+    assert result.records_in == 10_000
+    got: dict[int, list[tuple[bytes, bytes]]] = {}
+    with open(result.spool, "rb") as f:
+        for p, _, n, body, spilled in msgpack.Unpacker(f, raw=False, use_list=False):
+            assert not spilled
+            batch = wire.decode(body)
+            assert isinstance(batch, wire.Batch) and batch.partition == p
+            pairs = list(wire.iter_pairs(batch.pairs))
+            assert len(pairs) == n
+            got.setdefault(p, []).extend(pairs)
+    whole = b"".join(data)
+    records = [
+        (whole[i : i + KEY], whole[i + KEY : i + RECORD]) for i in range(0, len(whole), RECORD)
+    ]
+    want: dict[int, list[tuple[bytes, bytes]]] = {}
+    for k, v in records:
+        want.setdefault(bisect.bisect_right(cuts, k), []).append((k, v))
+    assert got == want
+    assert result.records == [len(want.get(p, [])) for p in range(len(cuts) + 1)]
