@@ -27,15 +27,18 @@ import tempfile
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from cmr import counters, fixedsort, formats, taskprogress, usercode, wire
+from cmr import counters, formats, taskprogress, usercode, wire
 from cmr.errors import JobCodeError, WireError
 from cmr.job import Job, JobRef, Step, load_job_class, steps_of
 from cmr.partition import RangePartitioner
 from cmr.timelimit import TimeLimitExceeded, time_limit
+
+if TYPE_CHECKING:  # imported where used: numpy costs every process ~0.2 s to import
+    from cmr import fixedsort
 
 COMBINE_KEYS = 200_000  # distinct keys held before a map task combines and flushes
 # Bytes of whole lines handed to map_chunk at a time: a user's map_chunk may hold many
@@ -529,13 +532,14 @@ def _map_into(
             _hook(step.map_init)
             if combiner is not None:
                 _hook(step.combine_init)
-            columns = (
-                fixedsort.Cuts.of(part, n, fmt.key_len, fmt.record_len, shuffle.floor)
-                if fmt.name == "fixed" and step.map is None and combiner is None and spec.compress
-                else None
-            )
+            columns, packed = None, None
+            if fmt.name == "fixed" and step.map is None and combiner is None and spec.compress:
+                from cmr import fixedsort  # numpy: imported only where records are sorted
+
+                columns = fixedsort.Cuts.of(part, n, fmt.key_len, fmt.record_len, shuffle.floor)
+                packed = fixedsort.Packed
             for source in _map_calls(step, fmt, chunks, spec, result, universal, columns):
-                if type(source) is fixedsort.Packed:
+                if type(source) is packed:
                     for p, rows, count in source.parts():
                         shuffle.add_rows(p, rows, count, source.layout.width)
                     continue
@@ -637,6 +641,8 @@ def _map_calls(
         map_record = step.map
         for (name, data), codec, start in zip(chunks, codecs, starts, strict=True):
             if columns is not None and not codec and len(data) % fmt.record_len == 0:
+                from cmr import fixedsort  # numpy: imported only where records are sorted
+
                 layout = fixedsort.Layout(fmt.key_len, fmt.record_len - fmt.key_len)
                 per = max(1, spec.piece_bytes // fmt.record_len) * fmt.record_len
                 view = memoryview(data)
@@ -1058,6 +1064,8 @@ def _sorted_rows(
         or step.reduce_final is not None
     ):
         return False
+    from cmr import fixedsort  # numpy: imported only where records are sorted
+
     with open(out_path, "wb") as out:
         try:
             done = fixedsort.sort_spools(spools, memory_bytes, spill_dir, out, runs)

@@ -41,7 +41,7 @@ MAX_PLAN_DECODED = 32 * wire.MIB  # a plan of 100,000 ranges with 100-byte URLs 
 # compresses ~850x (measured), with 100-character ones ~100x; a bomb's ratio is larger, and
 # the cap above holds whatever the ratio.
 MAX_PLAN_RATIO = 2048
-MAX_RANGES_PER_TASK = 1_000  # cmr.split puts at most 400 in a task (small files packed)
+MAX_RANGES_PER_TASK = 4_000  # cmr.split puts at most 2,000 in a task (small files packed)
 MAX_PLAN_RANGES = 200_000  # input files or splits in one job: ~85 MB held, 50-byte URLs
 MAX_OFFSET = 2**62  # ranges lie in [0, 2^62): S3's objects stop at 5 TiB (2^42)
 MAX_TASK_BYTES = 64 * 1024**3  # what one task may read; cmr.split's tasks are ~2x a split

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cmr import compute, records, wire
+from cmr import compute, records, split, wire
 from cmr import plan as plan_mod
 from cmr.errors import UsageError, WireError
 from cmr.plan import Plan
@@ -265,7 +265,8 @@ def test_the_plan_refuses_tasks_and_ranges_past_its_limits() -> None:
         Plan(((one,) * (plan_mod.MAX_RANGES_PER_TASK + 1),)).to_bytes()
     with pytest.raises(UsageError, match="out of bounds"):
         Plan(((Range("s3://b/k", 0, 2**62, "k"),),)).to_bytes()
-    blob = wire.compress(wire.pack({"tasks": [[["u", 0, 1, ""]] * 1001], "replaced": []}))
+    past = plan_mod.MAX_RANGES_PER_TASK + 1
+    blob = wire.compress(wire.pack({"tasks": [[["u", 0, 1, ""]] * past], "replaced": []}))
     with pytest.raises(WireError, match="ranges in map task 0"):
         Plan.from_bytes(blob, Plan.digest(blob))
 
@@ -274,6 +275,7 @@ def test_limits_agree_with_the_submitter() -> None:
     """The job record's maps and partitions are bounded by the numbers the messages are."""
     assert records.MAX_PARTITIONS <= wire.MAX_PARTITIONS
     assert records.MAX_MAPS <= wire.MAX_TASKS
+    assert split.MAX_RANGES_PER_TASK <= plan_mod.MAX_RANGES_PER_TASK  # every plan it makes
 
 
 def test_decode_async_gives_what_decode_gives() -> None:
