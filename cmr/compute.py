@@ -533,7 +533,14 @@ def _map_into(
             if combiner is not None:
                 _hook(step.combine_init)
             columns, packed = None, None
-            if fmt.name == "fixed" and step.map is None and combiner is None and spec.compress:
+            if (
+                fmt.name == "fixed"
+                and step.map is None
+                and combiner is None
+                and spec.compress
+                # a job's own partition() is called for every record, as the general path does
+                and (spec.cuts is not None or type(job).partition is Job.partition)
+            ):
                 from cmr import fixedsort  # numpy: imported only where records are sorted
 
                 columns = fixedsort.Cuts.of(part, n, fmt.key_len, fmt.record_len, shuffle.floor)
@@ -644,7 +651,7 @@ def _map_calls(
                 from cmr import fixedsort  # numpy: imported only where records are sorted
 
                 layout = fixedsort.Layout(fmt.key_len, fmt.record_len - fmt.key_len)
-                per = max(1, spec.piece_bytes // fmt.record_len) * fmt.record_len
+                per = layout.piece_records(spec.piece_bytes) * fmt.record_len
                 view = memoryview(data)
                 for at in range(0, len(data), per):
                     span = view[at : at + per]
@@ -774,6 +781,9 @@ def _blocks(spools: list[str], memory_bytes: int) -> Iterator[tuple[list[tuple[A
                 per_pair = max(1, (now - at) // len(block))
                 count = max(1, min(PAIR_BLOCK, cap // per_pair))
                 at = now
+            if unpacker.tell() != os.fstat(f.fileno()).st_size:
+                # msgpack stops quietly at a record cut short: the pairs in it would be lost
+                raise WireError("a spool ends inside a record (was the disk full?)")
 
 
 def _block_cost(block: list[tuple[Any, Any]], packed: int) -> int:

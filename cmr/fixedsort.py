@@ -28,10 +28,12 @@ import numpy as np
 
 from cmr.partition import RangePartitioner
 
-HOLD_FACTOR = 3  # bytes held per spooled byte while sorting in memory (rows, records, sorted)
+# What sorting holds per record beyond its bytes: a key copy, argsort's int64 index and its
+# scratch (timsort's, up to half the indexes), and slack; small records cost mostly this.
+SORT_OVERHEAD = 8 + 8 + 16
 MIN_RUN = 1 << 20  # bytes of rows sorted at once at least, however small the budget
-MERGE_SHARE = 4  # the merge's blocks hold at most budget / this, all runs together
 MIN_BLOCK = 16 * 1024  # bytes of a run read at once at least (cmr.compute's read_size floor)
+MAP_PIECE_RECORDS = 1 << 18  # records a map task partitions at once at most
 MERGE_FANIN = 64  # runs merged at once; more are merged in passes first (open files)
 
 
@@ -67,6 +69,18 @@ class Layout:
     @property
     def record_len(self) -> int:
         return self.key_len + self.value_len
+
+    @property
+    def held(self) -> int:
+        """Bytes a reducer holds per record while sorting in memory: the row read, the
+        record unpacked from it, the record sorted, and the sort's own."""
+        return self.width + 2 * self.record_len + self.key_len + SORT_OVERHEAD
+
+    def piece_records(self, piece_bytes: int) -> int:
+        """Records a map task partitions at once, for about ``piece_bytes`` held: each
+        costs its bytes, the reordered copy, its row, a partition and an index (int64)."""
+        per = 2 * self.record_len + self.width + 16
+        return max(1, min(MAP_PIECE_RECORDS, piece_bytes // per))
 
     def rows(self) -> np.dtype[Any]:
         return np.dtype(
@@ -245,10 +259,11 @@ def sort_spools(
     layout = spools_layout(spools)
     if layout is None:
         raise NotRows
-    total = sum(os.path.getsize(s) for s in spools)
-    if total % layout.width:
+    sizes = [os.path.getsize(s) for s in spools]
+    if any(size % layout.width for size in sizes):  # a row cut between two spools is none
         raise NotRows
-    if total * HOLD_FACTOR <= memory_bytes:
+    total = sum(sizes)
+    if total // layout.width * layout.held <= memory_bytes:
         pieces = list(_read_rows(spools, layout, max(1, total)))
         records = layout.unpack(pieces[0]) if pieces else np.empty(0, layout.records())
         if records is None:
@@ -257,16 +272,25 @@ def sort_spools(
         done = sorted_records(records)
         out.write(done.view(np.uint8).reshape(-1).data)
         return len(done), 0
-    run_bytes = max(MIN_RUN, memory_bytes // HOLD_FACTOR)
-    for rows in _read_rows(spools, layout, run_bytes):
-        records = layout.unpack(rows)
-        if records is None:
-            raise NotRows
-        del rows
-        fd, path = tempfile.mkstemp(prefix="run-", suffix=".rows", dir=spill_dir)
-        runs.append(path)
-        with os.fdopen(fd, "wb") as f:
-            f.write(sorted_records(records).view(np.uint8).reshape(-1).data)
+    run_bytes = max(MIN_RUN, memory_bytes // layout.held * layout.width)
+    mine: list[str] = []
+    try:
+        for rows in _read_rows(spools, layout, run_bytes):
+            records = layout.unpack(rows)
+            if records is None:
+                raise NotRows
+            del rows
+            fd, path = tempfile.mkstemp(prefix="run-", suffix=".rows", dir=spill_dir)
+            mine.append(path)
+            runs.append(path)
+            with os.fdopen(fd, "wb") as f:
+                f.write(sorted_records(records).view(np.uint8).reshape(-1).data)
+    except NotRows:
+        # The general path spills runs of its own into ``runs``: none of these may be there.
+        for path in mine:
+            os.unlink(path)
+            runs.remove(path)
+        raise
     spilled = len(runs)
     while len(runs) > MERGE_FANIN:
         # Each MERGE_FANIN consecutive runs become one, where they were: equal keys stay in
@@ -314,8 +338,9 @@ def _merge(paths: list[str], layout: Layout, memory_bytes: int, out: BinaryIO) -
     """The sorted runs merged, equal keys in run order (a stable sort of their
     concatenation): each round emits every record that sorts at or before the smallest
     (last key of its block, run) of the runs with more to read, then refills that run."""
-    per_run = max(MIN_BLOCK, memory_bytes // (MERGE_SHARE * len(paths)))
-    rows = max(1, per_run // layout.record_len)
+    # Each round holds the runs' blocks, what it takes of them (at most as much), its keys,
+    # their order and the records sorted: about the sort's bytes per record, all runs.
+    rows = max(1, MIN_BLOCK // layout.record_len, memory_bytes // (len(paths) * layout.held))
     runs = [_Run(p, layout, rows) for p in paths]
     written = 0
     try:

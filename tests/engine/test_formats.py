@@ -18,8 +18,10 @@ from typing import Any
 import msgpack
 import pytest
 import zstandard
+from hypothesis import given
+from hypothesis import strategies as st
 
-from cmr import formats
+from cmr import formats, split
 from cmr.api import run_on
 from cmr.backends.base import Backend
 from cmr.errors import JobFailed, UsageError
@@ -184,6 +186,35 @@ async def test_compressed_inputs_among_plain_ones(embedded: Backend, tmp_path: P
     )
     assert canon(pairs_of(result.parts)) == canon(expected)
     assert result.record["records_in"] == len(expected)
+
+
+@given(
+    sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=30),
+    split_bytes=st.integers(1, 20_000),
+    compressed=st.lists(st.booleans(), min_size=30, max_size=30),
+)
+def test_files_never_cut_need_no_codec_at_submit(
+    sizes: list[int], split_bytes: int, compressed: list[bool]
+) -> None:
+    """Submit reads no file's first bytes where split.never_cut says the plan keeps it whole
+    anyway: whether such a file is compressed (as the worker finds out) cannot change the
+    plan. Files that may be cut keep the codec they were found with."""
+
+    def inputs(codecs: list[bool]) -> list[split.Input]:
+        return [
+            split.Input(f"file:///in/{i}", size, str(i), "gzip" if z else "")
+            if z or not split.never_cut(size, split_bytes)
+            else split.Input(f"file:///in/{i}", size, str(i))
+            for i, (size, z) in enumerate(zip(sizes, codecs, strict=False))
+        ]
+
+    told = inputs(compressed)  # what submit found for the files it sniffed
+    # The files it did not sniff, whatever they hold: the same plan either way.
+    unknown = [
+        i if not split.never_cut(i.size, split_bytes) else split.Input(i.url, i.size, i.name)
+        for i in told
+    ]
+    assert split.plan(unknown, split_bytes) == split.plan(told, split_bytes)
 
 
 @pytest.mark.parametrize("fmt", ["jsonlines", "csv", "fixed:10:3", "whole"])
