@@ -80,6 +80,12 @@ def tokenizer_total(files: list[Path]) -> int:
     return sum(len(p.read_bytes().translate(TOKENIZER_SPACE).split()) for p in files)
 
 
+def settle() -> None:
+    """Before each measured run: the set-up's written data (TeraGen's 2 GB, a corpus) on
+    disk, so its write-back does not slow whichever peer runs first."""
+    os.sync()
+
+
 def cmr_row(
     task: str,
     job: str,
@@ -93,6 +99,7 @@ def cmr_row(
     """One cmr job on the embedded backend, measured as benchmarks/wordcount.py measures
     it: this process and its pool, submit to output on disk."""
     row = Row(task, "cmr embedded")
+    settle()
     try:
         with peers.PeakRss(os.getpid()) as peak:
             result, wall, cpu = wordcount.timed(
@@ -152,6 +159,7 @@ def word_count(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> No
         cmr_row(task, WORDCOUNT_JOB, path, out / "cmr", counts_check(want),
                 reducers=args.reducers, timeout=args.timeout)
     )  # fmt: skip
+    settle()
     ran = hadoop.wordcount(path, out / "hadoop", env, reducers=args.reducers)
     rows.append(hadoop_row(task, ran, "WordCount example, TextInputFormat"))
     hadoop_words(rows[-1], out / "hadoop", tokenizer_total(files))
@@ -171,10 +179,12 @@ def small_files(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> N
         cmr_row(task, WORDCOUNT_JOB, many, out / "cmr", counts_check(want),
                 reducers=args.reducers, timeout=args.timeout)
     )  # fmt: skip
+    settle()
     ran = hadoop.wordcount(many, out / "hadoop-text", env, reducers=args.reducers)
     rows.append(hadoop_row(task, ran, "WordCount, TextInputFormat (a map task per file)"))
     hadoop_words(rows[-1], out / "hadoop-text", want_total)
     split = args.combine_max_split or max(1 << 20, math.ceil(total / env.workers))
+    settle()
     ran = hadoop.wordcount(many, out / "hadoop-combine", env, split, reducers=args.reducers)
     note = f"WordCount, CombineTextInputFormat, max split {split / MB:.1f} MB"
     rows.append(hadoop_row(task, ran, note))
@@ -227,6 +237,7 @@ def tera_sort(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> Non
         )  # fmt: skip
     else:
         rows.append(Row(task, "cmr embedded", note="not available: examples/terasort.py missing"))
+    settle()
     ran = hadoop.terasort(out / "input", out / "hadoop", env, args.reducers)
     rows.append(hadoop_row(task, ran, f"TeraSort example, {args.reducers} reducers"))
     if ran.failure is None:

@@ -368,7 +368,10 @@ async def _reduce_and_commit(
         return
     url = reduce_output_url(spec.scratch, spec.job_id, drain.partition, owner.epoch, owner.token)
     nbytes = os.path.getsize(out_path)
-    await rt.backend.blobs.upload_file(out_path, url)
+    await rt.backend.blobs.upload_file(out_path, url, frozen=True)
+    # The store may share the file (frozen): its name here is gone before anything could
+    # write through it.
+    os.unlink(out_path)
     await rt.step("reduce.output_written", job=spec.job_id, partition=drain.partition, output=url)
     if result.status:
         rt.log.info("reduce task status", job=spec.job_id, status=result.status)

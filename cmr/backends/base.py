@@ -200,7 +200,10 @@ class Blobs(Protocol):
     async def delete(self, urls: Sequence[str]) -> None:
         """Delete these blobs (absent ones are fine), many per request where the store can."""
 
-    async def upload_file(self, path: str, url: str) -> None: ...
+    async def upload_file(self, path: str, url: str, *, frozen: bool = False) -> None:
+        """Store the file at ``path`` as ``url``. ``frozen``: the caller never writes the
+        file again (a task's finished output), so a store on the same disk may share it
+        rather than copy it."""
 
     async def download_file(self, url: str, path: str) -> None: ...
 

@@ -227,8 +227,8 @@ class LayerBlobs:
         )
         await self._layer.run(dataclasses.replace(call, requests=batches(len(urls), 1000)))
 
-    async def upload_file(self, path: str, url: str) -> None:
-        await self._run("upload_file", "s3.PutObject", url, path, url, writes=True)
+    async def upload_file(self, path: str, url: str, *, frozen: bool = False) -> None:
+        await self._run("upload_file", "s3.PutObject", url, path, url, writes=True, frozen=frozen)
 
     async def download_file(self, url: str, path: str) -> None:
         await self._run("download_file", "s3.GetObject", url, url, path, writes=False)

@@ -154,6 +154,25 @@ async def test_upload_download(backend: Backend, folder: Folder, tmp_path: Path)
     assert dst.read_bytes() == data
 
 
+async def test_a_frozen_upload_is_the_file_whatever_becomes_of_its_name(
+    backend: Backend, folder: Folder, tmp_path: Path
+) -> None:
+    # A task's finished output: a store on the same disk may share it rather than copy it,
+    # but the blob must outlive the file's name, and a retried upload must work.
+    src = tmp_path / "output"
+    data = os.urandom(300_000)
+    src.write_bytes(data)
+    url = f"{folder()}/part"
+    await backend.blobs.upload_file(str(src), url, frozen=True)
+    await backend.blobs.upload_file(str(src), url, frozen=True)  # a retry
+    src.unlink()
+    assert await backend.blobs.get(url) == data
+    copied = f"{folder()}/published"
+    await backend.blobs.copy(url, copied)
+    await backend.blobs.put(url, b"replaced")  # never in place: the copy keeps its bytes
+    assert await backend.blobs.get(copied) == data
+
+
 async def test_upload_download_multipart(backend: Backend, folder: Folder, tmp_path: Path) -> None:
     src = tmp_path / "big.bin"
     data = os.urandom(9 * 1024 * 1024 + 123)  # past the 8 MiB multipart threshold

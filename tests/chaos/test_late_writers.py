@@ -144,10 +144,10 @@ class GatedBlobs:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def upload_file(self, path: str, url: str) -> None:
+    async def upload_file(self, path: str, url: str, *, frozen: bool = False) -> None:
         if "/out/p00000" in url and self.test.cleaner is None:
             await self.test.end_and_clean(url)
-        await self.inner.upload_file(path, url)
+        await self.inner.upload_file(path, url, frozen=frozen)
 
     async def delete(self, urls: Sequence[str]) -> None:
         await self.inner.delete(urls)

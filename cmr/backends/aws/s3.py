@@ -183,7 +183,7 @@ class AwsBlobs:
             for i in range(0, len(keys), 1000)
         )
 
-    async def upload_file(self, path: str, url: str) -> None:
+    async def upload_file(self, path: str, url: str, *, frozen: bool = False) -> None:
         # Our own multipart upload: aioboto3's managed one sends parts as raw bytes, which
         # aiohttp warns may block the event loop.
         bucket, key = _split(url)
