@@ -96,6 +96,28 @@ class MapSpec:
     cuts: tuple[Any, ...] | None = None  # total order's cut points (the plan's); None: hash
 
 
+@dataclass(frozen=True)
+class FileSlice:
+    """Bytes [start, end) of a local file, read by the pool process that maps them rather
+    than sent to it: fixed records on a backend whose blobs are local files (2 GB of
+    TeraSort input cost ~7 CPU s pickled through the pool's pipes)."""
+
+    path: str
+    start: int
+    end: int
+
+    def read(self, name: str) -> bytes:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.start)
+                return f.read(self.end - self.start)
+        except OSError as exc:
+            raise formats.InputError(
+                f"input {name} cannot be read ({exc.strerror}): was it deleted or moved after "
+                "the job was submitted?"
+            ) from None
+
+
 @dataclass
 class MapResult:
     spool: str = ""  # msgpack stream of [partition, seq, records, body, spilled?]
@@ -485,15 +507,20 @@ def _mapper_name(job: Job, step: Step, name: str, lines: bool = True) -> str:
 
 
 def run_map(
-    ref: JobRef, params: dict[str, str], chunks: list[tuple[str, bytes]], spec: MapSpec
+    ref: JobRef,
+    params: dict[str, str],
+    given: list[tuple[str, bytes | FileSlice]],
+    spec: MapSpec,
 ) -> MapResult:
-    result = MapResult(records_in=0, bytes_in=sum(len(d) for _, d in chunks))
+    result = MapResult(records_in=0)
     fd, path = tempfile.mkstemp(prefix="map-", suffix=".spool", dir=spec.spool_dir)
     with (
         taskprogress.running(spec.job),
         counters.collecting() as counted,
         _reported(result, spec.limit_s, f"map task {spec.task}"),
     ):
+        chunks = [(n, d.read(n) if isinstance(d, FileSlice) else d) for n, d in given]
+        result.bytes_in = sum(len(d) for _, d in chunks)
         _map_into(ref, params, chunks, spec, fd, result)
         result.spool = path
     _take_counters(counted, result)

@@ -56,19 +56,24 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
         ranges, cuts = await _ranges(rt, spec, task.task)
         files_dir = await sidefiles.fetch(rt, spec)
         fmt = _input_format(spec)
-        chunks = await asyncio.gather(*(_read(rt, r, fmt) for r in ranges))
-        # Compression is told by a file's first bytes (decompressing is the pool's work).
+        chunks = await asyncio.gather(*(_read_or_slice(rt, r, fmt) for r in ranges))
+        # Compression is told by a file's first bytes (decompressing is the pool's work);
+        # a slice was told uncompressed by its head.
         codecs = tuple(
-            formats.sniff(c[: formats.SNIFF_BYTES]) if r.start == 0 else ""
+            formats.sniff(c[: formats.SNIFF_BYTES])
+            if r.start == 0 and not isinstance(c, compute.FileSlice)
+            else ""
             for r, c in zip(ranges, chunks, strict=True)
         )
         if any(codecs):
             # A compressed file is a whole-file range: nothing past its end is ours.
             chunks = [
-                c[: r.end] if k and len(c) > r.end else c
+                c[: r.end] if k and isinstance(c, bytes) and len(c) > r.end else c
                 for r, c, k in zip(ranges, chunks, codecs, strict=True)
             ]
-        nbytes = sum(len(c) for c in chunks)
+        nbytes = sum(
+            c.end - c.start if isinstance(c, compute.FileSlice) else len(c) for c in chunks
+        )
         result = await rt.cpu(
             compute.run_map,
             spec.ref,
@@ -159,6 +164,22 @@ def _input_format(spec: JobSpec) -> formats.InputFormat:
         return formats.parse_input(spec.input_format or "lines")  # "": a record of before
     except formats.FormatError as exc:  # JobSpec.from_item refuses it first
         raise TaskError(str(exc)) from None
+
+
+async def _read_or_slice(
+    rt: Runtime, r: wire.Range, fmt: formats.InputFormat
+) -> bytes | compute.FileSlice:
+    """A split's bytes; or, for uncompressed fixed records in a local file (a range is
+    exactly its bytes), the slice of the file the pool process reads itself."""
+    if fmt.name != "fixed" or not rt.backend.capabilities.local_files or r.start >= r.end:
+        return await _read(rt, r, fmt)
+    if r.start == 0:  # a compressed file is one range from 0: its head tells
+        head = await _read(rt, wire.Range(r.url, 0, min(r.end, formats.SNIFF_BYTES), r.name), fmt)
+        if formats.sniff(head):
+            return await _read(rt, r, fmt)
+    from cmr.backends.embedded.blobs import file_path  # local_files: file:// URLs
+
+    return compute.FileSlice(str(file_path(r.url)), r.start, r.end)
 
 
 async def _read(rt: Runtime, r: wire.Range, fmt: formats.InputFormat) -> bytes:

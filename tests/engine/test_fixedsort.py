@@ -250,3 +250,19 @@ def test_small_records_are_partitioned_in_bounded_pieces() -> None:
         n = layout.piece_records(piece)
         assert n * (2 * layout.record_len + layout.width + 16) <= piece
     assert tera.piece_records(piece) * RECORD >= piece // 4  # big records: big pieces still
+
+
+def test_a_slice_of_a_local_file_is_read_by_the_map_task(tmp_path: Path) -> None:
+    # Fixed records in local files reach the pool as slices, read there (not pickled).
+    data = _records(500, 1)
+    (tmp_path / "in.bin").write_bytes(b"x" * RECORD + data)
+    spec = compute.MapSpec(
+        "fixed-slice", 0, "a1", 1, 256 * 1024, str(tmp_path), input_format=f"fixed:{RECORD}:{KEY}"
+    )
+    whole = compute.FileSlice(str(tmp_path / "in.bin"), RECORD, RECORD + len(data))
+    result = compute.run_map(_job(tmp_path), {}, [("in.bin", whole)], spec)
+    assert result.error == ""
+    assert (result.records_in, result.bytes_in) == (500, len(data))
+    gone = compute.FileSlice(str(tmp_path / "gone.bin"), 0, RECORD)
+    result = compute.run_map(_job(tmp_path), {}, [("gone.bin", gone)], spec)
+    assert "input gone.bin cannot be read (No such file or directory)" in result.error
