@@ -107,15 +107,13 @@ class FileSlice:
     end: int
 
     def read(self, name: str) -> bytes:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.start)
-                return f.read(self.end - self.start)
-        except OSError as exc:
-            raise formats.InputError(
-                f"input {name} cannot be read ({exc.strerror}): was it deleted or moved after "
-                "the job was submitted?"
-            ) from None
+        with open(self.path, "rb") as f:
+            f.seek(self.start)
+            return f.read(self.end - self.start)
+
+
+class InputGone(formats.InputError):
+    """A map task's input could not be read: no retry would read it (MapResult.permanent)."""
 
 
 @dataclass
@@ -128,6 +126,7 @@ class MapResult:
     error: str = ""  # "Type: message\ntraceback" when user code raised
     counters: counters.Flat = field(default_factory=dict)  # Job.increment_counter totals
     status: str = ""  # the last Job.set_status line
+    permanent: bool = False  # the error is the input's (gone): the job fails at once
 
 
 @dataclass
@@ -442,6 +441,8 @@ def _reported(result: MapResult | ReduceResult, limit_s: float, what: str) -> It
         result.error = _timed_out(exc)
     except Exception as exc:
         result.error = usercode.describe(exc)
+        if isinstance(exc, InputGone) and isinstance(result, MapResult):
+            result.permanent = True
 
 
 def universal_lines(data: bytes) -> bytes:
@@ -506,6 +507,17 @@ def _mapper_name(job: Job, step: Step, name: str, lines: bool = True) -> str:
     return f"{name}.map"
 
 
+def _slice_bytes(name: str, piece: FileSlice) -> bytes:
+    """A slice's bytes; InputGone when the file went since the worker found it there."""
+    try:
+        return piece.read(name)
+    except OSError as exc:
+        raise InputGone(
+            f"input {name} ({piece.path}) cannot be read ({exc.strerror}): it was deleted or "
+            "moved after the job was submitted"
+        ) from None
+
+
 def run_map(
     ref: JobRef,
     params: dict[str, str],
@@ -519,7 +531,7 @@ def run_map(
         counters.collecting() as counted,
         _reported(result, spec.limit_s, f"map task {spec.task}"),
     ):
-        chunks = [(n, d.read(n) if isinstance(d, FileSlice) else d) for n, d in given]
+        chunks = [(n, _slice_bytes(n, d) if isinstance(d, FileSlice) else d) for n, d in given]
         result.bytes_in = sum(len(d) for _, d in chunks)
         _map_into(ref, params, chunks, spec, fd, result)
         result.spool = path

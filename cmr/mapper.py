@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import stat
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -102,7 +103,9 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
         )
         del chunks
         if result.error:
-            await failures.task_failed(rt, spec, ref, result.error, in_q, msg)
+            await failures.task_failed(
+                rt, spec, ref, result.error, in_q, msg, permanent=result.permanent
+            )
             return
         try:
             await _send_spool(rt, spec, task.task, attempt, result.spool, part_qs)
@@ -179,7 +182,19 @@ async def _read_or_slice(
             return await _read(rt, r, fmt)
     from cmr.backends.embedded.blobs import file_path  # local_files: file:// URLs
 
-    return compute.FileSlice(str(file_path(r.url)), r.start, r.end)
+    path = file_path(r.url)
+    try:
+        regular = stat.S_ISREG(path.stat().st_mode)  # a syscall: no thread hop per file
+    except FileNotFoundError:
+        regular = False
+    except OSError as exc:
+        raise TaskError(f"input {r.name} ({r.url}) cannot be read: {exc}") from None
+    if not regular:  # as the blob store answers for a vanished file, or a directory there
+        raise TaskError(
+            f"input {r.name} ({r.url}) no longer exists: it was deleted or moved after "
+            "the job was submitted"
+        )
+    return compute.FileSlice(str(path), r.start, r.end)
 
 
 async def _read(rt: Runtime, r: wire.Range, fmt: formats.InputFormat) -> bytes:
