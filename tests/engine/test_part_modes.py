@@ -64,10 +64,13 @@ def test_temporary_files_are_private_and_published_parts_follow_the_umask(
     )  # fmt: skip
     assert got.returncode == 0, got.stderr
     seen = json.loads(got.stdout.splitlines()[-1])
-    # Each part is written once, as a reduce output uploaded to scratch, and hard-linked into
-    # the output complete; the manifest is written in the output itself.
+    # Each part is written once, by its reducer in its own work directory (mkdtemp: 0700),
+    # then hard-linked complete into scratch (upload_file(frozen=True)) and into the output:
+    # no part is ever opened for writing where others could look. The manifest is written
+    # in the output itself, through a private temporary file.
     in_scratch = [p for p, _ in seen if p.startswith(str(spool))]
-    assert len([p for p in in_scratch if "/out/.p0" in p]) == 3, seen
+    assert [p for p in in_scratch if "/out/" in p] == [], seen
+    assert [p for p, _ in seen if p.startswith(f"{out}/") and "_SUCCESS" not in p] == [], seen
     assert any(p.startswith(f"{out}/._SUCCESS") for p, _ in seen), seen
     exposed = [(p, oct(mode)) for p, mode in seen if mode & 0o077]
     assert exposed == [], "files readable by others while being written"
