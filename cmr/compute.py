@@ -106,7 +106,7 @@ class FileSlice:
     start: int
     end: int
 
-    def read(self, name: str) -> bytes:
+    def read(self) -> bytes:
         with open(self.path, "rb") as f:
             f.seek(self.start)
             return f.read(self.end - self.start)
@@ -264,9 +264,13 @@ class _Shuffle:
             return
         if not self.spec.compress and self.sizes[p] + len(data) > self.target[p]:
             self.flush(p)  # exact packing: this pair would not fit in the plain body
+        self._hold(p, data, 1)
+
+    def _hold(self, p: int, data: bytes, n: int) -> None:
+        """Buffer n packed pairs for partition p; a batch once the target is reached."""
         self.buffers[p].append(data)
         self.sizes[p] += len(data)
-        self.counts[p] += 1
+        self.counts[p] += n
         if self.sizes[p] >= self.target[p]:
             self.flush(p)
 
@@ -305,11 +309,7 @@ class _Shuffle:
             key, value = pairs[0]
             self.add(p, key, value)  # a pair of its own blob
             return
-        self.buffers[p].append(body)
-        self.sizes[p] += len(body)
-        self.counts[p] += len(pairs)
-        if self.sizes[p] >= self.target[p]:
-            self.flush(p)
+        self._hold(p, body, len(pairs))
 
     def add_rows(self, p: int, rows: memoryview, n: int, width: int) -> None:
         """n pairs packed as fixed-width rows (cmr.fixedsort), in pieces of whole rows no
@@ -317,11 +317,7 @@ class _Shuffle:
         per = max(1, self.floor // width)
         for at in range(0, n, per):
             k = min(per, n - at)
-            self.buffers[p].append(bytes(rows[at * width : (at + k) * width]))
-            self.sizes[p] += k * width
-            self.counts[p] += k
-            if self.sizes[p] >= self.target[p]:
-                self.flush(p)
+            self._hold(p, bytes(rows[at * width : (at + k) * width]), k)
 
     def flush(self, p: int) -> None:
         if not self.buffers[p]:
@@ -510,7 +506,7 @@ def _mapper_name(job: Job, step: Step, name: str, lines: bool = True) -> str:
 def _slice_bytes(name: str, piece: FileSlice) -> bytes:
     """A slice's bytes; InputGone when the file went since the worker found it there."""
     try:
-        return piece.read(name)
+        return piece.read()
     except OSError as exc:
         raise InputGone(
             f"input {name} ({piece.path}) cannot be read ({exc.strerror}): it was deleted or "
@@ -687,15 +683,12 @@ def _map_calls(
         map_record = step.map
         for (name, data), codec, start in zip(chunks, codecs, starts, strict=True):
             if columns is not None and not codec and len(data) % fmt.record_len == 0:
-                from cmr import fixedsort  # numpy: imported only where records are sorted
-
-                layout = fixedsort.Layout(fmt.key_len, fmt.record_len - fmt.key_len)
-                per = layout.piece_records(spec.piece_bytes) * fmt.record_len
+                per = columns.layout.piece_records(spec.piece_bytes) * fmt.record_len
                 view = memoryview(data)
                 for at in range(0, len(data), per):
                     span = view[at : at + per]
                     result.records_in += len(span) // fmt.record_len
-                    yield fixedsort.partitioned(layout, span, columns)
+                    yield columns.partitioned(span)
                 continue
             read = formats.Chunk(name, data, codec, start, max_record)
             records = formats.records(fmt, read, spec.piece_bytes)
@@ -951,6 +944,22 @@ def _merge_runs(
     return path
 
 
+def merge_in_passes(runs: list[str], merge: Callable[[list[str]], str]) -> None:
+    """Merge ``runs`` until at most MERGE_FANIN are left (each open run holds a read
+    buffer): each MERGE_FANIN consecutive runs become one, where they were. A merge keeps
+    equal keys in run order, so each key's values stay in arrival order, and every run is
+    rewritten once a pass. ``merge`` writes its runs as one, removes them and returns the
+    new one's path; in place, so every live run is always in ``runs``, which the caller
+    removes however the task ends."""
+    while len(runs) > MERGE_FANIN:
+        i = 0
+        while i < len(runs):
+            group = runs[i : i + MERGE_FANIN]
+            if len(group) > 1:
+                runs[i : i + MERGE_FANIN] = [merge(group)]
+            i += 1
+
+
 def _identity(key: Any, values: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
     """A map-only step's reduce: every value as it came."""
     for v in values:
@@ -1119,7 +1128,7 @@ def _sorted_rows(
         try:
             done = fixedsort.sort_spools(spools, memory_bytes, spill_dir, out, runs)
         except fixedsort.NotRows:
-            return False  # before it wrote anything; runs it spilled are the caller's
+            return False  # before it wrote anything, and with the runs it spilled removed
     result.records_out, result.spills = done
     return True
 
@@ -1184,18 +1193,7 @@ def _grouped(
         # Each open run holds a read buffer: merge at most MERGE_FANIN at once, so the
         # buffers stay within the budget however many runs the partition needed.
         read_size = max(16 * 1024, min(1 << 20, memory_bytes // (2 * MERGE_FANIN)))
-        while len(runs) > MERGE_FANIN:
-            # Each MERGE_FANIN consecutive runs become one, where they were: a
-            # merge keeps equal keys in run order, so each key's values stay in
-            # arrival order, and every run is rewritten once a pass. In place:
-            # every live run is always in ``runs``, which the caller removes.
-            i = 0
-            while i < len(runs):
-                group = runs[i : i + MERGE_FANIN]
-                if len(group) > 1:
-                    merged_run = _merge_runs(group, spill_dir, read_size, order, plain)
-                    runs[i : i + MERGE_FANIN] = [merged_run]
-                i += 1
+        merge_in_passes(runs, lambda group: _merge_runs(group, spill_dir, read_size, order, plain))
         merged = _merged(runs, read_size, order, plain)
         keyed: Iterator[tuple[Any, Iterator[Any]]] = (
             (k, itertools.chain.from_iterable(vs for _, vs in grp))

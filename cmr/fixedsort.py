@@ -26,6 +26,7 @@ from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
+from cmr.compute import merge_in_passes
 from cmr.partition import RangePartitioner
 
 # What sorting holds per record beyond its bytes: a key copy, argsort's int64 index and its
@@ -34,7 +35,6 @@ SORT_OVERHEAD = 8 + 8 + 16
 MIN_RUN = 1 << 20  # bytes of rows sorted at once at least, however small the budget
 MIN_BLOCK = 16 * 1024  # bytes of a run read at once at least (cmr.compute's read_size floor)
 MAP_PIECE_RECORDS = 1 << 18  # records a map task partitions at once at most
-MERGE_FANIN = 64  # runs merged at once; more are merged in passes first (open files)
 
 
 def _bin_header(n: int) -> bytes:
@@ -155,7 +155,8 @@ class Cuts:
     """A total-order job's cut points as an array of keys, when they are all bytes of the
     records' key length (sampled keys are); else the step's records go the general way."""
 
-    def __init__(self, keys: np.ndarray[Any, Any], partitions: int) -> None:
+    def __init__(self, layout: Layout, keys: np.ndarray[Any, Any], partitions: int) -> None:
+        self.layout = layout
         self.keys = keys
         self.partitions = partitions
 
@@ -166,15 +167,28 @@ class Cuts:
         """None unless records of this shape are rows (a key and a value of at least a
         byte; a row small enough to batch whole: ``floor``) and ``part`` a range
         partitioner over such keys or a single partition."""
-        if not 1 <= key_len < record_len or Layout(key_len, record_len - key_len).width > floor:
+        layout = Layout(key_len, record_len - key_len)
+        if not 1 <= key_len < record_len or layout.width > floor:
             return None
         if type(part) is not RangePartitioner:
-            return cls(np.empty(0, f"S{key_len}"), 1) if partitions == 1 else None
+            return cls(layout, np.empty(0, f"S{key_len}"), 1) if partitions == 1 else None
         cuts: Sequence[Any] = part.cuts
         if not all(type(c) is bytes and len(c) == key_len for c in cuts):
             return None
         # RangePartitioner sends a key to the part counting the cuts at or before it.
-        return cls(np.array(cuts, dtype=f"S{key_len}"), partitions)
+        return cls(layout, np.array(cuts, dtype=f"S{key_len}"), partitions)
+
+    def partitioned(self, data: bytes | memoryview) -> Packed:
+        """Whole records (``len(data)`` a multiple of the record length) as rows, grouped
+        by partition, each partition's in input order."""
+        records = np.frombuffer(data, self.layout.records())
+        if not len(self.keys):
+            return Packed(self.layout, self.layout.pack(records), np.array([0, len(records)]))
+        parts = np.searchsorted(self.keys, records["k"], side="right")
+        order = np.argsort(parts, kind="stable")
+        at = np.zeros(self.partitions + 1, np.int64)
+        np.cumsum(np.bincount(parts, minlength=self.partitions), out=at[1:])
+        return Packed(self.layout, self.layout.pack(records[order]), at)
 
 
 @dataclass
@@ -192,19 +206,6 @@ class Packed:
         for p in np.flatnonzero(np.diff(self.at)).tolist():
             a, b = int(self.at[p]), int(self.at[p + 1])
             yield p, data[a * w : b * w], b - a
-
-
-def partitioned(layout: Layout, data: bytes | memoryview, cuts: Cuts) -> Packed:
-    """Whole records (``len(data)`` a multiple of the record length) as rows, grouped by
-    partition, each partition's in input order."""
-    records = np.frombuffer(data, layout.records())
-    if not len(cuts.keys):
-        return Packed(layout, layout.pack(records), np.array([0, len(records)]))
-    parts = np.searchsorted(cuts.keys, records["k"], side="right")
-    order = np.argsort(parts, kind="stable")
-    at = np.zeros(cuts.partitions + 1, np.int64)
-    np.cumsum(np.bincount(parts, minlength=cuts.partitions), out=at[1:])
-    return Packed(layout, layout.pack(records[order]), at)
 
 
 # The reduce side -------------------------------------------------------------------------
@@ -292,21 +293,20 @@ def sort_spools(
             runs.remove(path)
         raise
     spilled = len(runs)
-    while len(runs) > MERGE_FANIN:
-        # Each MERGE_FANIN consecutive runs become one, where they were: equal keys stay in
-        # run order, so in arrival order. In place: every live run is always in ``runs``.
-        i = 0
-        while i < len(runs):
-            group = runs[i : i + MERGE_FANIN]
-            if len(group) > 1:
-                fd, path = tempfile.mkstemp(prefix="run-", suffix=".rows", dir=spill_dir)
-                runs.insert(i, path)
-                with os.fdopen(fd, "wb") as f:
-                    _merge(group, layout, memory_bytes, f)
-                del runs[i + 1 : i + 1 + len(group)]
-                for done_run in group:
-                    os.unlink(done_run)
-            i += 1
+
+    def merged_run(group: list[str]) -> str:
+        fd, path = tempfile.mkstemp(prefix="run-", suffix=".rows", dir=spill_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                _merge(group, layout, memory_bytes, f)
+        except BaseException:
+            os.unlink(path)
+            raise
+        for run in group:
+            os.unlink(run)
+        return path
+
+    merge_in_passes(runs, merged_run)  # as the general path's runs, at most MERGE_FANIN open
     return _merge(runs, layout, memory_bytes, out), spilled
 
 

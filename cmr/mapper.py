@@ -188,27 +188,31 @@ async def _read_or_slice(
     except FileNotFoundError:
         regular = False
     except OSError as exc:
-        raise TaskError(f"input {r.name} ({r.url}) cannot be read: {exc}") from None
+        raise _lost_input(r, exc) from None
     if not regular:  # as the blob store answers for a vanished file, or a directory there
-        raise TaskError(
-            f"input {r.name} ({r.url}) no longer exists: it was deleted or moved after "
-            "the job was submitted"
-        )
+        raise _lost_input(r)
     return compute.FileSlice(str(path), r.start, r.end)
 
 
+def _lost_input(r: wire.Range, exc: OSError | None = None) -> TaskError:
+    """Input that vanished (no ``exc``) or cannot be read since the job was submitted: a
+    permanent failure, as no other worker or later try would find it either."""
+    if exc is not None:
+        return TaskError(f"input {r.name} ({r.url}) cannot be read: {exc}")
+    return TaskError(
+        f"input {r.name} ({r.url}) no longer exists: it was deleted or moved after the job "
+        "was submitted"
+    )
+
+
 async def _read(rt: Runtime, r: wire.Range, fmt: formats.InputFormat) -> bytes:
-    """A split's bytes. Input that vanished or cannot be read since the job was submitted
-    is a permanent failure: no other worker or later try would find it either."""
+    """A split's bytes; a TaskError (permanent) for input that vanished or cannot be read."""
     try:
         return await read_range(rt.backend.blobs, r, fmt)
     except BlobMissing:
-        raise TaskError(
-            f"input {r.name} ({r.url}) no longer exists: it was deleted or moved after "
-            "the job was submitted"
-        ) from None
+        raise _lost_input(r) from None
     except OSError as exc:
-        raise TaskError(f"input {r.name} ({r.url}) cannot be read: {exc}") from None
+        raise _lost_input(r, exc) from None
 
 
 async def _send_spool(

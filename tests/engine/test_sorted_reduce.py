@@ -26,6 +26,8 @@ from cmr.job import JobRef
 from cmr.settings import WorkerSettings
 from cmr.usercode import sort_key
 
+from .spooling import spool_files
+
 LISTING = """
 import cmr
 
@@ -104,16 +106,6 @@ class TextValues(cmr.Job):
 """
 
 
-def _spools(tmp_path: Path, groups: list[list[tuple[Any, Any]]]) -> list[str]:
-    packer = msgpack.Packer(use_bin_type=True)
-    paths = []
-    for i, pairs in enumerate(groups):
-        path = tmp_path / f"spool-{i}"
-        path.write_bytes(b"".join(packer.pack(p) for p in pairs))
-        paths.append(str(path))
-    return paths
-
-
 def _reduce(
     tmp_path: Path, spools: list[str], memory: int
 ) -> tuple[compute.ReduceResult, list[Any]]:
@@ -145,7 +137,7 @@ def test_one_kind_of_key_sorts_and_keeps_arrival_order(tmp_path: Path, memory: i
         [(f"k{(i * 7919) % 500:03d}", i) for i in range(2000)],
         [(f"k{(i * 31) % 700:03d}", -i) for i in range(3000)],
     ]
-    result, rows = _reduce(tmp_path, _spools(tmp_path, groups), memory)
+    result, rows = _reduce(tmp_path, spool_files(tmp_path, groups), memory)
     assert result.error == ""
     assert rows == _expected(groups)
     assert result.records_out == len(rows)
@@ -161,7 +153,7 @@ def test_a_second_kind_of_key_falls_back_to_grouping(tmp_path: Path, memory: int
         [(i % 300, i) for i in range(3000)] + [((i % 5, "t"), i) for i in range(50)],
         [(f"s{i % 7}", -i) for i in range(100)],
     ]
-    result, rows = _reduce(tmp_path, _spools(tmp_path, groups), memory)
+    result, rows = _reduce(tmp_path, spool_files(tmp_path, groups), memory)
     assert result.error == ""
     assert rows == _expected(groups)
 
@@ -258,7 +250,7 @@ def test_big_values_are_counted_before_a_block_is_held(tmp_path: Path) -> None:
     spill.mkdir()
     out = tmp_path / "out"
     ref = JobRef.parse(str(job))
-    spools = _spools(tmp_path, groups)
+    spools = spool_files(tmp_path, groups)
     result = compute.run_reduce("big-values", ref, {}, spools, str(out), 4 << 20, str(spill))
     assert result.error == ""
     assert result.spills >= 10
