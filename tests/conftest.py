@@ -3,10 +3,44 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
-from tests.stack import stack_env, stack_up
+from tests.stack import DYNAMODB_SERVER, stack_env, stack_up
+
+# Where the local stack's DynamoDB server (moto) lacks a semantic that cmr relies on from real
+# DynamoDB, the test keeps asserting it, on the embedded backend as written and on the stack as
+# a strict expected failure: the day the server learns it, the test fails and says so.
+EMULATOR_GAP = "emulator_gap"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        gap = item.get_closest_marker(EMULATOR_GAP)
+        if gap is None:
+            continue
+        params = getattr(item, "callspec", None)
+        if params is not None and params.params.get("backend_name") == "embedded":
+            continue  # the embedded backend models it: asserted as written
+        reason = f"emulator gap ({DYNAMODB_SERVER}): {gap.kwargs['reason']}"
+        item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+        item.user_properties.append((EMULATOR_GAP, reason))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Count and name the emulator gaps in every run's summary (CI prints it)."""
+    gaps = [
+        (report.nodeid, dict(report.user_properties)[EMULATOR_GAP])
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        and EMULATOR_GAP in dict(getattr(report, "user_properties", ()))
+    ]
+    if gaps:
+        terminalreporter.section(f"emulator gaps: {len(gaps)}")
+        for nodeid, reason in gaps:
+            terminalreporter.write_line(f"{nodeid}: {reason}")
 
 
 @pytest.fixture(autouse=True)

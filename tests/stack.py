@@ -1,4 +1,5 @@
-"""The local AWS stack (LocalStack for S3 and SQS, DynamoDB Local) as tests see it."""
+"""The local AWS stack (LocalStack for S3 and SQS, moto for DynamoDB and SimpleDB) as tests
+see it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from urllib.parse import urlparse
 
 LOCALSTACK_URL = "http://127.0.0.1:4566"
 DYNAMODB_URL = "http://127.0.0.1:8000"
+# What answers DYNAMODB_URL (and SimpleDB) in scripts/stack.sh: named in every emulator gap.
+DYNAMODB_SERVER = "moto 5.2.5"
 
 
 def stack_env() -> dict[str, str]:
@@ -15,6 +18,7 @@ def stack_env() -> dict[str, str]:
     return {
         "AWS_ENDPOINT_URL": LOCALSTACK_URL,
         "AWS_ENDPOINT_URL_DYNAMODB": DYNAMODB_URL,
+        "AWS_ENDPOINT_URL_SIMPLEDB": DYNAMODB_URL,
         "AWS_ACCESS_KEY_ID": "test",
         "AWS_SECRET_ACCESS_KEY": "test",
         "AWS_DEFAULT_REGION": "us-east-1",
@@ -31,7 +35,7 @@ def _answers(url: str, timeout: float = 1.0) -> bool:
 
 
 def stack_up() -> bool:
-    """Whether both LocalStack and DynamoDB Local accept connections."""
+    """Whether both LocalStack and the DynamoDB server accept connections."""
     return _answers(LOCALSTACK_URL) and _answers(DYNAMODB_URL)
 
 

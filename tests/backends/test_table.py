@@ -77,7 +77,9 @@ CONDITIONS: list[tuple[Condition, bool, bool]] = [
     (Lt("s", "m"), False, False),
     (Lt("s", "ma"), True, False),  # a prefix sorts first
     (Lt("s", "B"), False, False),  # byte order: upper case before lower
-    (Lt("s", 10), False, False),  # types never compare
+    # types never compare (on moto, a mixed-type comparison answers HTTP 500: the aws table
+    # sends none, see _typed in cmr/backends/aws/dynamodb.py)
+    (Lt("s", 10), False, False),
     (Lt("n", "z"), False, False),
     (Lt("other", 1), False, False),
     (AllOf((Present("n"), Eq("s", "m"))), True, False),
@@ -138,6 +140,8 @@ async def test_conditional_put_and_delete_use_conditions(
 async def test_eq_does_not_equate_bool_and_number(
     backend: Backend, unique: Callable[[], str]
 ) -> None:
+    """true is not 1 in DynamoDB. moto equates them; the aws table's type guard (``_typed``)
+    keeps that gap from changing an answer on the local stack."""
     pk = unique()
     await backend.table.put(pk, "a", {"one": 1, "yes": True})
     with pytest.raises(ConditionFailed):
@@ -155,6 +159,9 @@ async def test_numbers_compare_across_int_and_float(
     await backend.table.update(Update(pk, "a", set_={"x": 1}, condition=Lt("at", 100.5)))
     await backend.table.update(Update(pk, "a", set_={"x": 2}, condition=Lt("t", 2)))
     await backend.table.update(Update(pk, "a", set_={"x": 3}, condition=Eq("at", 100.0)))
+    assert (await backend.table.get(pk, "a") or {}).get("x") == 3
+    with pytest.raises(ConditionFailed):
+        await backend.table.update(Update(pk, "a", set_={"x": 4}, condition=Lt("at", 99.5)))
 
 
 async def test_update_creates_and_adds(backend: Backend, unique: Callable[[], str]) -> None:
@@ -170,6 +177,10 @@ async def test_update_creates_and_adds(backend: Backend, unique: Callable[[], st
     assert third == {"pk": pk, "sk": "c", "n": 3, "m": -1, "state": "done", "extra": [1, "x"]}
 
 
+@pytest.mark.emulator_gap(
+    reason="an UpdateItem with a condition and no update expression answers HTTP 500 "
+    "(AttributeError inside the server); DynamoDB creates the item, or keeps it, as asked"
+)
 async def test_update_with_only_a_condition(backend: Backend, unique: Callable[[], str]) -> None:
     pk = unique()
     assert await backend.table.update(Update(pk, "c")) == {"pk": pk, "sk": "c"}
@@ -343,6 +354,10 @@ async def test_transact_applies_nothing_when_a_condition_fails(
     assert (await backend.table.get(pk, "a") or {})["v"] == 1
 
 
+@pytest.mark.emulator_gap(
+    reason="TransactWriteItems' ClientRequestToken is not modelled: a retry with the same "
+    "token is applied again (its condition fails) instead of succeeding with no effect"
+)
 async def test_transact_token_makes_a_retry_apply_once(
     backend: Backend, unique: Callable[[], str]
 ) -> None:

@@ -103,9 +103,9 @@ class _Expr:
             case Present(attr):
                 return f"attribute_exists({self.name(attr)})"
             case Eq(attr, value):
-                return f"{self.name(attr)} = {self.value(value)}"
+                return self._typed(attr, "=", value)
             case Lt(attr, value):
-                return f"{self.name(attr)} < {self.value(value)}"
+                return self._typed(attr, "<", value)
             case AllOf(parts) | AnyOf(parts) if not parts:
                 # DynamoDB has no literal true/false: an empty AllOf holds, an empty AnyOf not.
                 pk = self.name("pk")
@@ -116,6 +116,17 @@ class _Expr:
             case AnyOf(parts):
                 return "(" + " OR ".join(self.condition(p) for p in parts) + ")"
         raise TypeError(f"not a condition: {cond!r}")
+
+    def _typed(self, attr: str, op: str, value: Any) -> str:
+        """``attr op value`` that holds only where attr has value's type. On DynamoDB the
+        guard changes nothing (values of two types never compare: = is false, < is false);
+        it keeps the comparison away from servers that fail on mixed types (moto answers
+        HTTP 500 to a string compared with a number, and equates true with 1)."""
+        placeholder = self.value(value)
+        kind = next(iter(self.values[placeholder]))  # S, N, B, BOOL, NULL, L or M
+        type_ = self.value(kind)
+        name = self.name(attr)
+        return f"(attribute_type({name}, {type_}) AND {name} {op} {placeholder})"
 
     def kwargs(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
