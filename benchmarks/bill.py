@@ -5,7 +5,7 @@
         [--configs cmr,2009] [--workers 1] [--json F] [--markdown F]
 
 Runs examples/wordcount.py over the seeded corpus of benchmarks/wordcount.py on the aws
-backend (LocalStack + DynamoDB Local, the workers inside this process so every request is
+backend (LocalStack + moto's DynamoDB, the workers inside this process so every request is
 counted) and on the embedded backend, checks every output exactly against the baseline
 count, and reports each run's requests by service and operation, SQS requests as billed
 (64 KiB chunks), estimated DynamoDB request units, dollars at the list prices of

@@ -1,12 +1,12 @@
-"""Load generator benchmark: ops/s one cmr worker process sustains against DynamoDB Local,
-next to a plain 100-thread boto3 driver (the seeds' method), measured in the same run.
+"""Load generator benchmark: ops/s one cmr worker process sustains against the local stack's
+DynamoDB (moto's server, an emulator: its figures are never DynamoDB's), next to a plain 100-thread boto3 driver (the seeds' method), measured in the same run.
 
     eval "$(scripts/stack.sh env)"
     .venv/bin/python benchmarks/loadgen_ddb.py [--duration 15] [--repeat 3] [--items 1000]
         [--threads 100] [--json out.json]
 
-Each round runs, one after the other (interleaved, so drift in the machine or in DynamoDB
-Local hits both sides alike):
+Each round runs, one after the other (interleaved, so drift in the machine or in the
+server hits both sides alike):
 
 - **plain**: a fresh Python process with ``threads`` OS threads sharing one boto3 DynamoDB
   client (``max_pool_connections=threads``, retries off): half call GetItem, half PutItem, on
@@ -21,8 +21,8 @@ Local hits both sides alike):
   time and CPU (start-up, engine, table create/delete included).
 
 Both sides use their own fresh table (on-demand) with no items in it at the start, so early
-gets find nothing, alike on both sides. DynamoDB Local's own CPU over each run is read from
-``/proc`` when its process can be found (it runs on the same machine and is part of the load).
+gets find nothing, alike on both sides. The DynamoDB server's own CPU over each run is read
+from ``/proc`` when its process can be found (it runs on the same machine and is part of the load).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Row:
     load_s: float
     ops_s: float
     cpu_ms_per_op: float
-    ddb_local_cpu_s: float | None
+    server_cpu_s: float | None
     command_wall_s: float
     command_cpu_s: float  # every process of the command, start-up and teardown included
     command_cpu_ms_per_op: float
@@ -132,8 +132,9 @@ def plain(duration: float, threads: int, items: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- measurement
 
 
-def _ddb_local_pid() -> int | None:
-    """DynamoDB Local's JVM, found by its command line (read-only use of /proc)."""
+def _server_pid() -> int | None:
+    """The stack's DynamoDB server (scripts/dynamodb_server.py), found by its command line
+    (read-only use of /proc)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -141,7 +142,7 @@ def _ddb_local_pid() -> int | None:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"DynamoDBLocal" in cmdline:
+        if b"dynamodb_server.py" in cmdline:
             return int(entry.name)
     return None
 
@@ -184,7 +185,7 @@ def run_plain(n: int, args: argparse.Namespace, ddb: int | None) -> Row:
         load_s=out["load_s"],
         ops_s=out["ops"] / out["load_s"],
         cpu_ms_per_op=1000 * out["cpu_s"] / max(out["ops"], 1),
-        ddb_local_cpu_s=None if d0 is None or d1 is None else d1 - d0,
+        server_cpu_s=None if d0 is None or d1 is None else d1 - d0,
         command_wall_s=wall,
         command_cpu_s=cpu,
         command_cpu_ms_per_op=1000 * cpu / max(out["ops"], 1),
@@ -218,7 +219,7 @@ def run_cmr(n: int, args: argparse.Namespace, ddb: int | None) -> Row:
         load_s=float(data["duration_s"]),
         ops_s=ok / float(data["duration_s"]),
         cpu_ms_per_op=float(data["client_cpu"]["cpu_per_op_us"]) / 1000,
-        ddb_local_cpu_s=None if d0 is None or d1 is None else d1 - d0,
+        server_cpu_s=None if d0 is None or d1 is None else d1 - d0,
         command_wall_s=wall,
         command_cpu_s=cpu,
         command_cpu_ms_per_op=1000 * cpu / max(ok, 1),
@@ -241,7 +242,7 @@ def main() -> None:
         return
     if not os.environ.get("AWS_ENDPOINT_URL_DYNAMODB"):
         sys.exit('no AWS_ENDPOINT_URL_DYNAMODB: run eval "$(scripts/stack.sh env)" first')
-    ddb = _ddb_local_pid()
+    ddb = _server_pid()
     rows: list[Row] = []
     for n in range(1, args.repeat + 1):
         for run in (run_plain, run_cmr):
@@ -249,8 +250,8 @@ def main() -> None:
             rows.append(row)
             print(
                 f"round {n} {row.side:5}: {row.ops_s:8.0f} ops/s  {row.cpu_ms_per_op:6.3f} "
-                f"ms CPU/op  errors {row.errors}  DynamoDB Local CPU "
-                f"{row.ddb_local_cpu_s if row.ddb_local_cpu_s is not None else float('nan'):.1f}"
+                f"ms CPU/op  errors {row.errors}  server CPU "
+                f"{row.server_cpu_s if row.server_cpu_s is not None else float('nan'):.1f}"
                 f" s  command {row.command_wall_s:.1f} s wall, {row.command_cpu_s:.1f} s CPU"
                 f" ({row.command_cpu_ms_per_op:.3f} ms/op)  load avg {row.loadavg_1m:.2f}"
                 + "".join(f"\n    warning: {w}" for w in row.warnings),
@@ -265,6 +266,7 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "machine": f"{platform.platform()}, {os.cpu_count()} cores",
             "python": platform.python_version(),
+            "dynamodb": "moto 5.2.5 (scripts/dynamodb_server.py): an emulator's figures",
             "cmr_command": " ".join(cmr_command(args, "JSON")),
             "args": {k: v for k, v in vars(args).items() if k not in ("json", "plain")},
         }

@@ -18,16 +18,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export UV_PYTHON_DOWNLOADS=never
 step() { printf '\n==> %s\n' "$*"; }
 
-uv_cmd() {
-    if command -v uv >/dev/null 2>&1; then
-        uv "$@"
-    else
-        if ! python3 -m uv --version >/dev/null 2>&1; then
-            python3 -m pip install -q uv
-        fi
-        python3 -m uv "$@"
-    fi
-}
+# uv_cmd: uv on PATH, python3 -m uv, or a hash-checked copy in .tools/uv (scripts/uv.sh)
+source scripts/uv.sh
 
 lock() {
     # Resolved once for every Python from 3.11 on and every platform (--universal: a pin

@@ -55,17 +55,8 @@ die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # ===================================================================== helpers ====
 
-uv_cmd() {
-    if command -v uv >/dev/null 2>&1; then
-        uv "$@"
-    elif python3 -m uv --version >/dev/null 2>&1; then
-        python3 -m uv "$@"
-    else
-        log "uv not found; installing it with pip"
-        python3 -m pip install -q uv >&2
-        python3 -m uv "$@"
-    fi
-}
+# uv_cmd: uv on PATH, python3 -m uv, or a hash-checked copy in .tools/uv (scripts/uv.sh)
+source "$ROOT/scripts/uv.sh"
 
 sha256_of() { cat "$@" | sha256sum | cut -d' ' -f1; }
 

@@ -2,5 +2,5 @@
 
 ``base`` documents the protocols; ``embedded`` runs them in-process (the default, and the
 fault injector's home); ``aws`` runs them on SQS, S3 and DynamoDB through aioboto3, which is
-also how LocalStack and DynamoDB Local are reached (standard endpoint settings only).
+also how the local stack (LocalStack, moto) is reached (standard endpoint settings only).
 """

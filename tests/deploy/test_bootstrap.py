@@ -1,6 +1,6 @@
 """The launch template's user data is a real script: render it as CloudFormation would, run
 it here in a scratch root (systemctl, the AWS CLI and pip replaced through its CMR_*
-variables) against LocalStack and DynamoDB Local, and check that the worker it starts serves
+variables) against the local stack (LocalStack, moto), and check that the worker it starts serves
 a job; and that a wheel or a lock that is not the one its key names is never installed."""
 
 from __future__ import annotations

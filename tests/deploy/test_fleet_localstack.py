@@ -1,5 +1,5 @@
 """`cmr fleet up/status/logs/down` against LocalStack community: it accepts the template
-(table in DynamoDB Local, so CreateTable=false) and creates the idle alarm, but creates no
+(table in the local DynamoDB, so CreateTable=false) and creates the idle alarm, but creates no
 Auto Scaling group and serves no Auto Scaling API, so status reports the group missing; down
 must leave nothing behind."""
 
@@ -63,7 +63,7 @@ def test_up_status_down_on_localstack(s3_front: Front, monkeypatch: pytest.Monke
     }
     assert {"Bucket", "WorkerRole", "WorkerProfile", "WorkerSecurityGroup", "LaunchTemplate",
             "WorkerGroup", "ScaleToZero", "IdleAlarm"} <= set(resources)  # fmt: skip
-    assert "Table" not in resources  # the condition left it out: DynamoDB Local has the table
+    assert "Table" not in resources  # the condition left it out: the local DynamoDB has it
     params = {
         p["ParameterKey"]: p["ParameterValue"]
         for p in cfn.describe_stacks(StackName=stack)["Stacks"][0]["Parameters"]

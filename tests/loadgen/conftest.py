@@ -1,8 +1,8 @@
-"""Services the load-generator tests drive: moto's SimpleDB server and a scripted HTTP server.
+"""Services the load-generator tests drive: the local stack's SimpleDB and a scripted HTTP server.
 
-moto's server is the only local SimpleDB; it runs as a subprocess for the session and skips
-(fails in CI) when moto is not installed. The scripted server answers every request with the
-next response of a script (the last one repeats), so tests can provoke the exact errors a
+SimpleDB is the local stack's moto server (scripts/stack.sh), reached through the standard
+``AWS_ENDPOINT_URL_SIMPLEDB`` as a user reaches it. The scripted server answers every request
+with the next response of a script (the last one repeats), so tests can provoke the exact errors a
 cloud service sends under load (503 ServiceUnavailable, SlowDown, throttling) through the
 real SDK, which a local stack never does.
 """
@@ -10,14 +10,8 @@ real SDK, which a local stack never does.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import importlib.util
-import os
 import socket
-import subprocess
-import sys
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -36,52 +30,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_for_port(port: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def _unavailable(message: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-@pytest.fixture(scope="session")
-def moto_server() -> Iterator[str]:
-    """The URL of a moto server started for this session."""
-    if importlib.util.find_spec("moto") is None:
-        _unavailable("moto is not installed: install moto[server] for the SimpleDB tests")
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        if not _wait_for_port(port, 30):
-            _unavailable("moto's server did not start within 30 s")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture
-def simpledb(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Point SimpleDB clients at moto through the AWS_ENDPOINT_URL_SDB alias."""
-    for key, value in TEST_CREDENTIALS.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_SDB", moto_server)
-    return moto_server
+def simpledb(aws_stack: dict[str, str]) -> str:
+    """The local stack's SimpleDB (moto), through the standard AWS_ENDPOINT_URL_SIMPLEDB."""
+    return aws_stack["AWS_ENDPOINT_URL_SIMPLEDB"]
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """``cmr loadgen`` end to end against the real local stores.
 
-DynamoDB Local, LocalStack's S3 and SQS (the ``aws_stack`` fixture; skipped when the stack is
+moto's DynamoDB, LocalStack's S3 and SQS (the ``aws_stack`` fixture; skipped when the stack is
 down, failed in CI) and moto's SimpleDB server (the ``simpledb`` fixture). Every run names
 its target resource uniquely and checks it is gone afterwards; one jam also runs the engine
 itself on the local stack (``--backend aws --workers 2``). Small runs: the point is the
@@ -160,7 +160,7 @@ def test_jam_with_the_engine_on_the_local_stack(
     aws_stack: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--backend aws --workers 2: two `cmr worker` processes run the load job's tasks, with
-    the job's own queues, bucket and table on LocalStack and DynamoDB Local."""
+    the job's own queues, bucket and table on the local stack."""
     seen: list[Progress] = []
     update = report.LiveStatus.update
 

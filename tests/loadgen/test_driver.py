@@ -269,8 +269,8 @@ def test_generator_saturation_rule() -> None:
 
 
 @pytest.mark.usefixtures("aws_stack")
-async def test_staleness_on_dynamodb_local() -> None:
-    """DynamoDB Local is one node: every read is fresh, whatever its mode."""
+async def test_staleness_on_the_local_dynamodb() -> None:
+    """The local DynamoDB (moto) is one copy: every read is fresh, whatever its mode."""
     prepared = await prepare("dynamodb", {})
     resources = prepared.resources
     try:

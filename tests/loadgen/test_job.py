@@ -83,7 +83,7 @@ def test_visibility_outlasts_the_longest_task() -> None:
 
 
 @pytest.mark.usefixtures("aws_stack")
-async def test_run_load_against_dynamodb_local() -> None:
+async def test_run_load_against_the_local_dynamodb() -> None:
     """The CLI's sequence: prepare the table, run the load job, clean up."""
     prepared = await prepare("dynamodb", {})
     resources = prepared.resources

@@ -6,7 +6,7 @@ single request; it deletes only what it created; a table, bucket or queue the us
 that existed before is used as-is and keeps its contents; cmr's own store is refused as a
 target unless the user asks for it.
 
-Against DynamoDB Local and LocalStack (``aws_stack``); the refusals need no stack: a counting
+Against the local stack (``aws_stack``); the refusals need no stack: a counting
 HTTP(S) proxy stands in for AWS and proves no request left.
 """
 
@@ -232,7 +232,7 @@ def test_the_simulated_store_is_stated_as_local(tmp_path: Path) -> None:
 
 def test_cmr_own_table_is_refused_as_a_target(user_table: str, tmp_path: Path) -> None:
     before = _items(user_table)
-    # --table names cmr's own table (the store's; a unique one here, on DynamoDB Local)
+    # --table names cmr's own table (the store's; a unique one here, on the local stack)
     code, _, err = _run(
         "jam", "--target", "dynamodb", "--table", user_table, "--target-table", user_table,
         "--ops", "10", "--json", str(tmp_path / "j.json"),
@@ -350,7 +350,7 @@ def test_a_non_local_target_without_yes_or_a_terminal_is_refused_before_any_requ
     assert proxy.connections == 0
 
 
-# a non-local endpoint that is really DynamoDB Local: --yes, and the terminal's yes or no -------
+# a non-local endpoint that is really the local DynamoDB: --yes, and the terminal's yes or no ---
 
 
 def _outward_address() -> str | None:
@@ -365,7 +365,7 @@ def _outward_address() -> str | None:
 
 
 class Relay(Listener):
-    """Forwards connections from this machine's non-loopback address to DynamoDB Local: an
+    """Forwards connections from this machine's non-loopback address to the local DynamoDB: an
     endpoint the load generator cannot take for a local one, behind which is a real store."""
 
     def __init__(self, host: str, to_port: int) -> None:

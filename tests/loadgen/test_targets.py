@@ -1,6 +1,6 @@
 """Each target against its real local service, and error classes from real SDK errors.
 
-DynamoDB runs on DynamoDB Local, S3 and SQS on LocalStack (the ``aws_stack`` fixture),
+DynamoDB runs on moto's server, S3 and SQS on LocalStack (the ``aws_stack`` fixture),
 SimpleDB on moto's server. Errors the local services never send (throttling, 503s) come from
 a scripted HTTP server through the real SDK: the bodies are the services' documented ones,
 SimpleDB's being seed 000's own.
@@ -165,12 +165,33 @@ async def test_moto_ignores_simpledb_expected(opened: Any) -> None:
         await cleanup(prepared)
 
 
+def _domains(url: str) -> list[str]:
+    import boto3
+
+    client = boto3.client("sdb", endpoint_url=url, region_name="us-east-1")
+    return list(client.list_domains().get("DomainNames", []))
+
+
 async def test_simpledb_standard_endpoint_variable_wins(
-    moto_server: str, test_credentials: None, monkeypatch: pytest.MonkeyPatch
+    simpledb: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("AWS_ENDPOINT_URL_SIMPLEDB", moto_server)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_SDB", f"http://127.0.0.1:{free_port()}")
+    """AWS_ENDPOINT_URL_SIMPLEDB (botocore's own name) wins over cmr's AWS_ENDPOINT_URL_SDB
+    alias: the domain is made, and deleted, where the standard variable points."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SDB", f"http://127.0.0.1:{free_port()}")  # nothing
     prepared = await prepare("simpledb", {})
+    domain = prepared.resources["domain"]
+    assert domain in _domains(simpledb)
+    await cleanup(prepared)
+    assert domain not in _domains(simpledb)
+
+
+async def test_simpledb_alias_is_used_when_the_standard_variable_is_unset(
+    simpledb: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AWS_ENDPOINT_URL_SIMPLEDB")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SDB", simpledb)
+    prepared = await prepare("simpledb", {})
+    assert prepared.resources["domain"] in _domains(simpledb)
     await cleanup(prepared)
 
 

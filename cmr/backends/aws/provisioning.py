@@ -1,7 +1,7 @@
 """Opening the aws backend: one client per service, a fast probe of each, and the bucket and
 table made if they are missing (and allowed to be).
 
-LocalStack and DynamoDB Local are this backend with other endpoints: botocore reads
+LocalStack and moto's DynamoDB server are this backend with other endpoints: botocore reads
 ``AWS_ENDPOINT_URL`` and ``AWS_ENDPOINT_URL_<SERVICE>`` itself, so no code path here knows
 about them.
 """

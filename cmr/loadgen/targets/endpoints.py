@@ -3,7 +3,7 @@
 The endpoint is botocore's own resolution (``AWS_ENDPOINT_URL_<SERVICE>``,
 ``AWS_ENDPOINT_URL``, a profile's ``endpoint_url``, else the service's AWS endpoint for the
 region), read off a client that is built and never called. Local means a loopback address or
-``localhost``: LocalStack and DynamoDB Local as ``scripts/stack.sh`` runs them. Anything else,
+``localhost``: LocalStack and moto's DynamoDB as ``scripts/stack.sh`` runs them. Anything else,
 AWS above all, may cost money or be someone's production store, so the CLI asks first.
 """
 
