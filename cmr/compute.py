@@ -545,7 +545,7 @@ def _map_into(
     fd: int,
     result: MapResult,
 ) -> None:
-    job = job_instance(spec.job, ref, params, spec.lines, spec.files_dir)
+    job = job_instance(spec.job, ref, params, spec.lines, spec.files_dir).for_task()
     step, step_name = job_step(job, spec.step)
     universal = (spec.lines or job.lines) == "universal"
     fmt = formats.parse_input(spec.input_format or "lines")
@@ -1062,7 +1062,7 @@ def run_reduce(
             counters.collecting() as counted,
             _reported(result, limit_s, what),
         ):
-            job = job_instance(job_id, ref, params, files_dir=files_dir)
+            job = job_instance(job_id, ref, params, files_dir=files_dir).for_task()
             step, step_name = job_step(job, step_index)
             if sort_values is None:
                 sort_values, value_order = value_sorting(job, step)

@@ -101,8 +101,22 @@ class Job:
         self.params: dict[str, str] = dict(params or {})
 
     def setup(self) -> None:
-        """Called once in each worker process before its first task (open files, compile
-        patterns, read ``self.params``)."""
+        """Called once in each worker process before its first task of this job (open
+        files, compile patterns, read ``self.params``).
+
+        The instance's lifetime: one per job in each worker process. It serves every task of
+        the job that the process runs, one after another, so what ``setup`` makes is shared
+        by them, and so is anything a task leaves on ``self``. State of one task belongs in
+        the step's hooks: reset it in ``map_init`` (``reduce_init``) and yield it in
+        ``map_final`` (``reduce_final``); kept from ``__init__`` or ``setup`` and yielded in
+        a final hook, it would be yielded again by the next task in the same process. (An
+        mrjob job runs as mrjob runs it: a fresh instance for every task; see ``for_task``.)"""
+
+    def for_task(self) -> Job:
+        """The instance one task runs on: this one (see ``setup``). A framework whose jobs
+        get an instance per task (mrjob, Hadoop Streaming) returns a fresh one made like
+        this one; the engine calls it at the start of every map and reduce task."""
+        return self
 
     def map(self, key: str, value: str) -> Iterable[Pair]:
         """One input record: key is the input's name, value one line (UTF-8, errors

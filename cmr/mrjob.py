@@ -21,6 +21,7 @@ libjars, archives and dirs, jobconf other than the reducer count).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -158,21 +159,38 @@ class MRJobAdapter(Job):
 
     def __init__(self, params: dict[str, str] | None = None) -> None:
         super().__init__(params)
+        self.mr = self.made()
+        self._wd: str | None = None
+        self._steps = _steps_of(self)
+
+    def made(self) -> Any:
+        """A new instance of the MRJob, made from the job's arguments as mrjob makes one."""
         cls = self.mrjob_class
         name = cls.__name__
         args = _argv(self.params, name)
         try:
-            self.mr = cls(args)
+            mr = cls(args)
         except Exception as exc:  # argparse's error, raised by MRJob(args=...) as ValueError
             raise JobCodeError(
                 f"{name} {' '.join(args) or '(no arguments)'}: {exc} (give the job's "
                 "arguments after --: cmr run JOB --input IN --output OUT -- ARGS)"
             ) from None
         # Counters and status go to cmr's, with mrjob's own checks and comma rule.
-        self.mr.increment_counter = self._increment_counter
-        self.mr.set_status = lambda msg: self.set_status(str(msg))
-        self._wd: str | None = None
-        self._steps = _steps_of(self)
+        mr.increment_counter = self._increment_counter
+        mr.set_status = lambda msg: self.set_status(str(msg))
+        return mr
+
+    def for_task(self) -> MRJobAdapter:
+        """Under mrjob (and Hadoop Streaming, one process per task) an MRJob instance lives
+        for one task: what ``__init__`` or ``mapper_init`` puts on ``self`` and
+        ``mapper_final`` yields is that task's alone. So every map and reduce task gets a
+        fresh MRJob here (and its combiner another: mrjob runs the combiner as a task of its
+        own), never the one an earlier task of the same process ran on."""
+        fresh = copy.copy(self)  # params, side files' directory, line endings: the job's
+        fresh.__dict__.pop("_cmr_steps", None)
+        fresh.mr = fresh.made()
+        fresh._steps = _steps_of(fresh)
+        return fresh
 
     def mapping(self, source: str) -> None:
         """What jobconf_from_env('mapreduce.map.input.file') says while map reads ``source``."""
@@ -301,6 +319,10 @@ def _steps_of(a: MRJobAdapter) -> list[Step]:
     from mrjob.step import MRStep  # type: ignore[import-untyped]
 
     mr_steps = list(mr.steps())
+    # The combiner's own instance (see MRJobAdapter.for_task), made only for a job that has one.
+    combiner_steps = (
+        list(a.made().steps()) if any(_has(s, "combiner") for s in mr_steps) else mr_steps
+    )
     if not mr_steps:
         raise JobCodeError(f"{name} has no steps: define mapper, reducer or steps()")
     out = []
@@ -331,7 +353,7 @@ def _steps_of(a: MRJobAdapter) -> list[Step]:
             )
         if _field(step, "mapper_raw") and (i > 0 or a.input_format != "whole"):
             raise JobCodeError(f"{where}: mapper_raw is for the first step only")
-        out.append(_step(a, i, step, last=i == len(mr_steps) - 1))
+        out.append(_step(a, i, step, combiner_steps[i], last=i == len(mr_steps) - 1))
     return out
 
 
@@ -342,10 +364,13 @@ def _split(line: bytes) -> Pair:
     return (line, b"") if tab < 0 else (line[:tab], line[tab:])
 
 
-def _step(a: MRJobAdapter, i: int, s: Any, last: bool) -> Step:
+def _step(a: MRJobAdapter, i: int, s: Any, cs: Any, last: bool) -> Step:
+    """Step ``i`` of the MRJob: ``s`` as the mapper's and reducer's instance made it, ``cs``
+    as the combiner's."""
     from cmr.job import Step
 
     mr = a.mr
+    of = {"mapper": s, "combiner": cs, "reducer": s}
 
     def encoder(kind: str) -> Callable[[Iterable[Pair] | None], Iterator[Pair]]:
         write = mr.pick_protocols(i, kind)[1]
@@ -365,7 +390,7 @@ def _step(a: MRJobAdapter, i: int, s: Any, last: bool) -> Step:
         return shuffled
 
     def grouped(kind: str) -> Callable[[Any, Iterator[Any]], Iterable[Pair]]:
-        fn, read, encode = s[kind], mr.pick_protocols(i, kind)[0], encoder(kind)
+        fn, read, encode = of[kind][kind], mr.pick_protocols(i, kind)[0], encoder(kind)
 
         def call(key: bytes, tails: Iterator[bytes]) -> Iterator[Pair]:
             a.enter()
@@ -382,7 +407,7 @@ def _step(a: MRJobAdapter, i: int, s: Any, last: bool) -> Step:
         return call
 
     def hooks(kind: str) -> tuple[Callable[[], None] | None, Callable[[], Iterable[Pair]] | None]:
-        init, final = _field(s, kind + "_init"), _field(s, kind + "_final")
+        init, final = _field(of[kind], kind + "_init"), _field(of[kind], kind + "_final")
         if init is None and final is None:
             return None, None
         encode = encoder(kind)

@@ -376,3 +376,68 @@ def test_bad_job_arguments_are_named(args: tuple[str, ...], message: str, tmp_pa
     assert done.returncode != 0
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+# ------------------------------------------------------------- an instance lives for one task
+
+JOBS = Path(__file__).parent / "jobs"
+
+
+@pytest.fixture(scope="session")
+def many_tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """13 MB of the examples' text lines in 40 files: with --memory-mb 32 (4 MiB splits),
+    four map tasks and four reduce tasks for one worker's two pool processes."""
+    import random
+
+    text = "".join((DATA / n).read_text() for n in ("leaves.txt", "perfumes.txt"))
+    source = text.splitlines()
+    rng = random.Random(7)
+    root = tmp_path_factory.mktemp("many-tasks")
+    for i in range(40):
+        lines = [rng.choice(source) for _ in range(6000)]
+        (root / f"part{i:02}.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def run_many(job: Path, root: Path, out: Path) -> Counter[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "cmr", "run", str(job), "-i", str(root), "-o", str(out),
+         "--memory-mb", "32", "--reducers", "4"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return parts(out)
+
+
+def test_mr_wc_counts_each_line_once_when_a_process_runs_several_tasks(
+    mrjob_python: Path, many_tasks: Path, tmp_path: Path
+) -> None:
+    """mrjob's mr_wc keeps its counts on self from __init__ and yields them in mapper_final.
+    A worker process that kept one instance for all its map tasks yielded the earlier tasks'
+    counts again (lines 600,137 instead of 240,000 here); mrjob's inline runner is the
+    oracle."""
+    case = Case("mr_wc")
+    done = subprocess.run(
+        [str(mrjob_python), str(EXAMPLES / "mr_wc.py"), "-r", "inline", "--no-conf",
+         *(str(p) for p in sorted(many_tasks.iterdir()))],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = lines(done.stdout)
+    assert expected['"lines"\t240000'] == 1
+    assert_same(case, run_many(EXAMPLES / "mr_wc.py", many_tasks, tmp_path / "out"), expected)
+
+
+def test_every_task_gets_a_fresh_instance(many_tasks: Path, tmp_path: Path) -> None:
+    got: dict[str, list[Any]] = {}
+    for line in run_many(JOBS / "mr_task_state.py", many_tasks, tmp_path / "out").elements():
+        key, _, value = line.partition("\t")
+        got.setdefault(json.loads(key), []).append(json.loads(value))
+    pids = got["map_task_in_process"][0]
+    # The test means something only if some process ran two map tasks.
+    assert len(pids) > len(set(pids)), pids
+    assert sum(got["lines_by_task"][0]) == 240_000  # each map task counted its own lines
+    # words, lines_by_task, map_task_in_process: reduced once each, whatever the process
+    assert sum(got["keys_by_reduce_task"]) == 3
+    assert len(got["keys_by_reduce_task"]) == 4  # one line per reduce task
+    assert "combiner_saw_the_mappers_instance" not in got
