@@ -866,3 +866,19 @@ CASES: list[Case] = [
         user_frames="job.py",
     ),
 ]
+
+
+def _topics() -> list[Case]:
+    """The cases of ``cases_<topic>.py`` beside this file (each a ``CASES`` list of its
+    own): one table, as if written here."""
+    import importlib
+    import pkgutil
+
+    found: list[Case] = []
+    for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda i: i.name):
+        if info.name.startswith("cases_"):
+            found += importlib.import_module(f"tests.usage.{info.name}").CASES
+    return found
+
+
+CASES += _topics()
