@@ -4,6 +4,8 @@
 #   scripts/setup.sh        then: .venv/bin/cmr --help
 #   scripts/setup.sh dev    also the development tools (requirements-dev.txt: pytest, mypy,
 #                           ruff, moto ...), as scripts/test.sh does
+#   scripts/setup.sh mrjob  also mrjob 0.7.4, to run mrjob jobs (requirements-mrjob.txt;
+#                           the checkout's `pip install 'cmr[mrjob]'`)
 #   scripts/setup.sh lock   re-resolve both locks (same pins, fresh hashes); pass
 #                           --upgrade-package NAME (or --upgrade) to move a pin on purpose
 #   PYTHON=python3.12 scripts/setup.sh    use that interpreter for a new .venv (default:
@@ -38,7 +40,10 @@ lock() {
         --constraint requirements-dev.txt --output-file requirements-dev.txt "$@"
     uv_cmd pip compile pyproject.toml "$build" "${common[@]}" \
         --constraint requirements-dev.txt --output-file requirements.txt
-    sed -i "s|$build|pyproject.toml [build-system]|" requirements-dev.txt requirements.txt
+    uv_cmd pip compile pyproject.toml "$build" --extra mrjob "${common[@]}" \
+        --constraint requirements-dev.txt --output-file requirements-mrjob.txt
+    sed -i "s|$build|pyproject.toml [build-system]|" requirements-dev.txt requirements.txt \
+        requirements-mrjob.txt
 }
 
 # The interpreter for a new .venv: $PYTHON, else python3.11, else the newest 3.11+ found.
@@ -95,9 +100,10 @@ case "${1:-}" in
         exit 0
         ;;
     dev) locks=(requirements.txt requirements-dev.txt) ;;
+    mrjob) locks=(requirements-mrjob.txt) ;;
     "") locks=(requirements.txt) ;;
     *)
-        echo "error: unknown argument '$1': use scripts/setup.sh [dev|lock]" >&2
+        echo "error: unknown argument '$1': use scripts/setup.sh [dev|mrjob|lock]" >&2
         exit 2
         ;;
 esac

@@ -4,8 +4,8 @@ Each case is run by ``test_mistakes.py`` as a user would run it: the ``cmr`` com
 fresh directory, nothing waiting on its behalf. A case names the culprit the answer must
 mention (a file, a link, an option, a method), its exit status and a bound on the time to
 the answer; the harness also checks that nothing was written to the output or destroyed in
-it, and that no traceback but the user's own frames is shown. The README's
-*Troubleshooting* section lists every ``what`` here (a test keeps the two in step).
+it, and that no traceback but the user's own frames is shown. docs/troubleshooting.md
+lists every ``what`` here (a test keeps the two in step).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Case:
     the case's directory."""
 
     id: str
-    what: str  # the mistake, as the README's troubleshooting lists it
+    what: str  # the mistake, as docs/troubleshooting.md lists it
     argv: tuple[str, ...]
     code: int = 1  # the exit status
     names: tuple[str, ...] = ()  # what the error line must mention (the culprit)
