@@ -1,5 +1,6 @@
 """Load generator benchmark: ops/s one cmr worker process sustains against the local stack's
-DynamoDB (moto's server, an emulator: its figures are never DynamoDB's), next to a plain 100-thread boto3 driver (the seeds' method), measured in the same run.
+DynamoDB (moto's server, an emulator: its figures are never DynamoDB's), next to a plain
+100-thread boto3 driver (the seeds' method), measured in the same run.
 
     eval "$(scripts/stack.sh env)"
     .venv/bin/python benchmarks/loadgen_ddb.py [--duration 15] [--repeat 3] [--items 1000]
