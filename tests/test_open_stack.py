@@ -21,7 +21,8 @@ ARTIFACTS = re.compile(
 )
 # Where the name may stand in prose: the reasons it is not used, and history.
 NAMED_ONLY_IN = {
-    "README.md",  # why moto; one figure measured on it
+    "docs/aws.md",  # why moto
+    "docs/performance.md",  # figures measured on it
     "scripts/README-stack.md",  # why moto
     "scripts/stack.sh",  # why moto
     "benchmarks/RESULTS.md",  # figures measured on it, beside the emulator's today
