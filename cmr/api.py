@@ -106,8 +106,8 @@ class RunOptions:
     params: Mapping[str, str] = field(default_factory=dict)
     visibility_timeout: int = 60  # a task's lease, seconds
     task_timeout: int = 0  # 0: grows with each task's input (cmr.timelimit)
-    max_task_failures: int = 3
-    max_task_attempts: int = 10
+    max_task_attempts: int = 10  # runs of one task that raise before the job fails
+    max_task_failures: int | None = None  # the older name of max_task_attempts; wins if set
     overwrite: bool = False
     lines: str = ""  # "lf", "universal" (\r\n and \r end lines too); "": the job's ``lines``
     split_bytes: int | None = None  # None: chosen from the input and the parallelism
@@ -139,8 +139,10 @@ class RunOptions:
         return submit.JobOptions(
             **step_options(cls, self.params, self.reducers, self.step, self.from_step),
             visibility_s=self.visibility_timeout,
-            max_task_failures=self.max_task_failures,
-            max_task_attempts=self.max_task_attempts,
+            # --max-task-attempts bounds raises; starts that never end keep their own bound.
+            max_task_failures=self.max_task_attempts
+            if self.max_task_failures is None
+            else self.max_task_failures,
             task_timeout_s=self.task_timeout,
             overwrite=self.overwrite,
             params=dict(self.params),
@@ -414,6 +416,8 @@ async def _spawn_worker(
         *(sys.executable, "-m", "cmr", "worker", "--job", job_id, "--no-create"),
         *("--store", Store(BackendName.aws, aws).url),
         *("--settings-json", mine.to_json()),
+        # Its lines reach our terminal: at our verbosity (attempts are -v's), not a fleet's.
+        *("--log-level", str(logs.level())),
     ]
     # In a session of their own: a Ctrl-C at the terminal reaches `cmr run` alone, which
     # cancels the job and lets its workers clean it up before they stop.

@@ -1,13 +1,15 @@
 """Every way a task can fail, counted and bounded, so that every job ends.
 
 * A task that raises — the job's code, reading its input, the disk, the store, a bug of ours —
-  counts one failure in its ``fail#`` record; after ``max_task_failures`` the job fails with
-  the last error and its traceback. Its message is released for another try at once.
+  counts one failure in its ``fail#`` record; after ``max_task_failures`` (``--max-task-attempts``:
+  runs of one task that raise) the job fails with the last error and its traceback. Its
+  message is released for another try at once.
 * A permanent error (the input vanished or cannot be read, the store refuses the request as
   invalid, a record that does not validate) fails the job at once: a retry would fail the same.
 * A task can also fail without raising: the worker dies on it, or is paused past its lease.
   Such a task is started again (a map task message delivered again, a partition taken over);
-  every restart counts, and a task started ``max_task_attempts`` times fails the job.
+  a task started ``max_task_attempts`` times without finishing or raising fails the job. A
+  start that ended in a raise is the rule above's, never this one's: starts minus raises.
 * Transient errors (throttling, an unreachable service) are the store's, not the task's: the
   worker backs off and the task returns when its lease lapses, bounded by the restarts rule.
 """
@@ -63,7 +65,8 @@ def headline(error: str) -> tuple[str, str]:
     """A task's error as (the one line that says what went wrong, the rest): user code's
     errors begin with it (``J.map raised ValueError: boom``, then the user's frames); a bare
     traceback ends with it."""
-    lines = error.strip().splitlines()
+    # "\n" only: splitlines() would also break at a \r or \u2028 inside the user's message.
+    lines = error.strip().split("\n")
     if not lines:
         return "?", ""
     if lines[0].startswith("Traceback"):
@@ -97,7 +100,8 @@ async def task_failed(
     """Count a failure; retry the task at once, or fail the job once it keeps failing."""
     last, details = headline(error)
     if permanent:
-        rt.log.warning("task cannot succeed", job=spec.job_id, task=task.what, error=last)
+        # Per attempt: the worker's log (INFO) and -v; the job's reason carries it to the user.
+        rt.log.info("task cannot succeed", job=spec.job_id, task=task.what, error=last)
         reason = f"{task.what} failed, and would fail again: {last}"
         await fail_job(rt, spec, f"{reason}\n{details}" if details else reason)
         return
@@ -105,10 +109,14 @@ async def task_failed(
     if item is None:
         return  # the job ended meanwhile
     failures = int(item.get("count", 0))
-    rt.log.warning("task failed", job=spec.job_id, task=task.what, failures=failures, error=last)
+    # One line per attempt is the worker's log (INFO) and -v's; `cmr status` shows the count.
+    rt.log.info("task failed", job=spec.job_id, task=task.what, failures=failures, error=last)
     if failures >= spec.max_task_failures:
         # The reason's first line says what went wrong; the user's frames follow it.
-        reason = f"{task.what} failed {failures} times: {last}"
+        reason = (
+            f"{task.what} failed {_times(failures)} (--max-task-attempts "
+            f"{spec.max_task_failures}): {last}"
+        )
         await fail_job(rt, spec, f"{reason}\n{details}" if details else reason)
         return
     await rt.add_stats(spec.job_id, Counter(tasks_retried=1))
@@ -117,10 +125,11 @@ async def task_failed(
 
 async def map_redelivered(rt: Runtime, spec: JobSpec, task: TaskRef) -> bool:
     """A map task's message came back and the task is not done: it starts again. False once
-    it has started too often (the job was failed)."""
+    it has started too often without finishing or raising (the job was failed)."""
     item = await _count(rt, spec, task, add={"starts": 1})
     if item is None:
         return False  # the job ended meanwhile
+    # "starts" counts deliveries before this one; those that raised are counted apart.
     return await _bounded(rt, spec, task, 1 + int(item.get("starts", 0)), item)
 
 
@@ -143,26 +152,42 @@ async def _count(
 
 
 async def reduce_claimed(rt: Runtime, spec: JobSpec, task: TaskRef, epoch: int) -> bool:
-    """A partition was claimed for the ``epoch``-th time. False once that is too often."""
+    """A partition was claimed for the ``epoch``-th time. False once it was started too
+    often without finishing or raising."""
     if epoch <= 1:
         return True
-    item = await rt.backend.table.get(job_pk(spec.job_id), fail_sk(task.id)) or {}
+    # Consistent: the raise that released the last claim was counted before its release.
+    key = (job_pk(spec.job_id), fail_sk(task.id))
+    item = await rt.backend.table.get(*key, consistent=True) or {}
     return await _bounded(rt, spec, task, epoch, item)
 
 
 async def _bounded(rt: Runtime, spec: JobSpec, task: TaskRef, starts: int, item: Item) -> bool:
+    """``starts``: this start and all before it. Those that raised are bounded by
+    ``max_task_failures`` (and released at once); the rest never finished: their workers died,
+    were stopped or lost the lease, and ``max_task_attempts`` bounds those."""
+    raised = int(item.get("count", 0))
+    lost = max(1, starts - raised)  # this start, and the ones before that never ended
+    if lost == 1:
+        return True  # a first try, or a retry after a raise: nothing was lost
     await rt.add_stats(spec.job_id, Counter(tasks_restarted=1))
-    if starts <= spec.max_task_attempts:
+    if lost <= spec.max_task_attempts:
         return True
-    last = str(item.get("error", "")) or "(it never raised: look in the workers' logs)"
-    await fail_job(
-        rt,
-        spec,
-        f"{task.what} was started {starts} times without finishing: the workers that took "
-        f"it died or were stopped (out of memory? killed?) or lost its lease. "
-        f"Last error:\n{last}",
+    reason = (
+        f"{task.what} was started {lost} times without finishing or raising: the workers "
+        f"that took it died or were stopped (out of memory? killed?) or lost its lease"
     )
+    if raised:
+        last, details = headline(str(item.get("error", "")))
+        reason += f"; it also raised {_times(raised)}, last: {last}\n{details}"
+    else:
+        reason += ". It never raised: look in the workers' logs."
+    await fail_job(rt, spec, reason.rstrip())
     return False
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n:,} times"
 
 
 async def fail_job(rt: Runtime, spec: JobSpec, reason: str, *, publisher: bool = False) -> None:
@@ -186,5 +211,6 @@ async def fail_job(rt: Runtime, spec: JobSpec, reason: str, *, publisher: bool =
             return  # its output is published: finishing it is a finalizer's duty
         ended = await end(rt.backend, spec, JobState.FAILED, reason=reason, publishing=True)
     if ended:
-        rt.log.warning("job failed", job=spec.job_id, reason=reason.splitlines()[0])
+        # INFO: whoever waits on the job (`cmr run`, `cmr wait`) prints the reason as its error.
+        rt.log.info("job failed", job=spec.job_id, reason=reason.splitlines()[0])
     rt.job_ended(spec)

@@ -239,13 +239,14 @@ async def _hand_over(
 
 async def _count_publish_error(rt: Runtime, spec: JobSpec, exc: Exception, what: str) -> bool:
     """Count an error of publishing (or handing over) on the job record; True when it failed
-    the job: a permanent error, or the count past the task attempts. Otherwise the next
+    the job: a permanent error, or the count at --max-task-attempts. Otherwise the next
     finalizer tries again."""
     errors = await rt.backend.table.update(
         Update(job_pk(spec.job_id), "job", add={"publish_errors": 1})
     )
+    # Publishing errors are raises: bounded as a task's are (--max-task-attempts).
     if isinstance(exc, failures.PERMANENT) or int(errors.get("publish_errors", 0)) >= max(
-        1, spec.max_task_attempts
+        1, spec.max_task_failures
     ):
         await failures.fail_job(rt, spec, f"{what}:\n{failures.describe(exc)}", publisher=True)
         return True

@@ -9,8 +9,17 @@ import structlog
 
 from cmr.text import inert_log_values
 
+# The level configured last: `cmr run` hands it to the workers it starts, so that its
+# terminal shows what its verbosity asks for, whoever logged it.
+_configured = [logging.WARNING]
+
+
+def level() -> int:
+    return _configured[0]
+
 
 def configure(level: int = logging.WARNING) -> None:
+    _configured[0] = level
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,

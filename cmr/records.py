@@ -112,8 +112,9 @@ class JobSpec:
     scratch: str  # URL prefix for this job's plan, attempt outputs and spills
     queue_prefix: str
     visibility_s: int  # task and claim leases
-    max_task_failures: int  # a task that raises this often fails the job
-    max_task_attempts: int = 10  # a task started this often without finishing fails the job
+    max_task_failures: int  # a task that raises this often fails the job (--max-task-attempts)
+    # A task started this often without finishing or raising (its workers died) fails the job.
+    max_task_attempts: int = 10
     task_timeout_s: int = 0  # a task's time limit; 0: grows with its input (cmr.timelimit)
     plan_digest: str = ""  # sha256 of the plan blob: task messages only point into it
     replaces: str = ""  # the output's manifest etag when submitted ("": there was none)

@@ -70,8 +70,8 @@ class JobOptions:
 
     partitions: int
     visibility_s: int = 60
-    max_task_failures: int = 3
-    max_task_attempts: int = 10
+    max_task_failures: int = 3  # runs of one task that raise (--max-task-attempts)
+    max_task_attempts: int = 10  # starts of one task that never end (its workers died)
     task_timeout_s: int = 0  # 0: grows with each task's input (cmr.timelimit)
     overwrite: bool = False
     params: dict[str, str] = field(default_factory=dict)
@@ -105,15 +105,15 @@ class JobOptions:
         )
         need(
             1 <= self.max_task_failures <= MAX_TASK_TRIES,
-            f"max_task_failures must be at least 1 and at most {MAX_TASK_TRIES:,} (how often "
-            f"one task may raise before the job fails; workers refuse more); got "
+            f"--max-task-attempts must be between 1 and {MAX_TASK_TRIES:,} (how often one task "
+            f"may raise before the job fails; workers refuse more); got "
             f"{self.max_task_failures}",
         )
         need(
             1 <= self.max_task_attempts <= MAX_TASK_TRIES,
-            f"--max-task-attempts must be between 1 and {MAX_TASK_TRIES:,} (how often one task "
-            f"may be started before the job fails; workers refuse more); got "
-            f"{self.max_task_attempts}",
+            f"max_task_attempts must be between 1 and {MAX_TASK_TRIES:,} (how often one task "
+            f"may be started without finishing or raising before the job fails; workers "
+            f"refuse more); got {self.max_task_attempts}",
         )
         need(
             0 <= self.task_timeout_s <= MAX_TASK_TIMEOUT_S,

@@ -348,9 +348,11 @@ def status(
                 ("reduces", f"{p.reduces_done}/{p.reduces} committed"),
                 ("output", str(rec.get("user_output", spec.output))),
                 *(
-                    (k, str(p.stats[k]))
+                    # The record's max_task_failures is what --max-task-attempts set; its
+                    # max_task_attempts bounds starts that never end (dead workers).
+                    ("max_task_attempts" if k == "max_task_failures" else k, str(p.stats[k]))
                     for k in sorted(p.stats)
-                    if k not in ("maps", "partitions", "visibility_s", "max_task_failures")
+                    if k not in ("maps", "partitions", "visibility_s", "max_task_attempts")
                 ),
             ]
             t = Table("field", "value", show_header=False)

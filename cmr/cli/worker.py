@@ -79,10 +79,17 @@ def worker(
             "it starts; the flags above override it",
         ),
     ] = None,
+    log_level: Annotated[
+        int | None,
+        typer.Option(
+            hidden=True,
+            help="how `cmr run` hands its verbosity to the workers it starts (a logging level)",
+        ),
+    ] = None,
     verbose: Verbose = 0,
 ) -> None:
     """Serve every running job (or one) until idle: the fleet's only process."""
-    configure_logs(logging.INFO - 10 * verbose)
+    configure_logs(logging.INFO - 10 * verbose if log_level is None else log_level)
     for flag, count in (
         ("--processes", processes),
         ("--map-slots", map_slots),

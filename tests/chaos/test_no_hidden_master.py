@@ -313,7 +313,7 @@ async def test_user_code_deaf_to_its_time_limit_is_killed(pool: Executor, tmp_pa
         ("visibility_s", 0, "--visibility-timeout must be between 1"),
         ("partitions", 0, "--reducers must be between 1"),
         ("partitions", 100_000, "--reducers must be between 1"),
-        ("max_task_failures", 0, "max_task_failures must be at least 1"),
+        ("max_task_failures", 0, "--max-task-attempts must be between 1"),
         ("task_timeout_s", -1, "--task-timeout"),
     ],
 )

@@ -240,6 +240,8 @@ def test_cmr_status_shows_a_failed_jobs_traceback_and_counters(
             str(tmp_path / "out"),
             "--visibility-timeout",
             "5",
+            "--max-task-attempts",
+            "3",
             *names,
         )
         _, err = run.communicate(timeout=120)

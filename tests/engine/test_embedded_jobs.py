@@ -113,7 +113,9 @@ async def test_map_that_raises_fails_the_job_and_cleans_up(
     src = tmp_path / "in.txt"
     src.write_text("fine\nbad line\n")
     with pytest.raises(JobFailed) as info:
-        await run_on(embedded, str(job), str(src), str(tmp_path / "out"), reducers=2)
+        await run_on(
+            embedded, str(job), str(src), str(tmp_path / "out"), reducers=2, max_task_attempts=3
+        )
     reason = info.value.reason
     assert "map task 0 failed 3 times" in reason
     assert "ValueError: cannot handle 'bad line'" in reason

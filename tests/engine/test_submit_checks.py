@@ -217,7 +217,7 @@ async def test_a_refused_job_makes_no_output_directory(embedded: Backend, tmp_pa
         ({"task_timeout": 10**9}, "--task-timeout"),
         ({"max_task_attempts": 0}, "--max-task-attempts"),
         ({"max_task_attempts": 5_000}, "--max-task-attempts"),
-        ({"max_task_failures": 0}, "max_task_failures"),
+        ({"max_task_failures": 0}, "--max-task-attempts"),  # its older name
         ({"workers": -1}, "--workers"),
         ({"workers": 0}, "--workers"),
         ({"workers": 65}, "--workers"),
