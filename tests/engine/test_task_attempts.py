@@ -161,10 +161,10 @@ def test_a_failing_job_is_one_error_line_and_the_users_traceback_attempts_with_v
     quiet = _cmr(*argv, cwd=tmp_path)
     assert quiet.returncode == 1, quiet.stderr
     lines = quiet.stderr.splitlines()
+    assert [line for line in lines if LOG_LINE.match(line)] == [], quiet.stderr
     errors = [line for line in lines if line.startswith("error:")]
     assert len(errors) == 1 and "failed 2 times (--max-task-attempts 2)" in errors[0], lines
     assert "ValueError: cannot reduce" in errors[0]
-    assert [line for line in lines if LOG_LINE.match(line)] == [], quiet.stderr
     assert lines[-1].startswith("ValueError: cannot reduce"), quiet.stderr  # the user's own
     assert len(lines) <= 12, quiet.stderr  # fits a screen whatever the partitions
     # -v: every attempt, one line each.
