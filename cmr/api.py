@@ -393,7 +393,9 @@ async def _until_done_or_workers_gone(
             return waiter.result()
         # Workers exit on their own only once the job ends: give the client a moment to see it.
         with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(asyncio.shield(waiter), 5)
+            # Not wait_for: 3.11's loses a Ctrl-C that comes as the job ends.
+            async with asyncio.timeout(5):
+                return await asyncio.shield(waiter)
         codes = ", ".join(str(c) for c in exits.result())
         raise WorkersGone(
             f"all {len(procs)} worker processes exited (codes {codes}) before job {job_id} "
@@ -433,7 +435,8 @@ async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
                 p.send_signal(signal.SIGTERM)
     for p in procs:
         try:
-            await asyncio.wait_for(p.wait(), 10)
+            async with asyncio.timeout(10):  # not wait_for: 3.11's can lose a cancellation
+                await p.wait()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 p.kill()

@@ -139,7 +139,9 @@ class Runtime:
             if limit_s <= 0:
                 return await future
             try:
-                return await asyncio.wait_for(asyncio.shield(future), hard_limit(limit_s))
+                # Not wait_for: 3.11's loses a cancellation that comes as the result does.
+                async with asyncio.timeout(hard_limit(limit_s)):
+                    return await asyncio.shield(future)
             except TimeoutError:
                 restart = getattr(self.pool, "restart", None)
                 if restart is None:

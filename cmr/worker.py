@@ -452,7 +452,9 @@ class Worker:
                     # Tasks still running belong to a job that is gone: they learn it at their
                     # next call (a queue gone, a write refused) and remove what they made.
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._idle.wait(), FINISH_GRACE_S)
+                        # Not wait_for: 3.11's loses a cancellation that comes as we go idle.
+                        async with asyncio.timeout(FINISH_GRACE_S):
+                            await self._idle.wait()
             finally:
                 for t in [*slots, folder]:
                     t.cancel()

@@ -131,10 +131,13 @@ class EmbeddedQueues:
                 return got
             nxt = self._next_visible_in(q)
             q.arrived.clear()
+            # asyncio.timeout, never wait_for: Python 3.11's wait_for returns what finished as
+            # we were cancelled and loses the cancellation (a stopping worker's slot ran on).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    q.arrived.wait(), remaining if nxt is None else min(remaining, nxt + 0.001)
-                )
+                async with asyncio.timeout(
+                    remaining if nxt is None else min(remaining, nxt + 0.001)
+                ):
+                    await q.arrived.wait()
             q = self._get(name)
 
     def _leased(self, q: _Queue, receipt: str) -> _Message | None:
