@@ -19,102 +19,270 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import os
 import random
-from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import Executor
+import secrets
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
-from cmr import pipeline, submit, watch
+from cmr import (
+    compute,
+    counters,
+    formats,
+    pipeline,
+    sampling,
+    sidefiles,
+    split,
+    submit,
+    usercode,
+    watch,
+)
 from cmr.admission import serving_own_job
 from cmr.api import job_ref, step_options
 from cmr.backends.base import Backend
 from cmr.backends.embedded import temporary_backend
+from cmr.backends.embedded.blobs import EmbeddedBlobs, file_url
 from cmr.backends.faults import FaultPlan, inject
 from cmr.backends.retry import with_retries
-from cmr.compute import job_instance, sort_key
-from cmr.errors import JobFailed
-from cmr.job import Job, load_job_class, steps_of
+from cmr.compute import job_instance
+from cmr.errors import JobFailed, UsageError
+from cmr.job import Job, JobRef, check_formats, load_job_class
 from cmr.lifecycle import job_scratch
+from cmr.localinput import local_files
 from cmr.publish import MANIFEST, Manifest
 from cmr.records import ACTIVE_PK, JOBS_PK, OUTPUTS_PK, JobSpec, job_pk
 from cmr.runtime import STEPS, Hook, Runtime, WorkerCrashed
 from cmr.settings import AwsSettings, WorkerSettings
+from cmr.split import Input
 from cmr.submit import JobOptions
 from cmr.worker import Worker
-
-
-def _inputs(root: Path) -> list[tuple[str, Path]]:
-    if root.is_file():
-        return [(root.name, root)]
-    return [(p.relative_to(root).as_posix(), p) for p in sorted(root.rglob("*")) if p.is_file()]
 
 
 def sequential(
     job: str | type[Job],
     input: str | Path,
-    reducers: int | None,
+    reducers: int | None = None,
     params: dict[str, str] | None = None,
+    *,
+    input_format: str = "",
+    output_format: str = "",
+    lines: str = "",
+    files: Sequence[str] = (),
+    total_order: bool = False,
+    step: int | None = None,
+    from_step: int | None = None,
+    counted: dict[str, dict[str, int]] | None = None,
 ) -> list[str]:
-    """The job's output computed sequentially: one string per part of its last step, as
-    cmr writes it (``reducers`` as --reducers: None for the job's own). Every step in turn
-    (combine left out: it must not change the result);
-    pairs pass through msgpack between map and reduce and between steps, as they travel."""
+    """The job's output computed sequentially, in this process, with no queues: one string
+    per part of its last step, as cmr writes it (bytes that are not UTF-8, raw or pairs
+    output say, kept as surrogate escapes: ``part.encode("utf-8", "surrogateescape")`` is
+    the part's bytes; :func:`read_output` reads a real output the same way).
+
+    The keywords are ``cmr run``'s options, checked as it checks them: ``reducers``
+    (--reducers; None: the job's), ``params`` (--param), ``input_format``,
+    ``output_format``, ``lines``, ``files`` ("PATH[#NAME]", --file), ``total_order``,
+    ``step`` and ``from_step`` (1-based, as --step, --from-step). ``counted``, if given, is
+    filled with the job's counters as ``RunResult.counters`` has them.
+
+    The engine's own code reads the input (formats, compression, line endings), partitions,
+    groups, orders keys and values (``sort_values``, ``value_order``) and writes each part,
+    so the two cannot differ but by what the engine leaves open: the input is one map task
+    (``map_init``/``map_final`` run once) and each partition one reduce task; combine and
+    its hooks are left out (a correct combine changes nothing); values of a key reach
+    reduce in input order unless the job sorts them (in a real run, in arrival order).
+    Every step runs in turn, each with an instance of its own, set up as a worker sets one
+    up (``setup`` once, ``for_task`` per task). Total order is computed only for input of
+    at most 4 MiB (the cut points' sample is then all of it); more is refused."""
     ref = job_ref(job)
-    inst = job_instance("sequential", ref, dict(params or {}))
-    steps = steps_of(inst)
-    chosen = step_options(type(inst), params or {}, reducers)
-    partitions: tuple[int, ...] = chosen["step_partitions"] or (chosen["partitions"],)
-    pairs: list[tuple[Any, Any]] = []
-    parts: list[str] = []
-    for k, step in enumerate(steps):
-        n = partitions[k]
-        groups: list[dict[Any, list[Any]]] = [defaultdict(list) for _ in range(n)]
+    cls = load_job_class(ref)
+    params = dict(params or {})
+    if isinstance(files, str):
+        raise UsageError(f"files= must be a list of paths, not one str: [{files!r}]")
+    # What `cmr run` would refuse, refused alike (the same checks, the same words).
+    options = JobOptions(
+        **step_options(cls, params, reducers, step, from_step),
+        params=params,
+        lines=lines,
+        input_format=input_format,
+        output_format=output_format,
+        files=tuple(files),
+        total_order=total_order,
+    )
+    # A run from a later step reads what the step before wrote: pairs.
+    fmt = formats.parse_input(
+        "pairs" if options.first_step > 0 else options.input_format or cls.input_format
+    )
+    check_formats(cls, str(fmt))
+    chunks = _input_chunks(Path(input), fmt)
+    partitions = options.step_partitions or (options.partitions,)
+    cuts = None
+    if sampling.check(cls, options.total_order, options.job_steps):
+        with counters.paused():  # sampled on the client at submit: counted by no task
+            cuts = _cut_points(ref, options, fmt, chunks)
+    side = sidefiles.gather(ref, options.files)
+    run_id = f"sequential-{secrets.token_hex(6)}"
+    parts: list[bytes] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="cmr-sequential-") as files_dir,
+        counters.collecting() if counted is not None else contextlib.nullcontext() as task,
+    ):
+        for g in side:
+            shutil.copyfile(g.path, os.path.join(files_dir, g.name))
+        for k in range(options.first_step, options.last_step + 1):
+            # Each step is a job of its own: an instance each, set up once.
+            step_id = f"{run_id}-s{k + 1}"
+            try:
+                inst = job_instance(step_id, ref, params, options.lines, files_dir)
+                n = partitions[k - options.first_step]
+                # Step 0 over no input has no map task at all; a later step always has one.
+                groups = (
+                    _map_task(inst, k, fmt, chunks, n, options.lines, cuts)
+                    if chunks or k > options.first_step
+                    else [{} for _ in range(n)]
+                )
+                writes = (
+                    "pairs"
+                    if k < options.job_steps - 1
+                    else options.output_format or cls.output_format
+                )
+                parts = [_reduce_task(inst, k, g, writes) for g in groups]
+            finally:
+                compute._instances.pop(f"{step_id} {files_dir}", None)
+            fmt = formats.parse_input("pairs")  # what every step but the job's last writes
+            chunks = [(f"part-{p:05d}", data) for p, data in enumerate(parts) if data]
+            cuts = None
+        if counted is not None and task is not None:
+            counted.clear()
+            counted.update(counters.nested(task.counts))
+    return [p.decode("utf-8", "surrogateescape") for p in parts]
 
-        def add(returned: Any, groups: list[dict[Any, list[Any]]] = groups, n: int = n) -> None:
-            for pair in returned or ():
-                key, value = _travelled(pair)
-                groups[inst.partition(key, n)][key].append(value)
 
-        add(step.map_init() if step.map_init else None)
-        if k == 0:
-            for name, path in _inputs(Path(input)):
-                data = path.read_bytes()
-                if not data:
-                    continue
-                body = data[:-1] if data.endswith(b"\n") else data
-                if step.map_chunk is not None:
-                    add(step.map_chunk(name, body))
-                    continue
-                for line in body.decode("utf-8", "replace").split("\n"):
-                    add(step.map(name, line) if step.map else [(name, line)])
-        else:
-            for key, value in pairs:
-                add(step.map(key, value) if step.map else [(key, value)])
-        add(step.map_final() if step.map_final else None)
-        pairs, parts = [], []
-        for group in groups:
-            out: list[tuple[Any, Any]] = []
-            if step.reduce_init:
-                step.reduce_init()
-            for key in sorted(group, key=sort_key):
-                if step.reduce is None:
-                    out += [(key, v) for v in group[key]]
-                else:
-                    out += list(step.reduce(key, iter(group[key])))
-            if step.reduce_final:
-                out += list(step.reduce_final() or ())
-            pairs += [_travelled(p) for p in out]
-            parts.append("".join(inst.format(kk, v) + "\n" for kk, v in out))
-    return parts
+def _input_chunks(root: Path, fmt: formats.InputFormat) -> list[tuple[str, bytes]]:
+    """The input's files as a map task sees them: named as map is told (the path below the
+    input directory, or the file's own name), in name order, empty ones left out; a
+    directory that is a cmr output holds the parts its manifest lists."""
+    files = local_files(root)  # what `cmr run` lists and refuses, alike
+    is_dir = root.is_dir()
+    if is_dir and (root / MANIFEST).is_file():
+        keep = submit._output_files((root / MANIFEST).read_bytes())
+        files = [f for f in files if f.parent != root or keep(f.name)]
+    named = [(f.relative_to(root).as_posix() if is_dir else f.name, f) for f in files]
+    if fmt.name == "pairs":  # an earlier job's output: its manifest is no pairs
+        named = [(n, f) for n, f in named if n.rsplit("/", 1)[-1] != MANIFEST]
+    return [(n, data) for n, f in named if (data := f.read_bytes())]
+
+
+def _cut_points(
+    ref: JobRef, options: JobOptions, fmt: formats.InputFormat, chunks: list[tuple[str, bytes]]
+) -> tuple[Any, ...]:
+    """A total-order job's cut points, chosen by the submitter's own sampling: over input
+    small enough that the sample is all of it, they do not depend on how it is split."""
+    total = sum(len(d) for _, d in chunks)
+    most = sampling.SAMPLE_RANGES * sampling.SAMPLE_BYTES
+    if total > most:
+        raise UsageError(
+            f"sequential: total order over {total:,} bytes of input: its cut points come from "
+            f"a sample that depends on how a run splits input past {most:,} bytes; use less "
+            "input, or compare the parts of a run joined with those of a run without total order"
+        )
+    with tempfile.TemporaryDirectory(prefix="cmr-sequential-") as where:
+        inputs = []
+        for i, (name, data) in enumerate(chunks):
+            path = Path(where, str(i))
+            path.write_bytes(data)
+            codec = formats.sniff(data[: formats.SNIFF_BYTES])
+            inputs.append(Input(file_url(path), len(data), name, codec))
+        tasks = split.plan(inputs, max(1, total), fmt)
+        sample = sampling.cut_points(
+            EmbeddedBlobs(),
+            ref,
+            dict(options.params),
+            options.lines,
+            tasks,
+            options.partitions,
+            options.task_timeout_s,
+            fmt,
+        )
+        # In a thread: the caller may be inside an event loop (an async test).
+        with ThreadPoolExecutor(1) as thread:
+            return thread.submit(asyncio.run, sample).result()
+
+
+def _map_task(
+    inst: Job,
+    k: int,
+    fmt: formats.InputFormat,
+    chunks: list[tuple[str, bytes]],
+    n: int,
+    lines: str,
+    cuts: tuple[Any, ...] | None,
+) -> list[dict[Any, list[Any]]]:
+    """One map task of step k over all the chunks, as a worker's pool runs one (the same
+    reading, mapping and partitioning): each partition's values by key, as the reducer
+    groups them after their trip through msgpack."""
+    job = inst.for_task()
+    st, name = compute.job_step(job, k)
+    universal = (lines or job.lines) == "universal"
+    mapper = compute._mapper_name(job, st, name, fmt.name == "lines")
+    spec = compute.MapSpec(
+        job="sequential",
+        task=0,
+        attempt="",
+        partitions=n,
+        max_message_bytes=0,
+        spool_dir="",
+        lines=lines,
+        input_format=str(fmt),
+        # A chunk is a whole file: its compression told by its first bytes, as a worker does.
+        codecs=tuple(formats.sniff(d[: formats.SNIFF_BYTES]) for _, d in chunks),
+        starts=(0,) * len(chunks),
+        step=k,
+        cuts=cuts,
+    )
+    part = compute._partitioner(job, n, cuts)
+    groups: list[dict[Any, list[Any]]] = [{} for _ in range(n)]
+    compute._hook(st.map_init)
+    calls = compute._map_calls(st, fmt, chunks, spec, compute.MapResult(), universal)
+    for source in calls:
+        for pair in source:
+            key, value = pair if type(pair) is tuple else usercode.as_pair(pair, mapper, source)
+            p = part(key, n)  # the key as map yielded it, as the shuffle partitions it
+            key, value = _travelled((key, value))
+            try:
+                groups[p].setdefault(key, []).append(value)
+            except TypeError:  # a dict in the key: the map's to answer for
+                raise usercode.unhashable_key(key, mapper) from None
+    return groups
+
+
+def _reduce_task(inst: Job, k: int, group: dict[Any, list[Any]], writes: str) -> bytes:
+    """One partition's reduce task of step k: keys in the engine's order, each key's
+    values sorted when the step sorts them, written by the engine's writer."""
+    job = inst.for_task()
+    st, name = compute.job_step(job, k)
+    sort_values, value_order = compute.value_sorting(job, st)
+    order = compute.ValueOrder(job, value_order) if sort_values else None
+    keyed = (
+        (key, iter(order.sorted(group[key]) if order is not None else group[key]))
+        for key in compute._sorted_keys(group)
+    )
+    out = io.BytesIO()
+    compute._write_output(job, keyed, out, compute.ReduceResult(), writes, st, name)
+    return out.getvalue()
 
 
 def _travelled(pair: Any) -> tuple[Any, Any]:
-    """A pair as it arrives after a trip through msgpack (lists become tuples)."""
+    """A pair as it arrives after its trip through the shuffle: packed as a map task packs
+    it, unpacked as a reducer unpacks it (lists become tuples)."""
     key, value = msgpack.unpackb(
         msgpack.packb(tuple(pair), use_bin_type=True),
         raw=False,
@@ -126,14 +294,17 @@ def _travelled(pair: Any) -> tuple[Any, Any]:
 
 def read_output(out: str | Path, reducers: int) -> list[str]:
     """A local output as a reader should read it: the parts its ``_SUCCESS`` manifest lists,
-    one string per partition; "<missing>" where it lists none (everywhere, without one)."""
+    one string per partition; "<missing>" where it lists none (everywhere, without one).
+    Bytes that are not UTF-8 are kept as surrogate escapes, as :func:`sequential` keeps them."""
     manifest_path = Path(out) / MANIFEST
     if not manifest_path.exists():
         return ["<missing>"] * reducers
     manifest = Manifest.from_bytes(manifest_path.read_bytes())
     names = {int(p.name[5:10]): p.name for p in manifest.parts}
     return [
-        (Path(out) / names[p]).read_text(encoding="utf-8") if p in names else "<missing>"
+        (Path(out) / names[p]).read_bytes().decode("utf-8", "surrogateescape")
+        if p in names
+        else "<missing>"
         for p in range(reducers)
     ]
 
