@@ -24,6 +24,7 @@ from typing import Any
 import msgpack
 
 from cmr import compute, failures, formats, sidefiles, wire
+from cmr.aio import TaskGroup, first_error
 from cmr.backends.base import Put, Received, item_absent
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, TaskError, WireError
 from cmr.lease import message_lease
@@ -247,7 +248,7 @@ async def _send_spool(
         await _send_all(spool, gate, send, spilled_body)
     except BaseExceptionGroup as group:
         # Callers handle single backend errors (retry, abandon the attempt); not groups.
-        first = group.exceptions[0]
+        first = first_error(group)
         if isinstance(first, QueueGone) and spills:
             # The job ended under us: our spilled values would outlive its cleanup.
             with contextlib.suppress(BackendError):
@@ -265,7 +266,7 @@ async def _send_all(
     releases it), so the bodies in memory are bounded whatever the spool's size."""
     pending: dict[int, list[bytes]] = {}
     held = 0  # bytes waiting in partial batches
-    async with asyncio.TaskGroup() as tg:
+    async with TaskGroup() as tg:
 
         async def start(p: int) -> None:
             nonlocal held

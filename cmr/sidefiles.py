@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from cmr.aio import TaskGroup, first_error
 from cmr.errors import BlobMissing, TaskError, UsageError, WireError
 
 if TYPE_CHECKING:
@@ -256,11 +257,11 @@ async def _fetch(blobs: Blobs, spec: JobSpec, into: str) -> str:
         os.replace(part, os.path.join(into, f.name))
 
     try:
-        async with asyncio.TaskGroup() as tg:
+        async with TaskGroup() as tg:
             for f in spec.files:
                 tg.create_task(one(f))
     except BaseExceptionGroup as group:
-        raise group.exceptions[0] from None
+        raise first_error(group) from None
     return into
 
 

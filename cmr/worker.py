@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from cmr import failures, janitor, taskprogress, wire
 from cmr.admission import Admission
+from cmr.aio import TaskGroup
 from cmr.backends.base import Backend, Item, Received, Update
 from cmr.errors import (
     BackendError,
@@ -433,7 +434,7 @@ class Worker:
         """Serve jobs until ``done`` is set (by the caller, idleness, or the only job ending
         and being cleaned up); duties under way get DUTY_GRACE_S to finish."""
         s = self.rt.settings
-        async with asyncio.TaskGroup() as tg:
+        async with TaskGroup() as tg:
             self._group = tg
             await self.refresh_jobs()
             tg.create_task(self._watch())

@@ -3,10 +3,11 @@ before-send event, so retries count too), and running calls side by side."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import Coroutine, Iterable
 from typing import Any
+
+from cmr.aio import TaskGroup, first_error
 
 
 def _counting(calls: Counter[str]) -> Any:
@@ -22,9 +23,9 @@ def _counting(calls: Counter[str]) -> Any:
 async def _all(calls: Iterable[Coroutine[Any, Any, None]]) -> None:
     """Run the calls concurrently; the first failure is raised as itself, not as a group."""
     try:
-        async with asyncio.TaskGroup() as tg:
+        async with TaskGroup() as tg:
             for call in calls:
                 tg.create_task(call)
     except ExceptionGroup as group:
-        first = group.exceptions[0]
+        first = first_error(group)
         raise first from first.__cause__
