@@ -210,7 +210,7 @@ def _step_range(steps: int, step: int | None, from_step: int | None) -> tuple[in
 
 async def run_async(
     job: str | type[Job],
-    input: str,
+    input: str | Sequence[str],
     output: str,
     options: RunOptions | None = None,
     *,
@@ -218,11 +218,12 @@ async def run_async(
     **overrides: Any,
 ) -> RunResult:
     """Open the backend, run the job on it (see :func:`run_on`), close the backend.
+    ``input``: one input or several (files, directories, globs, s3:// URLs), read in order.
     ``overrides`` are :class:`RunOptions` fields (``aws=`` also names the backend's place)."""
     opts = RunOptions.of(options, **overrides)
-    for flag, place in (("--input", input), ("--output", output)):
-        if not place.strip():
-            raise UsageError(f"{flag} is empty: give a file, a directory or an s3:// URL")
+    submit.input_list(input)  # several inputs, none empty
+    if not output.strip():
+        raise UsageError("--output is empty: give a directory or an s3:// URL")
     async with open_backend(backend, opts.aws) as be:
         return await run_on(be, job, input, output, opts)
 
@@ -230,7 +231,7 @@ async def run_async(
 async def run_on(
     be: Backend,
     job: str | type[Job],
-    input: str,
+    input: str | Sequence[str],
     output: str,
     options: RunOptions | None = None,
     **overrides: Any,
@@ -443,8 +444,9 @@ async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
             await p.wait()
 
 
-def run(job: str | type[Job], input: str, output: str, **kwargs: Any) -> RunResult:
-    """Run a job to completion and return where its output is. See :func:`run_async`."""
+def run(job: str | type[Job], input: str | Sequence[str], output: str, **kwargs: Any) -> RunResult:
+    """Run a job to completion and return where its output is; ``input`` is one input or a
+    list of them. See :func:`run_async`."""
     if not structlog.is_configured():
         logs.configure()
     return asyncio.run(run_async(job, input, output, **kwargs))

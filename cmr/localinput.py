@@ -8,15 +8,21 @@ inside it, as if what they point to were copied there: a link out of it is refus
 never reads, or uploads, a file nobody named (someone's ~/.ssh, a secret in /tmp); a link
 to a directory that contains it (a loop) is refused too, since following it never ends. An
 input that is itself a link is the user's own choice, and followed.
+
+Files and directories whose names start with ``_`` or ``.`` below an input directory are not
+input (Hadoop's rule, :mod:`cmr.inputs`): a Hadoop output's ``_SUCCESS`` and ``.crc`` files
+are never read, and a hidden link is never followed.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import stat
 from pathlib import Path
 
 from cmr.errors import UsageError
+from cmr.inputs import glob_keeps, is_hidden
 
 
 def local_files(path: Path) -> list[Path]:
@@ -36,8 +42,8 @@ def local_files(path: Path) -> list[Path]:
         files = _walk(path)
         if not files:
             raise UsageError(
-                f"input {path} holds no files: put the input files in it, or give another "
-                "input (a file or a directory)"
+                f"input {path} holds no files{_hidden_note(path)}: put the input files in "
+                "it, or give another input (a file or a directory)"
             )
     else:
         raise UsageError(
@@ -67,6 +73,8 @@ def _walk(top: Path) -> list[Path]:
                 "readable, or remove it from the input"
             ) from None
         for entry in entries:
+            if is_hidden(entry.name):
+                continue  # Hadoop's rule: _SUCCESS, .crc files, _temporary/ are no input
             path = Path(where, entry.name)
             # Checked before the walk goes in: a link to / is refused, never walked.
             if entry.is_symlink():
@@ -79,6 +87,30 @@ def _walk(top: Path) -> list[Path]:
             else:
                 found.append(path)
     return sorted(found)
+
+
+def _hidden_note(path: Path) -> str:
+    try:
+        with os.scandir(path) as listing:
+            hidden = any(is_hidden(e.name) for e in listing)
+    except OSError:
+        return ""
+    return " but hidden ones (names starting with _ or ., which are not input)" if hidden else ""
+
+
+def glob_matches(pattern: str, given: str = "") -> list[Path]:
+    """The paths a local glob matches, in name order, hidden names left out unless the
+    pattern asks for them (:func:`cmr.inputs.glob_keeps`); UsageError naming the pattern
+    as ``given`` when none."""
+    found = glob.glob(pattern, include_hidden=True)
+    kept = sorted(Path(m) for m in found if glob_keeps(pattern, m))
+    if not kept:
+        note = f" but {len(found)} hidden (names starting with _ or .)" if found else ""
+        raise UsageError(
+            f"input pattern {given or pattern} matches no files{note}: check the pattern "
+            "(quote it, so the shell does not expand it), or give an existing file or directory"
+        )
+    return kept
 
 
 def _identity(directory: Path) -> tuple[int, int]:

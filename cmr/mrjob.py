@@ -491,8 +491,9 @@ def _step(a: MRJobAdapter, i: int, s: Any, cs: Any, last: bool) -> Step:
 
 
 def input_uri(params: dict[str, str], source: str) -> str:
-    """The URI of the input file map calls ``source`` (a name below the input), as Hadoop
-    gives it to a map task: the input given at submit (``INPUT_PARAM``) joined with it."""
+    """The URI of the input file map calls ``source`` (a name below the inputs' common
+    directory, ``INPUT_PARAM``, which submit sets), as Hadoop gives it to a map task: each
+    file's own, whatever input it came from."""
     try:
         given = json.loads(params.get(INPUT_PARAM, "null"))
     except ValueError:
@@ -500,19 +501,18 @@ def input_uri(params: dict[str, str], source: str) -> str:
     if not (isinstance(given, list) and len(given) == 2 and isinstance(given[0], str)):
         return source
     root, is_file = given
-    return root if is_file else f"{root.rstrip('/')}/{source}"
+    return root if is_file else f"{root if root.endswith('/') else root + '/'}{source}"
 
 
-def input_param(input: str) -> str:
-    """``INPUT_PARAM``'s value for the input a job is submitted with (a local path becomes a
-    file:// URI, as mrjob's runners give it)."""
-    if "://" in input:
-        return json.dumps([input, False])
-    path = os.path.abspath(input)
-    return json.dumps(["file://" + path, os.path.isfile(path)])
+def input_param(base: str, one_file: bool) -> str:
+    """``INPUT_PARAM``'s value: the directory map's names are below, or the one input file
+    (``one_file``); a local path becomes a file:// URI, as mrjob's runners give it."""
+    return json.dumps([base if "://" in base else "file://" + base, one_file])
 
 
-def job_args(job: str, input: str, argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+def job_args(
+    job: str, input: str | Sequence[str], argv: Sequence[str]
+) -> tuple[dict[str, str], list[str]]:
     """For ``cmr run JOB --input IN ... -- ARGS``: the params and extra side files
     (``PATH#NAME``) an mrjob job needs (its arguments, its input's URI); none for a cmr.Job,
     which takes ``--param`` instead of ARGS (refused)."""
@@ -527,4 +527,5 @@ def job_args(job: str, input: str, argv: Sequence[str]) -> tuple[dict[str, str],
             )
         return {}, []
     params, files = cls.submission(argv)
-    return {**params, INPUT_PARAM: input_param(input)}, files
+    # The inputs' URI is known once submit has listed them (globs, prefixes): it sets it.
+    return {**params, INPUT_PARAM: ""}, files

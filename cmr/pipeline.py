@@ -87,6 +87,8 @@ def next_spec(spec: JobSpec, plan_digest: str, maps: int) -> JobSpec:
         partitions=spec.step_partitions[step - spec.first_step],
         plan_digest=plan_digest,
         input_root=outputs_root(spec),
+        input_roots=(),  # the step before's outputs, not the run's inputs
+        input_globs=(),
         step=step,
         pipeline=spec.pipeline_id,
         input_format="pairs",  # what every step but the job's last writes

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from cmr.errors import UsageError
+from cmr.inputs import glob_owns, has_magic, literal_dir
 
 
 def is_local(path: str) -> bool:
@@ -30,6 +31,9 @@ def check_apart(source: str, output: str) -> None:
     as both: local paths as they resolve (links followed), s3 URLs by bucket and key."""
     if is_local(source) != is_local(output):
         return  # one local, one in a store: never the same place
+    if has_magic(source) and not (is_local(source) and os.path.lexists(local_path(source))):
+        _check_apart_glob(source, output)
+        return
     if is_local(source):
         src, out = local_path(source).resolve(), local_path(output).resolve()
     elif source.startswith("s3://") and output.startswith("s3://"):
@@ -49,6 +53,31 @@ def check_apart(source: str, output: str) -> None:
     if src.is_relative_to(out):
         raise UsageError(
             f"the input {source} lies inside the output {output}: publishing (or "
+            "--overwrite) would mix parts with the input. Give an output that does not "
+            "contain the input"
+        )
+
+
+def _check_apart_glob(pattern: str, output: str) -> None:
+    """A glob input and the output: the output is no match (nor under one) of the pattern,
+    now or once it exists, and the pattern's matches do not lie inside the output."""
+    if is_local(pattern):
+        pat, out = str(local_path(pattern)), local_path(output)
+        resolved_out = out.resolve()
+    elif pattern.startswith("s3://") and output.startswith("s3://"):
+        pat, out = str(_s3_path(pattern)), _s3_path(output)
+        resolved_out = out
+    else:
+        return
+    if glob_owns(pat, str(out)) or glob_owns(pat, str(resolved_out)):
+        raise UsageError(
+            f"the output {output} lies inside the input {pattern} (it matches the pattern): "
+            "the next run would read this run's output as input. Give an output outside "
+            "the input"
+        )
+    if Path(literal_dir(pat)).is_relative_to(out):
+        raise UsageError(
+            f"the input {pattern} lies inside the output {output}: publishing (or "
             "--overwrite) would mix parts with the input. Give an output that does not "
             "contain the input"
         )

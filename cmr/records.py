@@ -31,6 +31,7 @@ from cmr import formats, sidefiles, wire
 from cmr.backends.base import Item
 from cmr.backends.embedded.blobs import file_path
 from cmr.errors import WireError
+from cmr.inputs import glob_owns
 from cmr.job import LINE_ENDINGS, MAX_STEPS, JobRef
 
 JOBS_PK = "jobs"  # every job ever submitted (what `cmr status` lists)
@@ -148,20 +149,19 @@ class JobSpec:
     input_format: str = ""  # cmr.formats' input format; "": the job class's
     output_format: str = ""  # cmr.formats' output format; "": the job class's
     files: tuple[sidefiles.SideFile, ...] = ()  # side files staged at submit (cmr.sidefiles)
+    # Several inputs: every root (input_root is then the first, for people to read), and
+    # the patterns of glob inputs, whose matches are read (cmr.inputs). One input: both ().
+    input_roots: tuple[str, ...] = ()
+    input_globs: tuple[str, ...] = ()
 
     def owns_input(self, url: str) -> bool:
-        """Whether ``url`` is (under) the job's recorded input: a plan's range elsewhere is
-        not this job's to read, whatever the plan says."""
-        root, whole = self.input_root, not self.input_root.endswith("/")
-        if not root:
-            return False
-        if root.startswith("file://"):
-            # A local path: "..", "%2e%2e" and doubled slashes must not lead out of the root.
-            if not url.startswith("file://"):
-                return False
-            base, path = _local_path(root), _local_path(url)
-            return path == base if whole else path.startswith(base.rstrip("/") + "/")
-        return url == root if whole else url.startswith(root)
+        """Whether ``url`` is (under) one of the job's recorded inputs: a plan's range
+        elsewhere is not this job's to read, whatever the plan says."""
+        if not (self.input_roots or self.input_globs):
+            return _owns(self.input_root, url)
+        return any(_owns(r, url) for r in self.input_roots) or any(
+            _glob_owns(g, url) for g in self.input_globs
+        )
 
     def queues(self) -> tuple[str, str, tuple[str, ...]]:
         return queue_names(self.queue_prefix, self.job_id, self.partitions)
@@ -198,6 +198,8 @@ class JobSpec:
             ),
             "input_format": self.input_format,
             "output_format": self.output_format,
+            **({"input_roots": list(self.input_roots)} if self.input_roots else {}),
+            **({"input_globs": list(self.input_globs)} if self.input_globs else {}),
             **({"files": sidefiles.to_record(self.files)} if self.files else {}),
         }
 
@@ -263,6 +265,8 @@ class JobSpec:
             files=sidefiles.from_record(
                 steps[3] or job_id, fields.url("scratch"), item.get("files")
             ),
+            input_roots=fields.urls("input_roots", MAX_INPUTS),
+            input_globs=fields.urls("input_globs", MAX_INPUTS),
         )
 
 
@@ -307,10 +311,33 @@ MAX_TASK_TRIES = 1_000  # max_task_failures and max_task_attempts
 MAX_TASK_TIMEOUT_S = 7 * 24 * 3600
 MAX_PARAMS = 256
 MAX_PARAM = 64 * 1024  # a parameter's name and value together
+MAX_INPUTS = 256  # roots and globs a record names (--input options; a glob is one)
 MAX_URL = 1024  # S3 keys are at most 1,024 bytes; local paths are shorter in practice
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _QUEUE_PREFIX = re.compile(r"[0-9A-Za-z_-]{0,40}")  # SQS queue names: 80 of these characters
 _URL = re.compile(r"(s3|file)://[^\x00-\x1f\x7f]+")
+
+
+def _owns(root: str, url: str) -> bool:
+    """Whether ``url`` is the file ``root``, or lies under the directory ``root`` ("/")."""
+    if not root:
+        return False
+    whole = not root.endswith("/")
+    if root.startswith("file://"):
+        # A local path: "..", "%2e%2e" and doubled slashes must not lead out of the root.
+        if not url.startswith("file://"):
+            return False
+        base, path = _local_path(root), _local_path(url)
+        return path == base if whole else path.startswith(base.rstrip("/") + "/")
+    return url == root if whole else url.startswith(root)
+
+
+def _glob_owns(pattern: str, url: str) -> bool:
+    """Whether ``url`` is a match of the glob ``pattern``, or lies under one."""
+    if pattern.startswith("file://"):
+        # Decoded and normalised as _owns does: ".." cannot lead out of a match.
+        return url.startswith("file://") and glob_owns(_local_path(pattern), _local_path(url))
+    return not url.startswith("file://") and glob_owns(pattern, url)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -358,6 +385,15 @@ class _Fields:
                 f"job record {self.job_id}: field {name!r} is not an s3:// or file:// URL"
             )
         return value
+
+    def urls(self, name: str, limit: int) -> tuple[str, ...]:
+        """A list of URLs (absent: none), each checked as :meth:`url` checks one."""
+        value = self.item.get(name, [])
+        if not isinstance(value, list | tuple) or len(value) > limit:
+            raise WireError(
+                f"job record {self.job_id}: field {name!r} must be a list of at most {limit} URLs"
+            )
+        return tuple(_Fields(self.job_id, {name: v}).url(name) for v in value)
 
 
 # A map commit is a stranger's record to whoever reads it: its counts are bounded like a

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import unquote
 
-from cmr.backends.base import BlobInfo, Blobs
+from cmr.backends.base import Blobs
 from cmr.formats import LINES, InputFormat
 from cmr.wire import Range
 
@@ -89,16 +88,6 @@ def plan(
     if pending:
         tasks.append(tuple(pending))
     return tasks
-
-
-def input_name(root: str, blob: BlobInfo) -> str:
-    """The name map sees: the path below the input root, or the file's own name (a local
-    file's name as it is on disk, not as its URL spells it)."""
-    if blob.url == root:
-        name = root.rstrip("/").rsplit("/", 1)[-1]
-    else:
-        name = blob.url[len(root) :].lstrip("/")
-    return unquote(name) if root.startswith("file://") else name
 
 
 async def read_split(blobs: Blobs, r: Range, size: int | None = None) -> bytes:

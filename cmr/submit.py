@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,18 @@ from cmr import formats, places, sampling, sidefiles, wire
 from cmr.backends.base import Backend, BlobInfo, Blobs
 from cmr.backends.embedded import EmbeddedBlobs, file_url
 from cmr.errors import BackendError, BlobMissing, QueueGone, UsageError
+from cmr.inputs import (
+    base_of,
+    glob_keeps,
+    has_magic,
+    listed_is_input,
+    literal_prefix,
+    match_root,
+    name_below,
+)
 from cmr.job import JobRef, check_formats, load_job_class
 from cmr.lifecycle import cleanup, end, job_scratch, load_spec, record_submit
-from cmr.localinput import local_files
+from cmr.localinput import glob_matches, local_files
 from cmr.places import check_apart, make_output_dir, probe_output_dir
 from cmr.plan import Plan, plan_url
 from cmr.publish import (
@@ -37,6 +47,7 @@ from cmr.publish import (
     read_manifest,
 )
 from cmr.records import (
+    MAX_INPUTS,
     MAX_PARTITIONS,
     MAX_TASK_TIMEOUT_S,
     MAX_TASK_TRIES,
@@ -48,7 +59,7 @@ from cmr.records import (
     new_job_id,
 )
 from cmr.settings import LineEnds
-from cmr.split import Input, choose_split_bytes, input_name, never_cut, plan
+from cmr.split import Input, choose_split_bytes, never_cut, plan
 
 STAGE_CONCURRENCY = 16
 MAX_QUEUE_NAME = 80  # SQS's limit on a queue's name
@@ -151,76 +162,216 @@ class JobOptions:
                     raise UsageError(f"{flag}: {exc}") from None
 
 
-async def _stage(
-    backend: Backend, root_path: Path, files: list[Path], job_id: str
-) -> tuple[str, list[BlobInfo]]:
-    """Upload local files to the job's scratch area; returns (root, blobs)."""
-    root = f"{job_scratch(backend.scratch, job_id)}input/"
-    gate = asyncio.Semaphore(STAGE_CONCURRENCY)
+Sources = str | Sequence[str]  # one input, or several (--input given more than once)
 
-    async def up(p: Path) -> BlobInfo:
-        rel = p.name if root_path.is_file() else p.relative_to(root_path).as_posix()
-        async with gate:
-            await backend.blobs.upload_file(str(p), root + rel)
-        return BlobInfo(root + rel, p.stat().st_size)
 
-    blobs = list(await asyncio.gather(*(up(p) for p in files)))
-    return (blobs[0].url if root_path.is_file() else root), blobs
+def input_list(source: Sources) -> tuple[str, ...]:
+    """The run's inputs, each given (never empty)."""
+    given = (source,) if isinstance(source, str) else tuple(source)
+    if not given:
+        raise UsageError("no --input given: give a file, a directory, a glob or an s3:// URL")
+    for s in given:
+        if not isinstance(s, str) or not s.strip():
+            raise UsageError(
+                f"--input {s!r} is empty: give a file, a directory, a glob or an s3:// URL"
+            )
+    return given
 
 
 @dataclass(frozen=True)
 class LocalInput:
-    """A local input, listed and checked (:mod:`cmr.localinput`) before anything is
-    written."""
+    """A local input root (a file or a directory; each match of a glob), listed and checked
+    (:mod:`cmr.localinput`) before anything is written."""
 
     path: Path
     files: list[Path]
+    pattern: str = ""  # the glob it matches ("": named outright)
 
 
-async def local_input(source: str) -> LocalInput | None:
-    """The files of a local input, checked; None for an input in a store."""
-    if not is_local(source):
-        return None
+def _local_roots(source: str) -> list[LocalInput]:
     path = local_path(source)
-    return LocalInput(path, await asyncio.to_thread(local_files, path))
+    if has_magic(str(path)) and not os.path.lexists(path):
+        pattern = str(path)
+        matches = glob_matches(pattern, source)
+        return [LocalInput(m, local_files(m), pattern) for m in matches]
+    return [LocalInput(path, local_files(path))]
 
 
-async def list_input(backend: Backend, source: str, job_id: str) -> tuple[str, list[Input]]:
-    """(root, blobs) of the input: a file (or object) alone, or everything below a directory
-    (or prefix, taken as a directory: ``s3://b/logs`` means ``s3://b/logs/``, not logs2/).
-    The root is recorded with the job: every range of its plan must lie under it."""
-    return await _input_blobs(backend, source, await local_input(source), job_id)
+async def local_inputs(sources: Sources) -> list[list[LocalInput] | None]:
+    """For each input, its local roots, checked; None for an input in a store."""
+    return [
+        await asyncio.to_thread(_local_roots, s) if is_local(s) else None
+        for s in input_list(sources)
+    ]
 
 
-async def _input_blobs(
-    backend: Backend, source: str, local: LocalInput | None, job_id: str
-) -> tuple[str, list[Input]]:
-    if local is not None:
-        path, files = local.path, local.files
-        if path.is_dir() and (path / MANIFEST).is_file():
-            keep = _output_files((path / MANIFEST).read_bytes())
-            files = [f for f in files if f.parent != path or keep(f.name)]
-        if backend.capabilities.local_files:
-            root = file_url(path) if path.is_file() else file_url(path) + "/"
-            blobs = [BlobInfo(file_url(f), f.stat().st_size) for f in files]
+@dataclass(frozen=True)
+class _Found:
+    url: str  # where workers read it ("": a local file to stage)
+    size: int
+    location: str  # its path, names are made from: absolute (local), or its s3:// URL
+
+
+@dataclass(frozen=True)
+class _Root:
+    location: str  # the file or directory (no trailing "/")
+    is_dir: bool
+    record: str  # the root the job record names ("": a glob, or staged, covers it)
+    found: list[_Found]
+
+    @property
+    def directory(self) -> str:
+        return self.location if self.is_dir else self.location.rsplit("/", 1)[0] or "/"
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A run's inputs, listed: what the job record names, and every file in order."""
+
+    roots: tuple[str, ...]  # files (exact) and directories or prefixes (ending in "/")
+    globs: tuple[str, ...]  # patterns a glob input's matches are read under
+    inputs: list[Input]
+    base: str  # what map's names are below (cmr.inputs.base_of); the one file, if one_file
+    one_file: bool  # a single file, named outright: map's name is its own
+
+
+async def list_input(backend: Backend, source: Sources, job_id: str) -> tuple[str, list[Input]]:
+    """(first root, files) of the inputs: a file (or object) alone, or everything below a
+    directory (or prefix, taken as a directory: ``s3://b/logs`` means ``s3://b/logs/``,
+    not logs2/), or a glob's matches; see :func:`list_inputs`."""
+    listing = await list_inputs(backend, source, await local_inputs(source), job_id)
+    return (listing.roots or listing.globs)[0], listing.inputs
+
+
+async def list_inputs(
+    backend: Backend, source: Sources, local: list[list[LocalInput] | None], job_id: str
+) -> Listing:
+    """Every input's files, named below their common directory (:mod:`cmr.inputs`); local
+    files are staged to the job's scratch for a backend that cannot read them."""
+    roots: list[_Root] = []
+    globs: list[str] = []
+    for s, here in zip(input_list(source), local, strict=True):
+        if here is not None:
+            roots += [_local_root(li, backend.capabilities.local_files) for li in here]
+            globs += sorted({file_url(li.pattern) for li in here if li.pattern})
         else:
-            root, blobs = await _stage(backend, path, files, job_id)
+            found, glob = await _store_roots(backend.blobs, s)
+            roots += found
+            globs += [glob] if glob else []
+    if len(roots) > MAX_INPUTS:
+        raise UsageError(
+            f"{len(roots):,} inputs given (at most {MAX_INPUTS} apart from a glob's "
+            "matches): give their directory, or a glob, instead of each file"
+        )
+    base = base_of([r.directory for r in roots])
+    one_file = len(roots) == 1 and not roots[0].is_dir and not globs
+    files = [(f, name_below(base, f.location)) for r in roots for f in r.found]
+    if any(not f.url for f, _ in files):
+        files = await _stage(backend, files, job_id)
+        record = [f"{job_scratch(backend.scratch, job_id)}input/"]
     else:
-        try:
-            root, blobs = source, [BlobInfo(source, await backend.blobs.size(source))]
-        except BlobMissing:
-            root = source.rstrip("/") + "/"
-            blobs = await backend.blobs.list(root)
-            if not blobs:
-                raise UsageError(
-                    f"input {source} holds no files (no object is named so, nor lies under "
-                    f"{root}): check the bucket and prefix, or upload the input first"
-                ) from None
-            if any(b.url == root + MANIFEST for b in blobs):
-                keep = _output_files(await backend.blobs.get(root + MANIFEST))
-                top = [b.url[len(root) :] for b in blobs]
-                blobs = [b for b, n in zip(blobs, top, strict=True) if "/" in n or keep(n)]
-    return root, [Input(b.url, b.size, input_name(root, b)) for b in blobs]
+        record = []
+    record += [r.record for r in roots if r.record]
+    inputs = [Input(f.url, f.size, name) for f, name in files]
+    return Listing(tuple(dict.fromkeys(record)), tuple(dict.fromkeys(globs)), inputs,
+                   roots[0].location if one_file else base, one_file)  # fmt: skip
+
+
+def _local_root(li: LocalInput, readable: bool) -> _Root:
+    """A local root's files (those a cmr output's manifest lists, for one): by URL where
+    workers read them in place (``readable``), else to stage."""
+    path, files = li.path, li.files
+    if path.is_dir() and (path / MANIFEST).is_file():
+        keep = _output_files((path / MANIFEST).read_bytes())
+        files = [f for f in files if f.parent != path or keep(f.name)]
+    found = [_Found(file_url(f) if readable else "", f.stat().st_size, str(f)) for f in files]
+    own = file_url(path) + ("/" if path.is_dir() else "")
+    return _Root(str(path), path.is_dir(), own if readable and not li.pattern else "", found)
+
+
+async def _store_roots(blobs: Blobs, source: str) -> tuple[list[_Root], str]:
+    """(roots, glob) of an input in a store: an object, a glob's matches, or a prefix."""
+    try:
+        return [
+            _Root(source, False, source, [_Found(source, await blobs.size(source), source)])
+        ], ""
+    except BlobMissing:
+        pass
+    if has_magic(source):
+        return await _store_glob(blobs, source), source
+    root = source.rstrip("/") + "/"
+    listed = await blobs.list(root)
+    found = _below(root, listed)
+    if not found:
+        hidden = " but hidden ones (names starting with _ or .)" if listed else ""
+        raise UsageError(
+            f"input {source} holds no files{hidden} (no object is named so, nor lies under "
+            f"{root}): check the bucket and prefix, or upload the input first"
+        ) from None
+    if any(b.url == root + MANIFEST for b in listed):
+        keep = _output_files(await blobs.get(root + MANIFEST))
+        found = [f for f in found if "/" in f.url[len(root) :] or keep(f.url[len(root) :])]
+    return [_Root(root.rstrip("/"), True, root, found)], ""
+
+
+def _below(root: str, listed: list[BlobInfo]) -> list[_Found]:
+    """The input files of a listing under ``root``: hidden paths (cmr.inputs) left out."""
+    return [
+        _Found(b.url, b.size, b.url)
+        for b in listed
+        if b.url != root and listed_is_input(b.url[len(root) :])
+    ]
+
+
+async def _store_glob(blobs: Blobs, pattern: str) -> list[_Root]:
+    """The roots an S3 glob matches: everything under its literal start is listed, and each
+    key matched component by component (a match may be an object or a prefix)."""
+    listed = await blobs.list(literal_prefix(pattern))
+    by_match: dict[str, list[BlobInfo]] = {}
+    for b in listed:
+        m = match_root(pattern, b.url)
+        if m is not None and glob_keeps(pattern, m):
+            by_match.setdefault(m, []).append(b)
+    roots: list[_Root] = []
+    for m, under in sorted(by_match.items()):
+        if any(b.url == m for b in under):
+            roots.append(_Root(m, False, "", [_Found(m, b.size, m) for b in under if b.url == m]))
+        if found := _below(m + "/", [b for b in under if b.url.startswith(m + "/")]):
+            roots.append(_Root(m, True, "", found))
+    if not roots:
+        raise UsageError(
+            f"input pattern {pattern} matches no files: check the pattern and the bucket, "
+            "or upload the input first"
+        )
+    return roots
+
+
+async def _stage(
+    backend: Backend, files: list[tuple[_Found, str]], job_id: str
+) -> list[tuple[_Found, str]]:
+    """Upload local files to the job's scratch area, each under its name (a file given
+    twice is uploaded once, read twice); the files with their URLs there."""
+    root = f"{job_scratch(backend.scratch, job_id)}input/"
+    gate = asyncio.Semaphore(STAGE_CONCURRENCY)
+    uploads = {root + name: f.location for f, name in files if not f.url}
+
+    async def up(url: str, location: str) -> None:
+        async with gate:
+            await backend.blobs.upload_file(location, url)
+
+    await asyncio.gather(*(up(u, loc) for u, loc in uploads.items()))
+    return [(f if f.url else _Found(root + name, f.size, f.location), name) for f, name in files]
+
+
+def _with_input_uri(options: JobOptions, listing: Listing) -> JobOptions:
+    """An mrjob job's options with the URI its map's names are below (mrjob's
+    ``mapreduce.map.input.file``), known once the inputs are listed."""
+    from cmr.mrjob import INPUT_PARAM, input_param
+
+    if INPUT_PARAM not in options.params:
+        return options
+    params = {**options.params, INPUT_PARAM: input_param(listing.base, listing.one_file)}
+    return replace(options, params=params)
 
 
 def _output_files(manifest: bytes) -> Callable[[str], bool]:
@@ -347,7 +498,7 @@ async def prepare_output(
 async def submit(
     backend: Backend,
     ref: JobRef,
-    source: str,
+    source: Sources,
     output: str,
     options: JobOptions,
     *,
@@ -359,14 +510,19 @@ async def submit(
     job_id = new_job_id()
     # Everything checkable before work starts, cheapest first, and nothing written until
     # all of it passed: the places, the local input's files, the output.
-    check_apart(source, output)
+    sources = input_list(source)
+    for s in sources:
+        check_apart(s, output)
     side = await asyncio.to_thread(sidefiles.gather, ref, options.files)
-    local = await local_input(source)
+    local = await local_inputs(sources)
+    for here in local:  # a glob's matches (and links) as they resolve
+        for li in here or ():
+            check_apart(str(li.path), output)
     place = await prepare_output(backend, output, job_id, options.overwrite)
     scratch = job_scratch(backend.scratch, job_id)
     try:
         return await _submit(
-            backend, ref, source, local, output, options, job_id, place, queue_prefix,
+            backend, ref, sources, local, output, options, job_id, place, queue_prefix,
             parallelism, split_bytes, memory_bytes, side,
         )  # fmt: skip
     except BaseException:
@@ -400,8 +556,8 @@ async def _delete_queue(backend: Backend, name: str) -> None:
 async def _submit(
     backend: Backend,
     ref: JobRef,
-    source: str,
-    local: LocalInput | None,
+    sources: tuple[str, ...],
+    local: list[list[LocalInput] | None],
     output: str,
     options: JobOptions,
     job_id: str,
@@ -412,7 +568,9 @@ async def _submit(
     memory_bytes: int | None,
     side: list[sidefiles.Given],
 ) -> JobSpec:
-    input_root, inputs = await _input_blobs(backend, source, local, job_id)
+    listing = await list_inputs(backend, sources, local, job_id)
+    options = _with_input_uri(options, listing)
+    inputs = listing.inputs
     total = sum(i.size for i in inputs)
     # A run from a later step reads what the step before wrote: pairs, each file whole.
     given = "pairs" if options.first_step > 0 else options.input_format
@@ -436,6 +594,7 @@ async def _submit(
             options.task_timeout_s, fmt,
         )  # fmt: skip
     data = Plan(tuple(tasks), place.replaced, cuts).to_bytes()
+    many_roots = len(listing.roots) > 1 or bool(listing.globs)
     await backend.blobs.put(plan_url(scratch), data)
     many = options.job_steps > 1
     longest = f"{queue_prefix}{job_id}-s{options.job_steps}-p00000"
@@ -461,7 +620,8 @@ async def _submit(
         options.task_timeout_s,
         Plan.digest(data),
         place.replaces,
-        input_root,
+        # One root as before; several, or a glob's pattern: each, named in the record.
+        (listing.roots or listing.globs)[0],
         lines=options.lines,
         step=options.first_step,
         first_step=options.first_step,
@@ -472,6 +632,8 @@ async def _submit(
         input_format=str(fmt),
         output_format=options.output_format,
         files=await sidefiles.stage(backend, job_id, side),
+        input_roots=listing.roots if many_roots else (),
+        input_globs=listing.globs,
     )
     in_q, reduce_q, part_qs = spec.queues()
     queues = backend.queues
@@ -483,7 +645,7 @@ async def _submit(
         reduce_q, [wire.encode(wire.ReduceTask(job_id, p)) for p in range(spec.partitions)]
     )
     extra: dict[str, Any] = {
-        "input": source,
+        "input": ", ".join(sources),  # what `cmr status` shows
         "input_bytes": total,
         "inputs": len(inputs),
         "user_output": output,

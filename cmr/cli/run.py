@@ -37,7 +37,15 @@ if TYPE_CHECKING:
 @shared("store", StoreFlags)
 def run(
     job: Annotated[str, typer.Argument(help="job file (path.py[:Class]) or module[:Class]")],
-    input: Annotated[str, typer.Option("--input", "-i", help="file, directory or s3:// prefix")],
+    input: Annotated[
+        list[str],
+        typer.Option(
+            "--input",
+            "-i",
+            help="file, directory, glob ('logs/2026-11-*') or s3:// prefix; give it again "
+            "for more inputs, all read (names starting with _ or . in a directory are not)",
+        ),
+    ],
     output: Annotated[str, typer.Option("--output", "-o", help="directory or s3:// prefix")],
     store: StoreFlags,
     job_args: Annotated[
