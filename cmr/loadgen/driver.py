@@ -42,6 +42,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
+from cmr.aio import TaskGroup
 from cmr.errors import UsageError
 from cmr.loadgen.consistency import (
     Read,
@@ -204,7 +205,7 @@ async def _closed_loop(task: LoadTask, target: Target, m: Measurement, clock: _C
             call = target.put(key, next(values), conditional)
             await _timed(m, clock, "put", mode, call, clock.now())
 
-    async with asyncio.TaskGroup() as tg:
+    async with TaskGroup() as tg:
         for _ in range(task.readers):
             tg.create_task(reader())
         for _ in range(task.writers):
@@ -281,7 +282,7 @@ async def _open_loop(task: LoadTask, target: Target, m: Measurement, clock: _Clo
                 call = target.put(op.key, op.value, op.strong)
                 await _timed(m, clock, "put", mode, call, op.intended)
 
-    async with asyncio.TaskGroup() as tg:
+    async with TaskGroup() as tg:
         tg.create_task(schedule())
         for _ in range(operators):
             tg.create_task(operator())
@@ -349,7 +350,7 @@ async def _staleness(task: LoadTask, target: Target, m: Measurement, clock: _Clo
         while budget.take():
             await read(every[rng.randrange(len(every))], f"r{r}", trace.reads)
 
-    async with asyncio.TaskGroup() as tg:
+    async with TaskGroup() as tg:
         for w in range(task.writers):
             tg.create_task(writer(w))
         for r in range(task.readers):

@@ -171,12 +171,18 @@ async def test_a_worker_whose_send_failed_keeps_serving_and_logs_no_error(
     assert errors == []
 
 
-def test_no_asyncio_wait_for_in_cmr() -> None:
-    """Python 3.11's wait_for loses cancellations (above): asyncio.timeout instead."""
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"\basyncio\.wait_for\(",  # 3.11's loses cancellations: asyncio.timeout instead
+        r"\basyncio\.TaskGroup\(",  # 3.11's leaves its task cancelling: cmr.aio.TaskGroup
+    ],
+)
+def test_no_asyncio_call_that_loses_cancellations_in_cmr(pattern: str) -> None:
     used = [
         f"{path.relative_to(ROOT)}:{n}"
         for path in sorted((ROOT / "cmr").rglob("*.py"))
         for n, line in enumerate(path.read_text().splitlines(), 1)
-        if re.search(r"\basyncio\.wait_for\(", line)
+        if re.search(pattern, line)
     ]
     assert used == []
