@@ -60,7 +60,7 @@ CASES: list[Case] = [
     Case(
         "output-in-second-input",
         "the output lies inside one of several inputs",
-        ("run", "{job}", "--input", "{in}", "--input", "{tmp}/more", "--output", "{tmp}/more/out"),
+        ("run", "{job}", "--input", "{tmp}/more", "--input", "{in}", "--output", "{tmp}/more/out"),
         names=("{tmp}/more/out", "lies inside the input"),
         setup=_with(words, file_at("more/x.txt")),
     ),
