@@ -163,13 +163,13 @@ def step_options(
 ) -> dict[str, Any]:
     """The :class:`~cmr.submit.JobOptions` fields saying which of the job's steps run, and
     each one's partitions: a step's own ``reducers`` win over the job's, and ``--reducers``
-    over both."""
+    over both (a lone step's too: an mrjob job's JOBCONF gives it, as Hadoop's -D does)."""
     default = reducers if reducers is not None else cls.reducers
     steps = steps_of(_instance(cls, params))
     first, last = _step_range(len(steps), step, from_step)
     many = len(steps) > 1
     return {
-        "partitions": default,
+        "partitions": default if many or reducers is not None else steps[0].reducers or default,
         "first_step": first,
         "last_step": last,
         "job_steps": len(steps),

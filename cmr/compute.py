@@ -546,6 +546,7 @@ def _map_into(
     result: MapResult,
 ) -> None:
     job = job_instance(spec.job, ref, params, spec.lines, spec.files_dir).for_task()
+    job._cmr_map_task(spec.step, chunks[0][0] if chunks else "")
     step, step_name = job_step(job, spec.step)
     universal = (spec.lines or job.lines) == "universal"
     fmt = formats.parse_input(spec.input_format or "lines")

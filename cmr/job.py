@@ -118,6 +118,11 @@ class Job:
         this one; the engine calls it at the start of every map and reduce task."""
         return self
 
+    def _cmr_map_task(self, step: int, first: str) -> None:
+        """The engine's word that a map task of ``step`` starts, ``first`` the name of the
+        input it reads first; before any of its code runs. For a framework that tells a task
+        its input file (mrjob's ``mapreduce.map.input.file``); nothing here."""
+
     def map(self, key: str, value: str) -> Iterable[Pair]:
         """One input record: key is the input's name, value one line (UTF-8, errors
         replaced, without its ``\\n``)."""

@@ -37,7 +37,9 @@ from cmr.job import Job, Pair
 if TYPE_CHECKING:
     from cmr.job import Step
 
-ARGS_PARAM = "mrjob.args"  # the job's argv (after ``cmr run ... --``), a JSON list of str
+# The job's argv (after ``cmr run ... --``), a JSON list: each item a str, or a file arg's
+# value as [its path on the client, its side file's name on a worker] (see MRJobAdapter.made).
+ARGS_PARAM = "mrjob.args"
 INPUT_PARAM = "mrjob.input"  # [the input's URI, whether it is one file] (input_param)
 MAX_ARGS = 1000
 
@@ -96,7 +98,7 @@ def adapt(mr_cls: type) -> type[Job]:
     if probe is not None:
         files: tuple[str, ...] = tuple(probe.files())  # absolute, "#name" kept
         raw = any(_field(s, "mapper_raw") for s in probe.steps()[:1])
-    else:  # it needs arguments to be made: what its class says
+    else:  # it needs arguments to be made, or to say its steps: what its class says
         files = tuple(getattr(mr_cls, "FILES", ()) or ())
         raw = getattr(mr_cls, "mapper_raw", None) is not getattr(_mrjob_base(), "mapper_raw", 0)
     ns = {
@@ -113,11 +115,15 @@ def adapt(mr_cls: type) -> type[Job]:
 
 def _probe(mr_cls: type) -> Any:
     """An instance made with no arguments (what FILES and steps() say), or None when the
-    job needs arguments to be made (a required passthru arg)."""
+    job needs arguments to be made (a required passthru arg) or to say its steps."""
     try:
-        return mr_cls([])
+        probe = mr_cls([])
+        # steps() may need the arguments too (a step chosen by them): the run's instance,
+        # made with them, says its steps or fails with a line naming the job.
+        probe.steps()
     except Exception:
         return None
+    return probe
 
 
 def _field(step: Any, name: str) -> Any:
@@ -133,8 +139,9 @@ def _has(step: Any, kind: str) -> bool:
     return bool(getattr(step, f"has_explicit_{kind}", False))
 
 
-def _argv(params: dict[str, str], name: str) -> list[str]:
-    """The job's argv from its params (a stranger's data on a worker: checked)."""
+def _argv(params: dict[str, str], name: str, on_worker: bool) -> list[str]:
+    """The job's argv from its params (a stranger's data on a worker: checked): a file arg's
+    value is its path on the client, its side file's name on a worker."""
     text = params.get(ARGS_PARAM)
     if text is None:
         return []
@@ -142,13 +149,20 @@ def _argv(params: dict[str, str], name: str) -> list[str]:
         args = json.loads(text)
     except ValueError:
         args = None
-    if (
-        not isinstance(args, list)
-        or len(args) > MAX_ARGS
-        or not all(isinstance(a, str) for a in args)
-    ):
-        raise JobCodeError(f"{name}: param {ARGS_PARAM} must be a JSON list of strings")
-    return args
+
+    def item(a: Any) -> str | None:
+        if isinstance(a, str):
+            return a
+        if isinstance(a, list) and len(a) == 2 and all(isinstance(x, str) for x in a):
+            return str(a[1] if on_worker else a[0])
+        return None
+
+    got = [item(a) for a in args] if isinstance(args, list) and len(args) <= MAX_ARGS else None
+    if got is None or any(a is None for a in got):
+        raise JobCodeError(
+            f"{name}: param {ARGS_PARAM} must be a JSON list of strings and [path, name] pairs"
+        )
+    return [a for a in got if a is not None]
 
 
 class MRJobAdapter(Job):
@@ -159,22 +173,33 @@ class MRJobAdapter(Job):
 
     def __init__(self, params: dict[str, str] | None = None) -> None:
         super().__init__(params)
-        self.mr = self.made()
-        self._wd: str | None = None
-        self._steps = _steps_of(self)
+        # Made when first needed: a worker says where the side files are after __init__.
+        self._mr: Any = None
+        self._steps: list[Step] | None = None
+
+    @property
+    def mr(self) -> Any:
+        """The MRJob instance (see ``made``)."""
+        if self._mr is None:
+            self._mr = self.made()
+        return self._mr
 
     def made(self) -> Any:
-        """A new instance of the MRJob, made from the job's arguments as mrjob makes one."""
+        """A new instance of the MRJob, made from the job's arguments as mrjob makes one: on
+        the client with each file arg's path as given, on a worker in the side files'
+        directory with the file's name there (a job may open it in ``load_args``)."""
         cls = self.mrjob_class
         name = cls.__name__
-        args = _argv(self.params, name)
+        on_worker = bool(getattr(self, "_cmr_files_dir", ""))
+        args = _argv(self.params, name, on_worker)
+        self.enter()
         try:
             mr = cls(args)
         except Exception as exc:  # argparse's error, raised by MRJob(args=...) as ValueError
-            raise JobCodeError(
-                f"{name} {' '.join(args) or '(no arguments)'}: {exc} (give the job's "
-                "arguments after --: cmr run JOB --input IN --output OUT -- ARGS)"
-            ) from None
+            # The hint only when none were given: given ones came after -- already.
+            given = " ".join(args) or "(no arguments)"
+            hint = "" if args else " (give the job's arguments after --: cmr run JOB ... -- ARGS)"
+            raise JobCodeError(f"{name} {given}: {exc}{hint}") from None
         # Counters and status go to cmr's, with mrjob's own checks and comma rule.
         mr.increment_counter = self._increment_counter
         mr.set_status = lambda msg: self.set_status(str(msg))
@@ -188,9 +213,15 @@ class MRJobAdapter(Job):
         own), never the one an earlier task of the same process ran on."""
         fresh = copy.copy(self)  # params, side files' directory, line endings: the job's
         fresh.__dict__.pop("_cmr_steps", None)
-        fresh.mr = fresh.made()
-        fresh._steps = _steps_of(fresh)
+        fresh._mr, fresh._steps = None, None  # made anew when the task asks its steps
         return fresh
+
+    def _cmr_map_task(self, step: int, first: str) -> None:
+        """A map task starts: under Hadoop it reads one split of one file, whose URI its
+        mapper_init (and the job's __init__) see; cmr packs small files into one task, so
+        they see its first file's, and map each file's as it moves on (``mapping``)."""
+        if step == 0 and first:
+            self.mapping(first)
 
     def mapping(self, source: str) -> None:
         """What jobconf_from_env('mapreduce.map.input.file') says while map reads ``source``."""
@@ -207,26 +238,18 @@ class MRJobAdapter(Job):
         self.increment_counter(group, counter, amount)
 
     def steps(self) -> Sequence[Step]:
+        if self._steps is None:
+            self._steps = _steps_of(self)
         return self._steps
 
     def enter(self) -> None:
         """Make the side files' directory the working directory, as mrjob's runners do (a
-        job opens its FILES by bare name), before any of the job's code runs."""
-        if self._wd is None:
-            names = self.file_names()
-            self._wd = os.path.dirname(self.file(names[0])) if names else ""
-        if self._wd and _cwd[0] != self._wd:
-            os.chdir(self._wd)
-            _cwd[0] = self._wd
-
-    def file_names(self) -> list[str]:
-        """The names the job's side files have on a worker: FILES' and its file args'."""
-        names = [_file_name(p) for p in self.files]
-        for dest in sorted(getattr(self.mr, "_file_arg_dests", ())):
-            value = getattr(self.mr.options, dest, None)
-            if isinstance(value, str):
-                names.append(value)
-        return names
+        job opens its FILES and file args by bare name), before any of the job's code runs
+        (its ``__init__`` and ``load_args`` too). On the client, none: paths are as given."""
+        wd = getattr(self, "_cmr_files_dir", "")  # "" on a worker: the job has no side files
+        if wd and _cwd[0] != wd:
+            os.chdir(wd)
+            _cwd[0] = wd
 
     @classmethod
     def submission(cls, argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
@@ -240,14 +263,16 @@ class MRJobAdapter(Job):
         except Exception as exc:
             raise UsageError(f"{name} {' '.join(argv)}: {exc}") from None
         files: list[str] = []
-        out: list[str] = []
+        out: list[str | list[str]] = []
         for dest, option, values in _parse_raw_args(mr.arg_parser, list(argv)):
             if option is None and not values:
                 continue  # the input paths' positional, given none
             if dest in mr._file_arg_dests:
                 path = values[0]
                 files.append(path if "#" in path else f"{path}#{_file_name(path)}")
-                out += [option, _file_name(path)]
+                # The client makes the job from the path, a worker from the name (mrjob's
+                # runners do the same): load_args may open it on both.
+                out += [option, [os.path.abspath(path.partition("#")[0]), _file_name(path)]]
             elif dest in mr._passthru_arg_dests:
                 out += ([option] if option else []) + list(values)
             else:
@@ -318,7 +343,10 @@ def _steps_of(a: MRJobAdapter) -> list[Step]:
     _check_job(a)
     from mrjob.step import MRStep  # type: ignore[import-untyped]
 
-    mr_steps = list(mr.steps())
+    try:
+        mr_steps = list(mr.steps())
+    except Exception as exc:  # the job's steps() (or MRStep's checks of what it was given)
+        raise JobCodeError(f"{name}.steps() raised {type(exc).__name__}: {exc}") from None
     # The combiner's own instance (see MRJobAdapter.for_task), made only for a job that has one.
     combiner_steps = (
         list(a.made().steps()) if any(_has(s, "combiner") for s in mr_steps) else mr_steps
