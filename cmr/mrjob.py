@@ -176,6 +176,7 @@ class MRJobAdapter(Job):
         # Made when first needed: a worker says where the side files are after __init__.
         self._mr: Any = None
         self._steps: list[Step] | None = None
+        self._wd: str | None = None
 
     @property
     def mr(self) -> Any:
@@ -246,10 +247,12 @@ class MRJobAdapter(Job):
         """Make the side files' directory the working directory, as mrjob's runners do (a
         job opens its FILES and file args by bare name), before any of the job's code runs
         (its ``__init__`` and ``load_args`` too). On the client, none: paths are as given."""
-        wd = getattr(self, "_cmr_files_dir", "")  # "" on a worker: the job has no side files
-        if wd and _cwd[0] != wd:
-            os.chdir(wd)
-            _cwd[0] = wd
+        if self._wd is None:  # a job without side files stays where it is (cmr.testing's too)
+            d = getattr(self, "_cmr_files_dir", "")
+            self._wd = d if d and os.path.isdir(d) and os.listdir(d) else ""
+        if self._wd and _cwd[0] != self._wd:
+            os.chdir(self._wd)
+            _cwd[0] = self._wd
 
     @classmethod
     def submission(cls, argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:

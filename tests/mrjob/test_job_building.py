@@ -5,6 +5,7 @@ count a one-step job's jobconf asks for."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -15,6 +16,7 @@ import pytest
 from tests.mrjob import test_examples as ex
 
 JOBS = Path(__file__).parent / "jobs"
+TREE = Path(__file__).resolve().parents[2]  # `cmr run` runs this tree's cmr, wherever it is
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +50,7 @@ def cmr(
         [sys.executable, "-m", "cmr", "run", str(JOBS / job), "-i", str(root), "-o", str(out),
          *opts, "--", *args],
         capture_output=True, text=True, cwd=cwd, timeout=240, check=False,
+        env={**os.environ, "PYTHONPATH": str(TREE)},
     )  # fmt: skip
 
 
