@@ -248,32 +248,33 @@ async def list_inputs(
 ) -> Listing:
     """Every input's files, named below their common directory (:mod:`cmr.inputs`); local
     files are staged to the job's scratch for a backend that cannot read them."""
+    readable = backend.capabilities.local_files
     roots: list[_Root] = []
     globs: list[str] = []
     for s, here in zip(input_list(source), local, strict=True):
         if here is not None:
-            roots += [_local_root(li, backend.capabilities.local_files) for li in here]
-            globs += sorted({file_url(li.pattern) for li in here if li.pattern})
+            roots += [_local_root(li, readable) for li in here]
+            # Staged files lie under the job's scratch, which the record names instead.
+            globs += sorted({file_url(li.pattern) for li in here if li.pattern and readable})
         else:
             found, glob = await _store_roots(backend.blobs, s)
             roots += found
             globs += [glob] if glob else []
-    if len(roots) > MAX_INPUTS:
+    to_stage = any(not f.url for r in roots for f in r.found)
+    scratch = [f"{job_scratch(backend.scratch, job_id)}input/"] if to_stage else []
+    record = tuple(dict.fromkeys(scratch + [r.record for r in roots if r.record]))
+    if len(record) + len(set(globs)) > MAX_INPUTS:
         raise UsageError(
-            f"{len(roots):,} inputs given (at most {MAX_INPUTS} apart from a glob's "
-            "matches): give their directory, or a glob, instead of each file"
+            f"{len(record) + len(set(globs)):,} inputs given (at most {MAX_INPUTS}; a glob is "
+            "one): give their directory, or a glob, instead of each file"
         )
     base = base_of([r.directory for r in roots])
     one_file = len(roots) == 1 and not roots[0].is_dir and not globs
     files = [(f, name_below(base, f.location)) for r in roots for f in r.found]
-    if any(not f.url for f, _ in files):
+    if to_stage:
         files = await _stage(backend, files, job_id)
-        record = [f"{job_scratch(backend.scratch, job_id)}input/"]
-    else:
-        record = []
-    record += [r.record for r in roots if r.record]
     inputs = [Input(f.url, f.size, name) for f, name in files]
-    return Listing(tuple(dict.fromkeys(record)), tuple(dict.fromkeys(globs)), inputs,
+    return Listing(record, tuple(dict.fromkeys(globs)), inputs,
                    roots[0].location if one_file else base, one_file)  # fmt: skip
 
 

@@ -313,6 +313,17 @@ def test_the_record_refuses_roots_that_are_not_urls(field: str, value: object) -
         _spec(**{field: value})
 
 
+async def test_more_inputs_than_a_record_holds_are_refused_but_a_glob_is_one(
+    embedded: Backend, tmp_path: Path
+) -> None:
+    files = [str(write(tmp_path / "in" / f"{i:03d}.txt", "x\n")) for i in range(257)]
+    with pytest.raises(UsageError, match="257 inputs given"):
+        await run_on(embedded, WORDCOUNT, files, str(tmp_path / "o1"))
+    assert not (tmp_path / "o1").exists()
+    await run_on(embedded, WORDCOUNT, str(tmp_path / "in" / "*.txt"), str(tmp_path / "o2"))
+    assert pairs(tmp_path / "o2") == {"x": 257}
+
+
 def test_no_input_is_refused() -> None:
     from cmr.submit import input_list
 
