@@ -356,7 +356,7 @@ async def test_s3_inputs_globs_and_hidden_keys(
         await be.blobs.put(f"{b}/{key}", text.encode())
     write(tmp_path / "by_file.py", BY_FILE)
     params, _ = job_args(str(tmp_path / "by_file.py"), "", [])
-    await run_on(
+    result = await run_on(
         be, str(tmp_path / "by_file.py"), [f"{b}/logs/2026-11-*", f"{b}/other"],
         str(tmp_path / "out"), reducers=1, workers=1, visibility_timeout=10, aws=settings,
         params=params,
@@ -366,6 +366,7 @@ async def test_s3_inputs_globs_and_hidden_keys(
         f"{b}/logs/2026-11-02/part-0": 1,
         f"{b}/other/part-0": 1,
     }
+    assert result.record["input"] == f"{b}/logs/2026-11-*, {b}/other"  # what `cmr status` shows
     with pytest.raises(UsageError, match=r"input pattern s3://\S+/logs/2027-\* matches no"):
         await run_on(
             be, WORDCOUNT, [f"{b}/logs/2027-*"], str(tmp_path / "o2"), workers=1, aws=settings
