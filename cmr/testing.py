@@ -1,7 +1,9 @@
 """Testing helpers shipped with cmr: a sequential reference run, and chaos runs.
 
-``sequential(job, input, reducers)`` computes what a job's output *must* be, in plain
-Python, with no queues. ``chaos_run(...)`` runs the job on the embedded backend under a
+``sequential(job, input, reducers)`` computes what a job's output *must* be, in this
+process, with no queues, by the engine's own reading, partitioning, ordering and writing
+(every input and output format, line endings, sorted values, side files, pipelines, total
+order; see its text). ``chaos_run(...)`` runs the job on the embedded backend under a
 seeded :class:`~cmr.backends.faults.FaultPlan` (duplicates, lost leases, delays, empty
 receives, throttling, 5xx before and after writes, stale reads) while seeded hooks crash or
 pause workers at the protocol's named steps; a supervisor replaces crashed workers, as a
@@ -11,8 +13,12 @@ are byte-for-byte equal, whatever the seed.
 Use them on your own jobs::
 
     expected = sequential("jobs/sessions.py", "logs/", reducers=4)
-    result = await chaos_run("jobs/sessions.py", "logs/", out_dir, seed=7, pool=pool)
+    result = await chaos_run("jobs/sessions.py", "logs/", out_dir, seed=7, pool=pool, reducers=4)
     assert diff_outputs(expected, read_output(out_dir, 4)) == []
+
+A job run with options (``cmr run --input-format csv --lines universal``) is compared with
+the same options on both sides: ``sequential(..., input_format="csv", lines="universal")``
+and ``chaos_run(..., job_options={"input_format": "csv", "lines": "universal"})``.
 """
 
 from __future__ import annotations
@@ -24,13 +30,14 @@ import os
 import random
 import secrets
 import shutil
+import sys
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -38,7 +45,9 @@ from cmr import (
     compute,
     counters,
     formats,
+    mrjob,
     pipeline,
+    places,
     sampling,
     sidefiles,
     split,
@@ -57,7 +66,6 @@ from cmr.compute import job_instance
 from cmr.errors import JobFailed, UsageError
 from cmr.job import Job, JobRef, check_formats, load_job_class
 from cmr.lifecycle import job_scratch
-from cmr.localinput import local_files
 from cmr.publish import MANIFEST, Manifest
 from cmr.records import ACTIVE_PK, JOBS_PK, OUTPUTS_PK, JobSpec, job_pk
 from cmr.runtime import STEPS, Hook, Runtime, WorkerCrashed
@@ -66,10 +74,12 @@ from cmr.split import Input
 from cmr.submit import JobOptions
 from cmr.worker import Worker
 
+_T = TypeVar("_T")
+
 
 def sequential(
     job: str | type[Job],
-    input: str | Path,
+    input: str | Path | Sequence[str | Path],
     reducers: int | None = None,
     params: dict[str, str] | None = None,
     *,
@@ -80,6 +90,7 @@ def sequential(
     total_order: bool = False,
     step: int | None = None,
     from_step: int | None = None,
+    args: Sequence[str] = (),
     counted: dict[str, dict[str, int]] | None = None,
 ) -> list[str]:
     """The job's output computed sequentially, in this process, with no queues: one string
@@ -90,8 +101,11 @@ def sequential(
     The keywords are ``cmr run``'s options, checked as it checks them: ``reducers``
     (--reducers; None: the job's), ``params`` (--param), ``input_format``,
     ``output_format``, ``lines``, ``files`` ("PATH[#NAME]", --file), ``total_order``,
-    ``step`` and ``from_step`` (1-based, as --step, --from-step). ``counted``, if given, is
-    filled with the job's counters as ``RunResult.counters`` has them.
+    ``step`` and ``from_step`` (1-based, as --step, --from-step), ``args`` (an mrjob
+    job's arguments, ``-- ARGS``). ``input`` is one input or a list (files, directories,
+    globs; local only), listed as ``cmr run`` lists them (hidden files left out, names below
+    the inputs' common directory). ``counted``, if given, is filled with the job's counters
+    as ``RunResult.counters`` has them.
 
     The engine's own code reads the input (formats, compression, line endings), partitions,
     groups, orders keys and values (``sort_values``, ``value_order``) and writes each part,
@@ -102,11 +116,19 @@ def sequential(
     Every step runs in turn, each with an instance of its own, set up as a worker sets one
     up (``setup`` once, ``for_task`` per task). Total order is computed only for input of
     at most 4 MiB (the cut points' sample is then all of it); more is refused."""
+    sources = submit.input_list(
+        str(input) if isinstance(input, str | Path) else [str(i) for i in input]
+    )
+    for s in sources:
+        if not places.is_local(s):
+            raise UsageError(f"sequential reads local input only, not {s[:200]!r}: copy it here")
     ref = job_ref(job)
     cls = load_job_class(ref)
-    params = dict(params or {})
     if isinstance(files, str):
         raise UsageError(f"files= must be a list of paths, not one str: [{files!r}]")
+    # As `cmr run JOB -- ARGS` does: an mrjob job's arguments, input URI and files.
+    mr_params, mr_files = mrjob.job_args(ref.target, sources, list(args))
+    params = {**(params or {}), **mr_params}
     # What `cmr run` would refuse, refused alike (the same checks, the same words).
     options = JobOptions(
         **step_options(cls, params, reducers, step, from_step),
@@ -114,7 +136,7 @@ def sequential(
         lines=lines,
         input_format=input_format,
         output_format=output_format,
-        files=tuple(files),
+        files=(*files, *mr_files),
         total_order=total_order,
     )
     # A run from a later step reads what the step before wrote: pairs.
@@ -122,7 +144,8 @@ def sequential(
         "pairs" if options.first_step > 0 else options.input_format or cls.input_format
     )
     check_formats(cls, str(fmt))
-    chunks = _input_chunks(Path(input), fmt)
+    options, chunks = _in_thread(_listed(sources, options, fmt))
+    params = options.params
     partitions = options.step_partitions or (options.partitions,)
     cuts = None
     if sampling.check(cls, options.total_order, options.job_steps):
@@ -166,19 +189,26 @@ def sequential(
     return [p.decode("utf-8", "surrogateescape") for p in parts]
 
 
-def _input_chunks(root: Path, fmt: formats.InputFormat) -> list[tuple[str, bytes]]:
-    """The input's files as a map task sees them: named as map is told (the path below the
-    input directory, or the file's own name), in name order, empty ones left out; a
-    directory that is a cmr output holds the parts its manifest lists."""
-    files = local_files(root)  # what `cmr run` lists and refuses, alike
-    is_dir = root.is_dir()
-    if is_dir and (root / MANIFEST).is_file():
-        keep = submit._output_files((root / MANIFEST).read_bytes())
-        files = [f for f in files if f.parent != root or keep(f.name)]
-    named = [(f.relative_to(root).as_posix() if is_dir else f.name, f) for f in files]
-    if fmt.name == "pairs":  # an earlier job's output: its manifest is no pairs
-        named = [(n, f) for n, f in named if n.rsplit("/", 1)[-1] != MANIFEST]
-    return [(n, data) for n, f in named if (data := f.read_bytes())]
+async def _listed(
+    sources: tuple[str, ...], options: JobOptions, fmt: formats.InputFormat
+) -> tuple[JobOptions, list[tuple[str, bytes]]]:
+    """The inputs listed, named and checked by submit's own code (on a backend that reads
+    them in place), each file's bytes with the name map is told; empty ones left out, as
+    the plan leaves them. The options gain what the listing tells (an mrjob job's URI)."""
+    async with temporary_backend("cmr-sequential-") as be:
+        listing = await submit.list_inputs(
+            be, sources, await submit.local_inputs(sources), "sequential"
+        )
+        options = submit._with_input_uri(options, listing)
+        inputs = await submit.sniff_inputs(be.blobs, listing.inputs, fmt, sys.maxsize)
+        return options, [(i.name, await be.blobs.get(i.url)) for i in inputs if i.size]
+
+
+def _in_thread(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run a coroutine to its end from sync code, in a thread of its own: the caller may be
+    inside an event loop (an async test)."""
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, coro).result()
 
 
 def _cut_points(
@@ -212,9 +242,7 @@ def _cut_points(
             options.task_timeout_s,
             fmt,
         )
-        # In a thread: the caller may be inside an event loop (an async test).
-        with ThreadPoolExecutor(1) as thread:
-            return thread.submit(asyncio.run, sample).result()
+        return _in_thread(sample)
 
 
 def _map_task(
@@ -230,6 +258,7 @@ def _map_task(
     reading, mapping and partitioning): each partition's values by key, as the reducer
     groups them after their trip through msgpack."""
     job = inst.for_task()
+    job._cmr_map_task(k, chunks[0][0] if chunks else "")
     st, name = compute.job_step(job, k)
     universal = (lines or job.lines) == "universal"
     mapper = compute._mapper_name(job, st, name, fmt.name == "lines")
@@ -245,6 +274,8 @@ def _map_task(
         # A chunk is a whole file: its compression told by its first bytes, as a worker does.
         codecs=tuple(formats.sniff(d[: formats.SNIFF_BYTES]) for _, d in chunks),
         starts=(0,) * len(chunks),
+        # A default worker's pieces: the longest record it reads is the same.
+        piece_bytes=compute.map_piece_bytes(WorkerSettings().memory_mb * 1024 * 1024),
         step=k,
         cuts=cuts,
     )

@@ -11,7 +11,10 @@ import csv
 import gzip
 import io
 import json
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from pathlib import Path
@@ -301,13 +304,14 @@ def unsorted_values(n: int, seed: int) -> bytes:
 
 
 async def compare(
-    job: str, data: Path, tmp: Path, reducers: int | None = REDUCERS, **options: Any
+    job: str, data: Path | list[str], tmp: Path, reducers: int | None = REDUCERS, **options: Any
 ) -> tuple[list[str], api.RunResult]:
     """sequential's parts, asserted equal to a real run's (many map tasks, two workers)."""
     expected = sequential(job, data, reducers, **options)
     out = tmp / f"out-{len(list(tmp.glob('out-*')))}"
+    given = str(data) if isinstance(data, Path) else data
     result = await api.run_async(
-        job, str(data), str(out), workers=2, reducers=reducers, split_bytes=256, **options
+        job, given, str(out), workers=2, reducers=reducers, split_bytes=1024, **options
     )
     got = read_output(out, len(expected))
     assert diff_outputs(expected, got) == []
@@ -404,15 +408,17 @@ async def test_each_input_format(jobs: Path, tmp_path: Path, fmt: str) -> None:
     await compare(job(jobs, "Records"), data, tmp_path, input_format=fmt)
 
 
-@pytest.mark.parametrize("codec", sorted(COMPRESS))
-async def test_compressed_input(jobs: Path, tmp_path: Path, codec: str) -> None:
-    pack = COMPRESS[codec]
-    for fmt in ("lines", "csv", "fixed:10:3", "jsonlines"):
-        plain = INPUTS[fmt]
-        files = {f"{n}.z": pack(d) for n, d in plain.items()}
-        files["plain"] = next(iter(plain.values()))  # beside them, one not compressed
-        data = write(tmp_path / fmt.replace(":", "_"), files)
-        await compare(job(jobs, "Records"), data, tmp_path, input_format=fmt)
+@pytest.mark.parametrize(
+    ("codec", "fmt"),
+    [("gzip", f) for f in ("lines", "csv", "fixed:10:3", "jsonlines")]
+    + [("bz2", "lines"), ("zstd", "jsonlines")],
+)
+async def test_compressed_input(jobs: Path, tmp_path: Path, codec: str, fmt: str) -> None:
+    plain = INPUTS[fmt]
+    files = {f"{n}.z": COMPRESS[codec](d) for n, d in plain.items()}
+    files["plain"] = next(iter(plain.values()))  # beside them, one not compressed
+    data = write(tmp_path / "in", files)
+    await compare(job(jobs, "Records"), data, tmp_path, input_format=fmt)
 
 
 async def test_line_endings(jobs: Path, tmp_path: Path) -> None:
@@ -439,6 +445,56 @@ async def test_an_output_read_as_pairs_input(jobs: Path, tmp_path: Path) -> None
     await api.run_async(job(jobs, "Records"), str(data), str(out), reducers=2, workers=1)
     (out / "part-00009").write_bytes(b"\x00 a leftover no manifest lists")
     await compare(job(jobs, "Records"), out, tmp_path, input_format="pairs")
+
+
+async def test_several_inputs_globs_and_hidden_files(jobs: Path, tmp_path: Path) -> None:
+    # Names below the inputs' common directory; _ and . files are not input; a file named
+    # twice is read twice.
+    write(tmp_path / "A", {"x.txt": text(40, 1), "_tmp": b"no", ".x.crc": b"no"})
+    write(tmp_path / "B", {"y.txt": text(30, 2), "z.log": text(20, 3), "s/_SUCCESS": b""})
+    given = [str(tmp_path / "A"), str(tmp_path / "B" / "*.txt"), str(tmp_path / "B" / "z.log")]
+    expected, _ = await compare(job(jobs, "Records"), [*given, given[-1]], tmp_path)
+    part_bytes = "".join(expected).encode("utf-8", "surrogateescape")
+    seen = {k for k, _ in msgpack.Unpacker(io.BytesIO(part_bytes))}
+    assert seen == {"A/x.txt", "B/y.txt", "B/z.log"}
+
+
+MR_BY_FILE = """
+from mrjob.compat import jobconf_from_env
+from mrjob.job import MRJob
+
+
+class MRByFile(MRJob):
+    def configure_args(self):
+        super().configure_args()
+        self.add_passthru_arg("--min", type=int, default=1)
+
+    def mapper(self, _, line):
+        if len(line) >= self.options.min:
+            yield jobconf_from_env("mapreduce.map.input.file"), 1
+
+    def reducer(self, uri, counts):
+        yield uri, sum(counts)
+"""
+
+
+@pytest.mark.filterwarnings("ignore:'pipes' is deprecated:DeprecationWarning")  # mrjob's
+def test_an_mrjob_job_as_cmr_run_runs_it(tmp_path: Path) -> None:
+    pytest.importorskip("mrjob")
+    job_file = tmp_path / "mr_by_file.py"
+    job_file.write_text(MR_BY_FILE)
+    data = write(tmp_path / "in", {"a.txt": text(60, 4), "d/b.txt": text(30, 5)})
+    argv = ["--min", "12"]
+    expected = sequential(str(job_file), data, 2, args=argv)
+    done = subprocess.run(
+        [sys.executable, "-m", "cmr", "run", str(job_file), "-i", str(data), "-o", "out",
+         "--reducers", "2", "--", *argv],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},  # this tree's cmr
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert read_output(tmp_path / "out", 2) == expected
+    assert (data / "d" / "b.txt").as_uri() in "".join(expected)
 
 
 async def test_empty_input_runs_no_map_task(jobs: Path, tmp_path: Path) -> None:
