@@ -211,3 +211,50 @@ def output_parts(output: str) -> list[str]:
 async def list_jobs(backend: Backend) -> list[dict[str, Any]]:
     rows = await backend.table.query(JOBS_PK)
     return sorted(rows, key=lambda r: float(r.get("created", 0)), reverse=True)
+
+
+# Counters only a worker moves, and only once it has taken a task of the job.
+_WORKER_STATS = (
+    "progress_maps",
+    "progress_bytes",
+    "map_duplicates_skipped",
+    "tasks_retried",
+    "tasks_restarted",
+    "leases_lost",
+    "messages_rejected",
+    "reduce_conflicts",
+    "partitions_committed",
+)
+
+
+async def untouched(backend: Backend, spec: JobSpec, record: dict[str, Any]) -> bool:
+    """Whether no worker has ever taken a task of this running job (nothing serves it yet):
+    no counter a worker moves, and none of the records a taken task leaves (a partition's
+    claim, a map commit, a failure or restart count). A step after a pipeline's first was
+    made by a worker's hand-over: touched."""
+    if record.get("state") != JobState.RUNNING.value or spec.step > spec.first_step:
+        return False
+    if any(isinstance(record.get(k), int) and record[k] > 0 for k in _WORKER_STATS):
+        return False
+    if any(isinstance(k, str) and k.startswith("c_") for k in record):  # live user counters
+        return False
+    pk = job_pk(spec.job_id)
+    # A worker's reduce slots claim partitions as soon as it takes the job: reduce# first.
+    for prefix in ("reduce#", "map#", "fail#"):
+        if await backend.table.query(pk, prefix=prefix):
+            return False
+    return True
+
+
+async def run_input(backend: Backend, spec: JobSpec) -> dict[str, Any]:
+    """What a pipeline run (``spec``: its first step) read, as ``run_bytes_in`` and
+    ``run_records_in``: its first step's totals (its last step read the step before's
+    output). Empty for a one-step job, whose record says it already."""
+    if not spec.pipeline:
+        return {}
+    first = await backend.table.get(job_pk(spec.job_id), "job") or {}
+    return {
+        f"run_{k}": first[k]
+        for k in ("bytes_in", "records_in")
+        if isinstance(first.get(k), int) and not isinstance(first.get(k), bool)
+    }

@@ -1,14 +1,16 @@
 """``cmr status | wait | cancel | cleanup``: look after jobs that outlive their client (aws).
 
 Given no store (no --store, --backend or part of one, no $CMR_STORE), they look where the
-last ``cmr run`` ran (:mod:`cmr.cli.laststore`) and say so on stderr; a last run on the
-embedded backend kept no state once it ended, and they say that instead, with where its
+named job was submitted when it is one of the recent jobs remembered, else where the last
+``cmr run`` ran (:mod:`cmr.cli.laststore`), and say so on stderr; a job on the embedded
+backend lived in its `cmr run` process alone, and they say that instead, with where its
 output is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -60,13 +62,15 @@ class Where:
 
     store: Store
     why: str  # "" when the command line named it
-    last: laststore.LastRun | None  # the last run remembered, if any
+    last: laststore.LastRun | None  # the job's own run when remembered, else the last run
 
 
-def where(flags: StoreFlags) -> Where:
-    """Command-line flags, then $CMR_STORE, then the store of the last `cmr run`, then the
-    default aws store: the first that says anything. Nothing here creates a bucket or table."""
-    last = laststore.recall()
+def where(flags: StoreFlags, job: str | None = None) -> Where:
+    """Command-line flags, then $CMR_STORE, then the store ``job`` was submitted to (when
+    remembered), then the store of the last `cmr run`, then the default aws store: the first
+    that says anything. Nothing here creates a bucket or table."""
+    own = laststore.recall_job(job) if job is not None else None
+    last = own or laststore.recall()
     env = os.environ.get(STORE_ENV)
     from_env = bool(env) and flags.store is not None and flags.store == _parsed(env)
     if any(getattr(flags, n) is not None for n in _PARTS) or (
@@ -75,6 +79,9 @@ def where(flags: StoreFlags) -> Where:
         return Where(flags.resolve(BackendName.aws, create=False), "", last)
     if from_env:
         return Where(flags.resolve(BackendName.aws, create=False), f"from ${STORE_ENV}", last)
+    if own is not None:
+        store = Store(own.store.backend, _no_create(own.store))
+        return Where(store, f"the store job {own.job_id} was submitted to", own)
     if last is not None:
         store = Store(last.store.backend, _no_create(last.store))
         return Where(store, f"the store of your last `cmr run`, job {last.job_id}", last)
@@ -122,10 +129,14 @@ class EmbeddedRun:
                 f"output and _SUCCESS manifest are in {output}"
             )
         else:
+            # Its state lives in its `cmr run` process alone: nothing here can tell whether
+            # that process still runs, so both are said.
             said = (
-                f"job {job} ran on the embedded backend, in `cmr run` itself, and finished "
-                f"with it; {output} holds no _SUCCESS manifest of it (the run failed or was "
-                "stopped, or a later run replaced its output)"
+                f"job {job} ran on the embedded backend, inside its own `cmr run` process "
+                f"(submitted {_ago(self.last.at)}), where its state lives and ends with it: "
+                "if that process still runs, it shows the job's progress; "
+                f"{output} holds no _SUCCESS manifest of it (still running, or the run failed "
+                "or was stopped, or a later run replaced its output)"
             )
         return said + f". {_KEEPS_NO_JOBS}"
 
@@ -216,13 +227,131 @@ def _on_job(
     return go
 
 
-def _record_json(spec: Any, rec: dict[str, Any], p: Progress) -> dict[str, Any]:
-    """The job record as plain JSON data (bytes left out), with where its output is."""
+def _ago(at: float) -> str:
+    return f"{_span(max(0.0, time.time() - at))} ago"
+
+
+def _span(seconds: float) -> str:
+    """A duration for people: 4.2 s, 3 min 12 s, 2 h 5 min."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    s = int(seconds)
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def _size(n: Any) -> str:
+    if not isinstance(n, int) or isinstance(n, bool):
+        return "?"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _time(rec: dict[str, Any], key: str) -> float | None:
+    value = rec.get(key)
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return None
+
+
+@dataclass(frozen=True)
+class Span:
+    """When a job (a pipeline: its whole run) started and ended, and how long it took (or
+    has run so far)."""
+
+    started: float | None
+    ended: float | None  # None while it runs
+
+    @staticmethod
+    def of(first: dict[str, Any], last: dict[str, Any], state: str) -> Span:
+        from cmr.records import FINAL_STATES
+
+        ended = _time(last, "finished") if state in FINAL_STATES else None
+        return Span(_time(first, "created"), ended)
+
+    @property
+    def seconds(self) -> float | None:
+        if self.started is None:
+            return None
+        return max(0.0, (self.ended if self.ended is not None else time.time()) - self.started)
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.seconds
+        return {
+            "started": self.started,
+            "ended": self.ended,
+            "duration_s": round(s, 3) if s is not None else None,
+        }
+
+    def fields(self) -> list[tuple[str, str]]:
+        rows = [("started", _clock(self.started) if self.started is not None else "?")]
+        if self.ended is not None:
+            rows.append(("ended", _clock(self.ended)))
+        s = self.seconds
+        if s is not None:
+            rows.append(
+                ("duration", _span(s))
+                if self.ended is not None
+                else ("elapsed", _span(s) + " (running)")
+            )
+        return rows
+
+
+def no_worker_yet(job: str, since: float | None, store: Store) -> str:
+    """What to say of a running job no worker has taken a task of: for how long, and how to
+    start one."""
+    when = f", {_span(time.time() - since)} after it was submitted" if since is not None else ""
+    return (
+        f"no worker has taken a task of job {job} yet{when}: nothing serves it until one "
+        f"runs. Start one with `cmr worker --store {shown(store)}` (or run a fleet: `cmr "
+        "fleet --help`)"
+    )
+
+
+# Fields of the record the human view shows elsewhere, or that are for machines alone.
+_INTERNAL = (
+    "maps",
+    "partitions",
+    "visibility_s",
+    "max_task_attempts",
+    "step",
+    "first_step",
+    "last_step",
+    "job_steps",
+    "input_bytes",
+    "inputs",
+    "partitions_committed",  # commits seen: when a worker looks, not how many there are
+)
+# What a pipeline's first step says of the whole run (its last step's record holds its own).
+_RUN_INPUT = ("created", "input_bytes", "inputs", "records_in", "bytes_in")
+
+
+def _record_json(
+    spec: Any,
+    rec: dict[str, Any],
+    p: Progress,
+    first: dict[str, Any] | None = None,
+    worker_seen: bool | None = None,
+) -> dict[str, Any]:
+    """The job record as plain JSON data (bytes left out), with where its output is; for a
+    pipeline, ``first`` is its first step's record: when it started and what it read."""
     from cmr.records import JobState
 
     doc = {k: v for k, v in rec.items() if not isinstance(v, bytes) and k not in ("pk", "sk")}
+    if first is not None and spec.pipeline:
+        doc.update({k: first[k] for k in _RUN_INPUT if k in first})
     doc["job"] = spec.pipeline_id  # a pipeline is named by its first step's id
     doc["state"] = p.state
+    doc.update(Span.of(first if first is not None else rec, rec, p.state).to_json())
+    if worker_seen is not None:
+        doc["worker_seen"] = worker_seen
     place = rec.get("fetch", {}).get("dir") if isinstance(rec.get("fetch"), dict) else None
     doc["output"] = str(rec.get("user_output", spec.output))
     doc["published"] = (
@@ -245,14 +374,17 @@ def _record_json(spec: Any, rec: dict[str, Any], p: Progress) -> dict[str, Any]:
 def _step_json(spec: Any, rec: dict[str, Any]) -> dict[str, Any]:
     from cmr import pipeline
 
+    state = str(rec.get("state", "unknown"))
     return {
         "step": spec.step + 1,
         "job": spec.job_id,
-        "state": str(rec.get("state", "unknown")),
+        "state": state,
         "maps": spec.maps,
         "reduces": spec.partitions,
+        "input_bytes": rec.get("input_bytes"),
         "records_in": rec.get("records_in"),
         "records_out": rec.get("records_out"),
+        **Span.of(rec, rec, state).to_json(),
         "error": rec.get("error"),
         # What a succeeded step before the last wrote: the next step's input, kept until
         # the pipeline ends (or, when a later step failed, until `cmr cleanup`).
@@ -264,6 +396,10 @@ def _step_json(spec: Any, rec: dict[str, Any]) -> dict[str, Any]:
 
 def _step_line(spec: Any, rec: dict[str, Any]) -> str:
     state = str(rec.get("state", "unknown"))
+    span = Span.of(rec, rec, state)
+    took = span.seconds
+    if took is not None:
+        state += f" in {_span(took)}" if span.ended is not None else f" for {_span(took)}"
     line = f"{state}: {spec.job_id}, {spec.maps} maps, {spec.partitions} reduces"
     if "records_out" in rec:
         line += f", {rec.get('records_in')} records in, {rec['records_out']} out"
@@ -279,13 +415,14 @@ def status(
 ) -> None:
     """Jobs and their map/reduce progress, or one job's record and duplicate counters.
 
-    With no store given: $CMR_STORE, else the store of your last `cmr run`."""
+    With no store given: $CMR_STORE, else the store the job (or your last `cmr run`) was
+    submitted to."""
     from rich.table import Table
 
     from cmr import counters, watch
 
     configure_logs(logging.WARNING - 10 * verbose)
-    w = where(store)
+    w = where(store, job)
     here = embedded_run(w, job)
     if here is not None:
         doc = here.to_json()
@@ -303,56 +440,82 @@ def status(
             if job is None:
                 rows = []
                 for row in await watch.list_jobs(be):
-                    # A pipeline is listed once, where it stands: the step it is at.
+                    # A pipeline is listed once, where it stands: the step it is at; the
+                    # job list's row says when the run started.
                     spec, rec = await pipeline.current(be, str(row["sk"]))
-                    rows.append((spec, rec, await watch.progress(be, spec)))
+                    rows.append(
+                        (
+                            spec,
+                            rec,
+                            await watch.progress(be, spec),
+                            row,
+                            await watch.untouched(be, spec, rec),
+                        )
+                    )
                 if as_json:
-                    print(json.dumps([_record_json(*r) for r in rows], default=str))
+                    docs = [_record_json(s, r, p, row, not idle) for s, r, p, row, idle in rows]
+                    print(json.dumps(docs, default=str))
                     return
-                t = Table("job", "state", "created", "step", "maps", "reduces", "input")
-                for spec, rec, p in rows:
+                t = Table("job", "state", "started", "took", "step", "maps", "reduces", "input")
+                for spec, rec, p, row, idle in rows:
+                    span = Span.of(row, rec, p.state)
+                    took = span.seconds
                     cells = (
                         spec.pipeline_id,
-                        p.state,
-                        time.strftime(
-                            "%Y-%m-%d %H:%M:%S", time.localtime(float(rec.get("created", 0)))
-                        ),
+                        p.state + (" (no worker yet)" if idle else ""),
+                        _clock(span.started) if span.started is not None else "?",
+                        "" if took is None else _span(took) + ("" if span.ended else " so far"),
                         f"{spec.step + 1}/{spec.job_steps}",
                         f"{p.maps_done}/{p.maps}",
                         f"{p.reduces_done}/{p.reduces}",
                         str(rec.get("input", "")),
                     )
                     t.add_row(*map(safe_text, cells))  # data from the table: never obeyed
-                keep_whole(t, 0, (safe_text(spec.pipeline_id).plain for spec, _, _ in rows))
+                keep_whole(t, 0, (safe_text(r[0].pipeline_id).plain for r in rows))
                 print_table(out, t)
                 return
             steps = await pipeline.chain(be, job)
             spec, rec = steps[-1]
+            first = steps[0][1]
             p = await watch.progress(be, spec)
+            idle = await watch.untouched(be, spec, rec)
             if as_json:
-                doc = _record_json(spec, rec, p)
+                doc = _record_json(spec, rec, p, first, not idle)
                 if spec.pipeline:
                     doc["job"] = spec.pipeline_id
                     doc["steps"] = [_step_json(s, r) for s, r in steps]
                 print(json.dumps(doc, default=str))
                 return
+            # A pipeline's run: when its first step started, what it read.
+            stats = {
+                **p.stats,
+                **{
+                    k: first[k]
+                    for k in ("records_in", "bytes_in")
+                    if spec.pipeline and isinstance(first.get(k), int)
+                },
+            }
+            size = first.get("input_bytes")
             fields = [
                 ("job", spec.pipeline_id),
                 ("state", p.state),
+                *Span.of(first, rec, p.state).fields(),
                 *(
                     (f"step {s.step + 1}", _step_line(s, r))
                     for s, r in (steps if spec.pipeline else [])
                 ),
                 ("code", spec.ref.target),
+                ("input", str(first.get("input", rec.get("input", spec.input_root)))),
+                *((("input size", _size(size)),) if isinstance(size, int) else ()),
                 ("maps", f"{p.maps_done}/{p.maps} committed"),
                 ("reduces", f"{p.reduces_done}/{p.reduces} committed"),
                 ("output", str(rec.get("user_output", spec.output))),
                 *(
                     # The record's max_task_failures is what --max-task-attempts set; its
                     # max_task_attempts bounds starts that never end (dead workers).
-                    ("max_task_attempts" if k == "max_task_failures" else k, str(p.stats[k]))
-                    for k in sorted(p.stats)
-                    if k not in ("maps", "partitions", "visibility_s", "max_task_attempts")
+                    ("max_task_attempts" if k == "max_task_failures" else k, str(stats[k]))
+                    for k in sorted(stats)
+                    if k not in _INTERNAL
                 ),
             ]
             t = Table("field", "value", show_header=False)
@@ -360,6 +523,12 @@ def status(
                 t.add_row(safe_text(field_), safe_text(value))  # data: never obeyed
             keep_whole(t, 1, [safe_text(spec.job_id).plain])
             print_table(out, t)
+            if idle:
+                out.print(
+                    safe_text(no_worker_yet(spec.pipeline_id, _time(first, "created"), w.store)),
+                    highlight=False,
+                    soft_wrap=True,
+                )
             found = counters.of_record(rec)
             if found:
                 out.print("counters:", highlight=False)
@@ -374,13 +543,53 @@ def status(
     asyncio.run(show())
 
 
+HINT_FIRST_S = 60.0  # the hint's second showing; each next one waits twice as long
+HINT_MAX_S = 600.0
+TIMED_OUT = 124  # `cmr wait --timeout` gave up: the code timeout(1) exits with
+
+
+async def _hint_while_unserved(be: Backend, spec: JobSpec, store: Store) -> None:
+    """Say on stderr, now and then less and less often, that no worker has taken a task of
+    the job yet (a fleet may be starting: the wait goes on); stop once one has."""
+    from cmr import watch
+    from cmr.records import job_pk
+
+    pause = HINT_FIRST_S
+    while True:
+        rec = await be.table.get(job_pk(spec.job_id), "job") or {}
+        if not await watch.untouched(be, spec, rec):
+            return
+        err.print(
+            safe_text(no_worker_yet(spec.pipeline_id, _time(rec, "created"), store) + "; waiting"),
+            highlight=False,
+            soft_wrap=True,
+        )
+        await asyncio.sleep(pause)
+        pause = min(HINT_MAX_S, pause * 2)
+
+
 @shared("store", StoreFlags)
-def wait(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
-    """Wait until a job ends (fetching a local output); exit 0 only if it succeeded."""
+def wait(
+    job: JobId,
+    store: StoreFlags,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="give up after this many seconds (exit 124; the job goes on)",
+            show_default="wait until the job ends",
+        ),
+    ] = None,
+    verbose: Verbose = 0,
+) -> None:
+    """Wait until a job ends (fetching a local output); exit 0 only if it succeeded.
+
+    While no worker has taken a task of the job, it says so, and how to start one."""
     configure_logs(logging.WARNING - 10 * verbose)
     from cmr import watch
 
-    w = where(store)
+    if timeout is not None and not timeout > 0:
+        fail(f"--timeout must be a positive number of seconds; got {timeout}")
+    w = where(store, job)
     here = embedded_run(w, job)
     if here is not None:
         if here.manifest is None:
@@ -390,7 +599,14 @@ def wait(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     announce(w)
 
     async def body(be: Backend, spec: JobSpec) -> dict[str, Any]:
-        last, record = await watch.wait_steps(be, spec)  # a pipeline's last step's
+        hint = asyncio.create_task(_hint_while_unserved(be, spec, w.store))
+        try:
+            async with asyncio.timeout(timeout):
+                last, record = await watch.wait_steps(be, spec)  # a pipeline's last step's
+        finally:
+            hint.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await hint  # a hint that failed to read the table must not fail the wait
         await watch.fetch_output(be, last, record)
         return record
 
@@ -398,6 +614,12 @@ def wait(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
         record = interruptible(_on_job(w.store, job, body)())
     except Interrupted:
         fail(f"stopped waiting; job {job} goes on (`cmr cancel {job}` cancels it)", code=130)
+    except TimeoutError:
+        fail(
+            f"gave up waiting after {timeout:g} s (--timeout); job {job} goes on "
+            f"(`cmr status {job}` shows it)",
+            code=TIMED_OUT,
+        )
     except JobFailed as exc:
         fail(f"job {exc.job_id} ended {ended(exc)}.\n{exc.reason}")
     err.print(
@@ -417,7 +639,7 @@ def cancel(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     configure_logs(logging.WARNING - 10 * verbose)
     from cmr import pipeline
 
-    w = where(store)
+    w = where(store, job)
     if embedded_run(w, job) is not None:
         fail(
             f"job {job} ran on the embedded backend and ended with its `cmr run`: nothing to cancel"
@@ -442,7 +664,7 @@ def cleanup(job: JobId, store: StoreFlags, verbose: Verbose = 0) -> None:
     from cmr import lifecycle, pipeline
     from cmr.records import FINAL_STATES, JobState, job_pk
 
-    w = where(store)
+    w = where(store, job)
     if embedded_run(w, job) is not None:
         err.print(
             safe_text(

@@ -178,6 +178,21 @@ def run(
         submitted.append(job_id)
         laststore.remember(where, job_id, output)  # `cmr status` looks there next
         err.print(f"submitted job [bold]{job_id}[/] ({where.backend} backend)", highlight=False)
+        if options.workers == 0:  # nothing here runs it: say what will
+            how = f"`cmr worker --store {where.url.removesuffix('?')}`"
+            err.print(
+                Text.assemble(
+                    "no worker was started ",
+                    ("(--detach)" if detach else "(--workers 0)"),
+                    f": nothing runs job {job_id} until a worker does; start one with ",
+                    safe_text(how),
+                    " (or run a fleet: `cmr fleet --help`)"
+                    if detach
+                    else ", or a fleet (`cmr fleet --help`); waiting for one",
+                ),
+                highlight=False,
+                soft_wrap=True,
+            )
 
     def on_progress(p: watch.Progress) -> None:
         if not ids:
@@ -241,9 +256,11 @@ def run(
         out.print(result.job_id, highlight=False)  # the last line: for scripts
         return
     rec, secs = result.record, result.seconds
+    # A pipeline's last step read what the step before wrote: the run read its first's input.
+    mb_in = rec.get("run_bytes_in", rec.get("bytes_in", 0)) / 1e6
     summary = Text.from_markup(
         f"job {result.job_id} [green]succeeded[/] in {secs:.1f} s: "
-        f"{rec.get('bytes_in', 0) / 1e6:.1f} MB in ({rec.get('bytes_in', 0) / 1e6 / secs:.2f} "
+        f"{mb_in:.1f} MB in ({mb_in / secs:.2f} "
         f"MB/s), {rec.get('records_out', 0)} records out in {len(result.parts)} parts under "
     )
     err.print(Text.assemble(summary, safe_text(output)), highlight=False)
