@@ -299,6 +299,7 @@ async def run_on(
         record = await _run_with_processes(be, spec, ws, opts)
         last, _ = await pipeline.current(be, spec.job_id)
         await watch.fetch_output(be, last, record)
+    record = {**record, **await watch.run_input(be, spec)}  # a pipeline's input: its first step's
     return RunResult(
         spec.job_id,
         output,
