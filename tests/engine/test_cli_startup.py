@@ -1,0 +1,76 @@
+"""`cmr --help` and `cmr run --help` stay cheap: the load generator, the fleet and their
+heavy libraries are imported only when their command is run (the issue: `cmr --help` took
+3-7 s on a loaded machine, importing loadgen and fleet to print one line each)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+import cmr.cli
+
+# Run as the `cmr` script runs: the modules loaded by the time the help is printed.
+PROBE = """
+import json, runpy, sys
+sys.argv = ["cmr", *json.loads(sys.argv[1])]
+try:
+    runpy.run_module("cmr", run_name="__main__")
+except SystemExit:
+    pass
+print(json.dumps(sorted(sys.modules)), file=sys.stderr)
+"""
+HEAVY = ("cmr.loadgen", "cmr.cli.loadgen", "cmr.cli.loadtest", "cmr.fleet")
+THIRD_PARTY = ("matplotlib", "hdrh", "aioboto3", "boto3", "botocore", "pydantic")
+
+
+def loaded(*args: str) -> tuple[str, set[str]]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(args)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    modules = json.loads(done.stderr.strip().splitlines()[-1])
+    return done.stdout, set(modules)
+
+
+def under(modules: set[str], prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == p or m.startswith(p + ".") for p in prefixes))
+
+
+@pytest.mark.parametrize("args", [("--help",), ("run", "--help")])
+def test_help_imports_neither_loadgen_nor_fleet(args: tuple[str, ...]) -> None:
+    out, modules = loaded(*args)
+    assert "Usage:" in out
+    assert under(modules, HEAVY) == []
+    assert under(modules, THIRD_PARTY) == []
+
+
+def test_help_lists_every_command_with_its_help() -> None:
+    out, _ = loaded("--help")
+    flat = " ".join(out.replace("│", " ").split())
+    for name in ("run", "worker", "status", "wait", "cancel", "cleanup", "loadgen", "fleet"):
+        assert f" {name} " in flat, name
+    assert "Load tests and consistency measurements of a store" in flat
+    assert "Run a worker fleet on EC2" in flat
+
+
+def test_lazy_help_is_the_apps_own() -> None:
+    from cmr.cli.loadgen import loadgen_app
+    from cmr.fleet import fleet_app
+
+    apps = {"loadgen": loadgen_app.info.help, "fleet": fleet_app.info.help}
+    assert apps == cmr.cli.LAZY_HELP
+
+
+@pytest.mark.parametrize("name", ["loadgen", "fleet"])
+def test_lazy_commands_still_answer_help(name: str) -> None:
+    got = CliRunner().invoke(cmr.cli.app, [name, "--help"])
+    assert got.exit_code == 0, got.output
+    assert "Commands" in got.output
+    assert cmr.cli.LAZY_HELP[name].split()[0] in got.output
