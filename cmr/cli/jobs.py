@@ -543,6 +543,9 @@ def status(
     asyncio.run(show())
 
 
+# A running fleet takes a new job within a few seconds (its idle polls back off to 5 s): a
+# job younger than this is not yet said to be unserved.
+HINT_GRACE_S = 10.0
 HINT_FIRST_S = 60.0  # the hint's second showing; each next one waits twice as long
 HINT_MAX_S = 600.0
 TIMED_OUT = 124  # `cmr wait --timeout` gave up: the code timeout(1) exits with
@@ -559,6 +562,10 @@ async def _hint_while_unserved(be: Backend, spec: JobSpec, store: Store) -> None
         rec = await be.table.get(job_pk(spec.job_id), "job") or {}
         if not await watch.untouched(be, spec, rec):
             return
+        young = HINT_GRACE_S - (time.time() - (_time(rec, "created") or 0.0))
+        if young > 0:
+            await asyncio.sleep(min(young, HINT_GRACE_S))  # a submitter's clock may be ahead
+            continue
         err.print(
             safe_text(no_worker_yet(spec.pipeline_id, _time(rec, "created"), store) + "; waiting"),
             highlight=False,
