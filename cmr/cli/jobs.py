@@ -442,18 +442,19 @@ def status(
                 for row in await watch.list_jobs(be):
                     # A pipeline is listed once, where it stands: the step it is at; the
                     # job list's row says when the run started.
-                    spec, rec = await pipeline.current(be, str(row["sk"]))
+                    steps = await pipeline.chain(be, str(row["sk"]))
+                    (spec, rec), first = steps[-1], steps[0][1]
                     rows.append(
                         (
                             spec,
                             rec,
                             await watch.progress(be, spec),
-                            row,
+                            {**first, **row},  # the run's start: the job list's row
                             await watch.untouched(be, spec, rec),
                         )
                     )
                 if as_json:
-                    docs = [_record_json(s, r, p, row, not idle) for s, r, p, row, idle in rows]
+                    docs = [_record_json(s, r, p, run, not idle) for s, r, p, run, idle in rows]
                     print(json.dumps(docs, default=str))
                     return
                 t = Table("job", "state", "started", "took", "step", "maps", "reduces", "input")

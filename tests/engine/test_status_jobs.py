@@ -234,7 +234,9 @@ def test_a_detached_job_nothing_serves_is_said_to_be_unserved(tmp_path: Path) ->
         assert doc["worker_seen"] is True
         assert all(s["duration_s"] > 0 for s in doc["steps"])
         listing = json.loads(cmr("status", "--json", "--store", store).stdout)
-        assert [(d["job"], d["started"]) for d in listing] == [(job, first["started"])]
+        assert [(d["job"], d["started"], d["input_bytes"]) for d in listing] == [
+            (job, first["started"], first["input_bytes"])
+        ]
 
         # An explicit store still wins over the job's remembered one.
         elsewhere = f"aws://cmr-none-{tag}/cmr-none-{tag}?prefix=cmrno-{tag}-"
