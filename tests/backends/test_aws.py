@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -41,10 +42,14 @@ async def aws(aws_stack: dict[str, str], aws_names: AwsNames) -> AsyncIterator[B
 
 
 async def test_no_credentials_fails_at_open(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-    with pytest.raises(Unreachable, match="AWS_PROFILE or AWS_ACCESS_KEY_ID") as err:
-        async with open_aws(AwsSettings(max_attempts=1)):
-            pass
+    # Something listens (so the endpoint is not down), and the request is never signed.
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{listening.getsockname()[1]}")
+        with pytest.raises(Unreachable, match="AWS_PROFILE or AWS_ACCESS_KEY_ID") as err:
+            async with open_aws(AwsSettings(max_attempts=1)):
+                pass
     assert "scripts/stack.sh env" in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -59,7 +64,8 @@ async def test_refused_endpoint_fails_at_open(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the discard port: refused
-    with pytest.raises(Unreachable, match=re.escape("sqs at http://127.0.0.1:9")) as err:
+    at = "sqs, s3, dynamodb at http://127.0.0.1:9: nothing is listening there"
+    with pytest.raises(Unreachable, match=re.escape(at)) as err:
         async with open_aws(AwsSettings(max_attempts=1)):
             pass
     assert "scripts/stack.sh start" in str(err.value)

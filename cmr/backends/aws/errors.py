@@ -10,6 +10,7 @@ slow down, which the engine retries alike but the load generator counts apart.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlparse
@@ -17,10 +18,12 @@ from urllib.parse import urlparse
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
+    ConnectTimeoutError,
     EndpointConnectionError,
     NoCredentialsError,
     PartialCredentialsError,
     ProfileNotFound,
+    ReadTimeoutError,
 )
 
 from cmr.errors import (
@@ -131,6 +134,41 @@ def _is_loopback(url: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
+def _look_at(url: str, slow: bool) -> str:
+    if _is_loopback(url):
+        if slow:
+            return "; the local stack is busy or stalled (`scripts/stack.sh status`, `... logs`)"
+        return "; is the local stack running? start it with `scripts/stack.sh start`"
+    return (
+        "; check the endpoint (AWS_ENDPOINT_URL*, the profile's endpoint_url), the region, "
+        "the credentials and the network"
+    )
+
+
+def down_message(services: str, url: str, why: str) -> str:
+    """Nothing answers at ``url`` (refused, no such host, no route): said at once."""
+    return f"cannot reach {services} at {url}: {why}{_look_at(url, slow=False)}"
+
+
+def slow_message(services: str, url: str, what: str, seconds: float) -> str:
+    """``url`` accepts connections or answers too slowly: said after waiting ``seconds``."""
+    return (
+        f"{services} at {url} is slow, not down: {what} within {seconds:g} s"
+        f"{_look_at(url, slow=True)}; try again when it answers"
+    )
+
+
+def _why_down(exc: EndpointConnectionError) -> str:
+    # aiobotocore keeps aiohttp's error: refused and unresolved both arrive as this class
+    error = exc.kwargs.get("error")
+    cause = getattr(error, "os_error", None) or error
+    if isinstance(cause, ConnectionRefusedError):
+        return "nothing is listening there"
+    if isinstance(cause, socket.gaierror):
+        return "its host does not resolve"
+    return "no connection"
+
+
 def _judged(service: str, exc: BaseException, subject: str) -> tuple[type[BackendError], str]:
     """The class and the one-line message of our error for a botocore failure."""
     about = f" ({subject})" if subject else ""
@@ -139,12 +177,12 @@ def _judged(service: str, exc: BaseException, subject: str) -> tuple[type[Backen
         return Unreachable, f"no usable AWS credentials{whose}: {_CREDENTIALS_HINT}"
     if isinstance(exc, EndpointConnectionError):
         url = str(exc.kwargs.get("endpoint_url", "?"))
-        hint = (
-            "; start it with `scripts/stack.sh start`"
-            if _is_loopback(url)
-            else "; check the endpoint (AWS_ENDPOINT_URL*, the region) and the network"
-        )
-        return Unreachable, f"cannot reach {service} at {url}{hint}"
+        return Unreachable, down_message(service, url, _why_down(exc))
+    if isinstance(exc, ConnectTimeoutError | ReadTimeoutError):
+        # Retried like any service fault: slow is not down.
+        url = str(exc.kwargs.get("endpoint_url", "?"))
+        what = "no connection" if isinstance(exc, ConnectTimeoutError) else "no answer"
+        return BackendError, f"{service} at {url} is slow: {what} in time{about}"
     if isinstance(exc, ProfileNotFound):
         return Unreachable, f"{exc}: fix AWS_PROFILE or the cmr profile setting"
     if not isinstance(exc, ClientError):

@@ -1,33 +1,46 @@
-"""Opening the aws backend: one client per service, a fast probe of each, and the bucket and
-table made if they are missing (and allowed to be).
+"""Opening the aws backend: the configured endpoints reached (down is said at once, slow
+is waited for, within a bound), one client per service, a probe of each, and the bucket
+and table made if they are missing (and allowed to be).
 
 LocalStack and moto's DynamoDB server are this backend with other endpoints: botocore reads
 ``AWS_ENDPOINT_URL`` and ``AWS_ENDPOINT_URL_<SERVICE>`` itself, so no code path here knows
-about them.
+about them (:mod:`cmr.backends.aws.reach` reads the same names, to look before botocore
+loads).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
-import aioboto3
-from aiobotocore.config import AioConfig
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    ReadTimeoutError,
+)
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from cmr.backends.aws.dynamodb import AwsTable
-from cmr.backends.aws.errors import QUEUE_GONE, error_code
+from cmr.backends.aws.errors import QUEUE_GONE, error_code, slow_message
 from cmr.backends.aws.errors import translate as _translate
 from cmr.backends.aws.errors import translated as _translated
 from cmr.backends.aws.owner import DENIED_CODES, expect_owner, not_owned
-from cmr.backends.aws.s3 import AwsBlobs
-from cmr.backends.aws.sqs import AwsQueues
+from cmr.backends.aws.reach import PROBE_SECONDS, preflight
 from cmr.backends.base import REMOTE, Backend
-from cmr.errors import BackendError, BlobMissing, UsageError
+from cmr.errors import BackendError, BlobMissing, Unreachable, UsageError
 from cmr.settings import AwsSettings
+
+# A probe call's timeouts, each attempt: a stall longer than these is tried again, with
+# backoff, until PROBE_SECONDS have passed since the opening began.
+_PROBE_CONNECT = 2
+_PROBE_READ = 5
+# What a slow endpoint raises; refused (EndpointConnectionError) is down, and not retried.
+_SLOW = (ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
 
 
 class StoreMissing(UsageError):
@@ -119,16 +132,44 @@ async def _ensure_table(db: Any, table: str, create: bool) -> None:
         )
 
 
-async def _probe(session: Any, region: str, settings: AwsSettings, path_style: bool) -> None:
-    """One cheap call per service, without retries, so that a wrong setup (no credentials,
-    nothing listening) fails in seconds at open time, not after minutes of backoff mid-job.
-    Each call names only our own queue prefix, bucket or table: a least-privilege role
-    (deploy/fleet.yaml) allows them, where ListBuckets or ListTables would need "*"."""
-    # A short connect: an endpoint nothing answers is found in seconds (connected, a slow
-    # answer still has its read timeout).
-    config = {"retries": {"total_max_attempts": 1}, "connect_timeout": 3, "read_timeout": 20}
+class _Slow(Exception):
+    def __init__(self, service: str, url: str, what: str) -> None:
+        super().__init__(service)
+        self.service, self.url, self.what = service, url, what
+
+
+async def _probe(
+    session: Any, region: str, settings: AwsSettings, path_style: bool, deadline: float
+) -> None:
+    """One cheap call per service, so that a wrong setup (no credentials, nothing
+    listening) fails at open time, not after minutes of backoff mid-job; a slow answer is
+    tried again until ``deadline``, then reported as slow. Each call names only our own
+    queue prefix, bucket or table: a least-privilege role (deploy/fleet.yaml) allows them,
+    where ListBuckets or ListTables would need "*"."""
+    from aiobotocore.config import AioConfig
+
+    # botocore does not retry: tenacity does, bounded by the deadline rather than a count.
+    config = {
+        "retries": {"total_max_attempts": 1},
+        "connect_timeout": _PROBE_CONNECT,
+        "read_timeout": _PROBE_READ,
+    }
     # "Not found" still proves the service answered and let us in.
     absent = QUEUE_GONE | {"404", "NoSuchBucket", "NotFound", "ResourceNotFoundException"}
+
+    async def call(service: str, c: Any) -> None:
+        try:
+            if service == "sqs":
+                await c.get_queue_url(QueueName=f"{settings.queue_prefix}probe")
+            elif service == "s3":
+                await c.head_bucket(Bucket=settings.bucket)
+            else:
+                await c.describe_table(TableName=settings.table)
+        except ClientError as exc:
+            if service == "s3" and settings.owner and error_code(exc) in DENIED_CODES:
+                raise UsageError(not_owned(settings.bucket, settings.owner)) from exc
+            if error_code(exc) not in absent:
+                raise
 
     async def one(service: str) -> None:
         extra = {"s3": {"addressing_style": "path"}} if service == "s3" and path_style else {}
@@ -138,25 +179,50 @@ async def _probe(session: Any, region: str, settings: AwsSettings, path_style: b
             ) as c:
                 if service == "s3":
                     expect_owner(c, settings.owner)
+                url = c.meta.endpoint_url
+                what = "it accepted no connection"
                 try:
-                    if service == "sqs":
-                        await c.get_queue_url(QueueName=f"{settings.queue_prefix}probe")
-                    elif service == "s3":
-                        await c.head_bucket(Bucket=settings.bucket)
-                    else:
-                        await c.describe_table(TableName=settings.table)
-                except ClientError as exc:
-                    if service == "s3" and settings.owner and error_code(exc) in DENIED_CODES:
-                        raise UsageError(not_owned(settings.bucket, settings.owner)) from exc
-                    if error_code(exc) not in absent:
-                        raise
+                    async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                        async for attempt in AsyncRetrying(
+                            retry=retry_if_exception_type(_SLOW),
+                            wait=wait_exponential(multiplier=0.25, max=2.0),
+                            stop=stop_after_delay(max(deadline - time.monotonic(), 0.0)),
+                            reraise=True,
+                        ):
+                            with attempt:
+                                try:
+                                    await call(service, c)
+                                except (ReadTimeoutError, ConnectionClosedError):
+                                    what = "it did not answer"
+                                    raise
+                except (TimeoutError, *_SLOW):
+                    raise _Slow(service, url, what) from None
 
-    await asyncio.gather(*(one(s) for s in ("sqs", "s3", "dynamodb")))
+    got = await asyncio.gather(*(one(s) for s in ("sqs", "s3", "dynamodb")), return_exceptions=True)
+    errors = [e for e in got if isinstance(e, BaseException)]
+    for error in errors:
+        if not isinstance(error, _Slow):
+            raise error
+    if errors:
+        slow = [e for e in errors if isinstance(e, _Slow)]
+        names = ", ".join(e.service for e in slow)
+        urls = sorted({e.url.rstrip("/") for e in slow})
+        raise Unreachable(slow_message(names, " and ".join(urls), slow[0].what, PROBE_SECONDS))
 
 
 @asynccontextmanager
 async def open_aws(settings: AwsSettings) -> AsyncIterator[Backend]:
     """The aws backend, with one client per service for the life of the context."""
+    deadline = time.monotonic() + PROBE_SECONDS
+    # Sockets only: an endpoint with nothing listening is told before aioboto3 loads.
+    await preflight(deadline)
+    import aioboto3
+    from aiobotocore.config import AioConfig
+
+    from cmr.backends.aws.dynamodb import AwsTable
+    from cmr.backends.aws.s3 import AwsBlobs
+    from cmr.backends.aws.sqs import AwsQueues
+
     try:
         session = aioboto3.Session(profile_name=settings.profile, region_name=settings.region)
     except BotoCoreError as exc:
@@ -179,7 +245,7 @@ async def open_aws(settings: AwsSettings) -> AsyncIterator[Backend]:
                     session.client(service, region_name=region, config=AioConfig(**base, **extra))
                 )
         expect_owner(clients["s3"], settings.owner)
-        await _probe(session, region, settings, path_style)
+        await _probe(session, region, settings, path_style, deadline)
         await _ensure_bucket(
             clients["s3"], settings.bucket, region, settings.create, settings.owner
         )
