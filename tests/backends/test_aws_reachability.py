@@ -189,7 +189,7 @@ def test_nothing_listening_is_said_at_once_before_botocore_loads(tmp_path: Path)
     assert "scripts/stack.sh start" in errors[0]
     # Said from a socket's refusal, before a second of aioboto3 and its clients.
     assert json.loads(loaded) == []
-    assert seconds < 5, seconds  # idle, well under one; generous for a loaded machine
+    assert seconds < 8, seconds  # idle, under one; generous for a loaded machine
 
 
 async def test_a_refused_endpoint_is_down_without_waiting() -> None:

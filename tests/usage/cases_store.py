@@ -23,7 +23,7 @@ CASES: list[Case] = [
         names=("{closed}", "nothing is listening", "scripts/stack.sh start"),
         setup=words,
         env=STOPPED,
-        seconds=5.0,
+        seconds=8.0,
     ),
     Case(
         "aws-status-stack-stopped",
@@ -31,7 +31,7 @@ CASES: list[Case] = [
         ("status", "--store", "aws"),
         names=("{closed}", "nothing is listening", "scripts/stack.sh start"),
         env=STOPPED,
-        seconds=5.0,
+        seconds=8.0,
     ),
     Case(
         "aws-endpoint-unresolved",
