@@ -181,12 +181,15 @@ async def _probe(
                     expect_owner(c, settings.owner)
                 url = c.meta.endpoint_url
                 what = "it accepted no connection"
+                # At least one read's time: a stalled preflight or a loaded CPU that used the
+                # deadline up must not fail an endpoint that answers.
+                left = max(deadline - time.monotonic(), float(_PROBE_READ))
                 try:
-                    async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                    async with asyncio.timeout(left):
                         async for attempt in AsyncRetrying(
                             retry=retry_if_exception_type(_SLOW),
                             wait=wait_exponential(multiplier=0.25, max=2.0),
-                            stop=stop_after_delay(max(deadline - time.monotonic(), 0.0)),
+                            stop=stop_after_delay(left),
                             reraise=True,
                         ):
                             with attempt:
