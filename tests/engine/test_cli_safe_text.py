@@ -82,7 +82,9 @@ def test_an_error_message_with_markup_and_escapes_prints_as_text(tmp_path: Path)
     )
     assert code == 1
     _inert(text)
-    assert f"error: input {tmp_path}/{SHOWN} does not exist" in text
+    # The name holds "[", a glob character: a name that does not exist is a pattern (Hadoop's
+    # rule for input paths), and the answer names it, inert, as typed.
+    assert f"error: input pattern {tmp_path}/{SHOWN} matches no files" in text
 
 
 def test_a_failed_jobs_reason_prints_as_text(tmp_path: Path) -> None:
