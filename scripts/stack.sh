@@ -41,7 +41,7 @@ LS_PYTHON="${CMR_LOCALSTACK_PYTHON:-python3.11}"
 # --- DynamoDB and SimpleDB: moto's server ----------------------------------------------
 # moto (Apache-2.0) rather than Amazon's DynamoDB Local, whose licence is the vendor's own (and
 # LocalStack's community DynamoDB runs that same jar). Its gaps against DynamoDB are named in
-# tests/backends/test_table.py (EMULATOR_GAPS) and in scripts/README-stack.md.
+# scripts/README-stack.md, and in the tests by the emulator_gap marker (tests/conftest.py).
 MOTO_VERSION=5.2.5
 DDB_PORT=8000
 MOTO_VENV="$STACK_DIR/moto-venv"
@@ -206,7 +206,9 @@ try:
             "Authorization": "AWS4-HMAC-SHA256 Credential=test/20200101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0",
         })
         with urllib.request.urlopen(req, timeout=3) as r:
-            sys.exit(0 if "TableNames" in json.load(r) else 1)
+            # moto's server (Werkzeug) only: an older checkout's DynamoDB Local answers too
+            ours = "Werkzeug" in r.headers.get("Server", "")
+            sys.exit(0 if ours and "TableNames" in json.load(r) else 1)
 except Exception:
     sys.exit(1)
 PY
@@ -299,7 +301,7 @@ start_ddb() {
         log "DynamoDB (moto) process $(ddb_pid) exists but is not healthy yet; waiting for it"
         return
     fi
-    port_in_use "$DDB_PORT" && die "port $DDB_PORT is in use by another process that is not a DynamoDB server"
+    port_in_use "$DDB_PORT" && die "port $DDB_PORT is in use by another process that is not moto's DynamoDB server (an older checkout's DynamoDB Local? stop that process first)"
     log "starting DynamoDB and SimpleDB (moto $MOTO_VERSION) on $BIND_HOST:$DDB_PORT (in memory)"
     spawn dynamodb "$LOG_DIR/dynamodb.log" \
         "$MOTO_VENV/bin/python" "$MOTO_SERVER" --host "$BIND_HOST" --port "$DDB_PORT"

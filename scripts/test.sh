@@ -15,11 +15,19 @@ bash scripts/setup.sh dev  # the runtime lock, then the development tools (requi
 if ! command -v mvn >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1; then
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
         step "Java 17 and Maven (apt-get), for the Hadoop peer's tests"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jdk-headless maven
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            openjdk-17-jdk-headless maven \
+            || echo "note: could not install Java and Maven: the Hadoop peer's tests will skip"
     else
         echo "note: java or mvn missing: the Hadoop peer's tests will skip (install Java 17 and Maven)"
     fi
+fi
+
+# uv bootstrapped by setup.sh (no uv on PATH): on PATH for the tests of `cmr fleet up`,
+# which builds and locks the wheel with it, as a user's machine has it.
+if ! command -v uv >/dev/null 2>&1 && [[ -x .tools/uv/bin/uv ]]; then
+    mkdir -p .tools/bin && ln -sf ../uv/bin/uv .tools/bin/uv
+    export PATH="$PWD/.tools/bin:$PATH"
 fi
 
 step "Local AWS stack (scripts/stack.sh start)"

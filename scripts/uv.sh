@@ -34,9 +34,12 @@ _uv_bootstrap() {
     fi
     _uv_log "installing uv into ${_UV_HOME#"$_UV_ROOT"/} (scripts/uv-requirements.txt, hashes checked)"
     rm -rf "$_UV_HOME"
-    "$py" -m venv "$_UV_HOME" >&2
+    "$py" -m venv "$_UV_HOME" >&2 || return 1
     "$_UV_HOME/bin/python" -m pip install --quiet --disable-pip-version-check \
-        --require-hashes --no-deps -r "$_UV_ROOT/scripts/uv-requirements.txt" >&2
+        --require-hashes --no-deps -r "$_UV_ROOT/scripts/uv-requirements.txt" >&2 || return 1
+    # uv alone, for PATH (cmr fleet builds and locks with it): not the venv's python or pip.
+    mkdir -p "$_UV_HOME/../bin"
+    ln -sf ../uv/bin/uv "$_UV_HOME/../bin/uv"
 }
 
 uv_cmd() {

@@ -24,7 +24,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if params is not None and params.params.get("backend_name") == "embedded":
             continue  # the embedded backend models it: asserted as written
         reason = f"emulator gap ({DYNAMODB_SERVER}): {gap.kwargs['reason']}"
-        item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+        # raises=: only the gap's own error is expected; any other failure still fails.
+        raises = gap.kwargs.get("raises")
+        item.add_marker(pytest.mark.xfail(strict=True, reason=reason, raises=raises))
         item.user_properties.append((EMULATOR_GAP, reason))
 
 

@@ -23,7 +23,7 @@ from cmr.backends.base import (
     Update,
     item_absent,
 )
-from cmr.errors import ConditionFailed, Rejected
+from cmr.errors import BackendError, ConditionFailed, Rejected
 
 
 async def test_put_get(backend: Backend, unique: Callable[[], str]) -> None:
@@ -178,8 +178,9 @@ async def test_update_creates_and_adds(backend: Backend, unique: Callable[[], st
 
 
 @pytest.mark.emulator_gap(
-    reason="an UpdateItem with a condition and no update expression answers HTTP 500 "
-    "(AttributeError inside the server); DynamoDB creates the item, or keeps it, as asked"
+    reason="an UpdateItem with no update expression answers HTTP 500 (AttributeError inside "
+    "the server, retried as a server fault); DynamoDB creates the item, or keeps it, as asked",
+    raises=BackendError,
 )
 async def test_update_with_only_a_condition(backend: Backend, unique: Callable[[], str]) -> None:
     pk = unique()
@@ -356,7 +357,8 @@ async def test_transact_applies_nothing_when_a_condition_fails(
 
 @pytest.mark.emulator_gap(
     reason="TransactWriteItems' ClientRequestToken is not modelled: a retry with the same "
-    "token is applied again (its condition fails) instead of succeeding with no effect"
+    "token is applied again (its condition fails) instead of succeeding with no effect",
+    raises=ConditionFailed,
 )
 async def test_transact_token_makes_a_retry_apply_once(
     backend: Backend, unique: Callable[[], str]
