@@ -56,7 +56,9 @@ async def _connect_once(host: str, port: int) -> None:
         sock = socket.socket(family, kind, proto)
         sock.setblocking(False)
         try:
-            await asyncio.wait_for(loop.sock_connect(sock, address), _CONNECT_SECONDS)
+            # Not wait_for: 3.11's can lose a cancellation that comes as the connect does.
+            async with asyncio.timeout(_CONNECT_SECONDS):
+                await loop.sock_connect(sock, address)
         except OSError as exc:
             # One address that times out makes it slow, whatever the others said (localhost:
             # ::1 refuses while a stalled server holds 127.0.0.1).
