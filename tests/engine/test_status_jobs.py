@@ -18,20 +18,15 @@ import pytest
 
 from cmr.cli import laststore
 from cmr.settings import BackendName, Store
-from tests.engine.test_status_cli import ROOT, cmr
+from tests.engine.test_status_cli import ROOT, cmr, state_home
 from tests.stack import remove_test_resources
 
 TOPWORDS = "examples/topwords.py"  # two steps: a pipeline
 WAIT_S = 12  # longer than cmr.cli.jobs.HINT_GRACE_S: a job this old is said to be unserved
 
 
-@pytest.fixture(autouse=True)
-def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test remembers its runs in its own state directory; no $CMR_STORE of the caller."""
-    home = tmp_path / "state"
-    monkeypatch.setenv("XDG_STATE_HOME", str(home))
-    monkeypatch.delenv("CMR_STORE", raising=False)
-    return home / "cmr"
+# Each test remembers its runs in its own state directory (autouse, shared).
+__all__ = ["state_home"]
 
 
 def job_of(proc: subprocess.CompletedProcess[str]) -> str:
