@@ -99,12 +99,9 @@ async def _reach(url: str, services: list[str], deadline: float) -> None:
 async def preflight(deadline: float, environ: Mapping[str, str] = os.environ) -> None:
     """Raise :class:`Unreachable` if an endpoint the environment names is down (at once)
     or accepts no connection by ``deadline`` (``time.monotonic()``): then it is slow."""
-    by_url: dict[str, list[str]] = {}
-    for service, url in configured(environ).items():
-        by_url.setdefault(url.rstrip("/"), []).append(service)
+    # One connection per (host, port), named by the first URL that points there.
     places: dict[tuple[str, int], tuple[str, list[str]]] = {}
-    for url, services in by_url.items():
-        _, names = places.setdefault(_place(url), (url, []))
-        names.extend(services)
+    for service, url in configured(environ).items():
+        places.setdefault(_place(url), (url.rstrip("/"), []))[1].append(service)
     # The first to fail ends the wait: a down endpoint is not held up by a slow one.
     await _all(_reach(url, services, deadline) for url, services in places.values())
