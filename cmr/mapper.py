@@ -18,7 +18,7 @@ import os
 import secrets
 import stat
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -29,6 +29,7 @@ from cmr.backends.base import Put, Received, item_absent
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, TaskError, WireError
 from cmr.lease import message_lease
 from cmr.lifecycle import job_scratch, spill_url, write_while_running
+from cmr.plan import Check
 from cmr.records import JobSpec, MapCommit, job_pk, map_sk
 from cmr.runtime import Runtime
 from cmr.split import read_range
@@ -55,10 +56,12 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
     attempt = secrets.token_hex(6)
     log = rt.log.bind(job=spec.job_id, task=task.task, attempt=attempt)
     async with message_lease(queues, in_q, msg.receipt, spec.visibility_s, rt.awake):
-        ranges, cuts = await _ranges(rt, spec, task.task)
+        ranges, cuts, checks = await _ranges(rt, spec, task.task)
         files_dir = await sidefiles.fetch(rt, spec)
         fmt = _input_format(spec)
-        chunks = await asyncio.gather(*(_read_or_slice(rt, r, fmt) for r in ranges))
+        chunks = await asyncio.gather(
+            *(_read_or_slice(rt, r, fmt, checks.get(r.url)) for r in ranges)
+        )
         # Compression is told by a file's first bytes (decompressing is the pool's work);
         # a slice was told uncompressed by its head.
         codecs = tuple(
@@ -147,8 +150,9 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
 
 async def _ranges(
     rt: Runtime, spec: JobSpec, task: int
-) -> tuple[tuple[wire.Range, ...], tuple[Any, ...] | None]:
-    """The task's input ranges, and the job's cut points (total order; None: hashed)."""
+) -> tuple[tuple[wire.Range, ...], tuple[Any, ...] | None, Mapping[str, Check]]:
+    """The task's input ranges, the job's cut points (total order; None: hashed), and what
+    the plan says each input object must be when read (cmr.plan.Check; most have none)."""
     try:
         plan = await rt.plan(spec, job_scratch(spec.scratch, spec.job_id))
     except (BlobMissing, WireError) as exc:
@@ -160,7 +164,7 @@ async def _ranges(
             raise TaskError(
                 f"the job's plan names {r.url[:200]!r}, outside its input {spec.input_root}"
             )
-    return plan.tasks[task], plan.cuts
+    return plan.tasks[task], plan.cuts, plan.checks
 
 
 def _input_format(spec: JobSpec) -> formats.InputFormat:
@@ -171,7 +175,7 @@ def _input_format(spec: JobSpec) -> formats.InputFormat:
 
 
 async def _read_or_slice(
-    rt: Runtime, r: wire.Range, fmt: formats.InputFormat
+    rt: Runtime, r: wire.Range, fmt: formats.InputFormat, check: Check | None = None
 ) -> bytes | compute.FileSlice:
     """A split's bytes; or, for uncompressed fixed records in a local file (a range is
     exactly its bytes), the slice of the file the pool process reads itself."""

@@ -16,6 +16,13 @@ A total-order job's plan also holds its cut points (``cuts``, :mod:`cmr.sampling
 each packed on its own (at most ``partition.MAX_CUT_BYTES``), at most one fewer than the
 job's partitions, strictly increasing by ``cmr.usercode.sort_key``; a plan whose cut points
 break any of this is refused like any other malformed plan.
+
+A plan may also hold, per input URL, what that object must be when a map task reads it
+(``checks``, :class:`Check`): its size and sha256 (a pipeline step's committed output,
+whose digest its commit record names), or its file identity (a local input: device and
+inode at submit). The reader compares before it decodes anything, so a bucket writer who
+replaces a step's output, or whoever swaps a link into an input directory after submit,
+makes the task fail with a clear reason instead of feeding it other bytes.
 """
 
 from __future__ import annotations
@@ -23,8 +30,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -47,11 +54,42 @@ MAX_OFFSET = 2**62  # ranges lie in [0, 2^62): S3's objects stop at 5 TiB (2^42)
 MAX_TASK_BYTES = 64 * 1024**3  # what one task may read; cmr.split's tasks are ~2x a split
 MAX_REPLACED = 2 * wire.MAX_PARTITIONS  # parts a publication replaces (one per partition)
 _PLAN_FIELDS = 8
+_CHECK_FIELDS = 4  # [size, sha256, device, inode]
 _ASYNC_PLAN_BYTES = 256 * 1024  # a plan blob larger than this is parsed in a thread
 
 
 def plan_url(job_scratch: str) -> str:
     return job_scratch + "plan"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """What an input object must be when read whole: ``size`` bytes, and either its sha256
+    (hex; a step's committed output) or, for a local file, its (device, inode) at submit
+    (-1: not recorded)."""
+
+    size: int
+    sha256: str = ""
+    device: int = -1
+    inode: int = -1
+
+    def problem(self) -> str:
+        """What makes this check malformed ("" if nothing)."""
+        if not 0 <= self.size < MAX_OFFSET:
+            return "its size is out of bounds"
+        if self.sha256 and not _is_sha256(self.sha256):
+            return "its sha256 is not 64 lowercase hex digits"
+        if not (-1 <= self.device < 2**64 and -1 <= self.inode < 2**64):
+            return "its device or inode is out of bounds"
+        if not self.sha256 and self.inode < 0:
+            return "it names neither a sha256 nor a file identity"
+        return ""
+
+
+def _is_sha256(value: object) -> bool:
+    return (
+        isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    )
 
 
 @dataclass(frozen=True)
@@ -61,6 +99,9 @@ class Plan:
     # Total order: the range partitioner's cut points (() sends every key to part 0);
     # None: the job partitions by hash (or its own partition()).
     cuts: tuple[Any, ...] | None = None
+    # Input URL -> what its object must be when read (see the module's text); most inputs
+    # have none (an S3 input is the user's own data, read as it is when the task runs).
+    checks: Mapping[str, Check] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
         """The plan's blob; a plan no worker would accept is refused here, at submit."""
@@ -71,6 +112,10 @@ class Plan:
         }
         if self.cuts is not None:
             doc["cuts"] = [wire.pack(c) for c in self.cuts]
+        if self.checks:
+            doc["checks"] = [
+                [u, [c.size, c.sha256, c.device, c.inode]] for u, c in sorted(self.checks.items())
+            ]
         raw = wire.pack(doc)
         data = wire.compress(raw)
         if len(raw) > _plan_limit(len(data)):
@@ -101,6 +146,15 @@ class Plan:
             raise UsageError("a part to replace has a name too long or holding NUL")
         if self.cuts is not None and (problem := cuts_problem(self.cuts)):
             raise UsageError(f"the job's cut points (total order): {problem}")
+        if len(self.checks) > MAX_PLAN_RANGES:
+            raise UsageError(
+                f"the plan checks {len(self.checks):,} inputs (at most {MAX_PLAN_RANGES:,})"
+            )
+        for url, c in self.checks.items():
+            if not (wire.is_url(url) and url) or (problem := c.problem()):
+                raise UsageError(
+                    f"input {url[:100]!r}: its check is malformed ({problem or 'URL'})"
+                )
 
     @staticmethod
     def digest(data: bytes) -> str:
@@ -181,6 +235,7 @@ def _parse(raw: bytes, partitions: int = wire.MAX_PARTITIONS) -> Plan:
     tasks: list[tuple[Range, ...]] | None = None
     replaced: list[str] | None = None
     cuts: tuple[Any, ...] | None = None
+    checks: dict[str, Check] | None = None
     for _ in range(fields):
         key = up.unpack()
         if key == "tasks" and tasks is None:
@@ -189,13 +244,15 @@ def _parse(raw: bytes, partitions: int = wire.MAX_PARTITIONS) -> Plan:
             replaced = _replaced(up)
         elif key == "cuts" and cuts is None:
             cuts = _cuts(up, partitions)
+        elif key == "checks" and checks is None:
+            checks = _checks(up)
         else:
             up.skip()  # a field a later version may add: skipping builds nothing
     if up.tell() != len(raw):
         raise WireError("extra bytes after its msgpack map")
     if tasks is None or replaced is None:
         raise WireError("'tasks' or 'replaced' is missing")
-    return Plan(tuple(tasks), tuple(replaced), cuts)
+    return Plan(tuple(tasks), tuple(replaced), cuts, checks or {})
 
 
 def _count(up: msgpack.Unpacker, what: str, low: int, high: int) -> int:
@@ -249,6 +306,28 @@ def _tasks(up: msgpack.Unpacker) -> list[tuple[Range, ...]]:
             raise WireError(f"map task {i} reads {total} bytes (limit {MAX_TASK_BYTES})")
         tasks.append(tuple(task))
     return tasks
+
+
+def _checks(up: msgpack.Unpacker) -> dict[str, Check]:
+    checks: dict[str, Check] = {}
+    header, unpack = up.read_array_header, up.unpack
+    for i in range(_count(up, "input checks", 0, MAX_PLAN_RANGES)):
+        if header() != 2:
+            raise WireError(f"input check {i} is not [url, check]")
+        url = unpack()
+        if header() != _CHECK_FIELDS:
+            raise WireError(f"input check {i} is not [size, sha256, device, inode]")
+        size, sha256, device, inode = unpack(), unpack(), unpack(), unpack()
+        if not (type(url) is str and url and wire.is_url(url)) or url in checks:
+            raise WireError(f"input check {i} has an empty, repeated or malformed URL")
+        if not (type(size) is int and type(sha256) is str and type(device) is int
+                and type(inode) is int):  # fmt: skip
+            raise WireError(f"input check {i} has a field of the wrong type")
+        c = Check(size, sha256, device, inode)
+        if problem := c.problem():
+            raise WireError(f"input check {i}: {problem}")
+        checks[url] = c
+    return checks
 
 
 def _replaced(up: msgpack.Unpacker) -> list[str]:
