@@ -13,6 +13,12 @@ anything for a job, it holds the record (already type- and range-checked by
   scratch prefix of the store the worker serves, nowhere else.
 * **Output** only under the prefixes the worker may publish to (``--outputs-under``; by
   default the bucket of its own store).
+* **Input** only from where the worker may read for jobs (``--inputs-under``, by default the
+  bucket of its own store) or its store's scratch (staged input, a pipeline step's input):
+  every root, and every glob's directory before its first glob character. Side files are
+  checked by ``JobSpec.from_item`` to be the job's own, under the scratch.
+* **Queues** only under its store's queue prefix: a job's queues are created, read and
+  deleted by name, and the name is the record's.
 
 A refused job is not failed (another worker may be configured to run it); this worker
 just never serves it, and says why once.
@@ -21,14 +27,17 @@ just never serves it, and says why once.
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from cmr.backends.embedded.blobs import file_path
 from cmr.errors import JobCodeError, UsageError
+from cmr.inputs import literal_prefix
 from cmr.job import JobRef, is_module_name, location, source_path
 from cmr.records import JobSpec
-from cmr.settings import WorkerSettings
+from cmr.settings import AwsSettings, WorkerSettings
 
 
 @dataclass(frozen=True)
@@ -37,12 +46,20 @@ class Admission:
     modules: tuple[str, ...]  # job modules must be one of these, or inside one of them
     outputs: tuple[str, ...]  # URL prefixes, each ending in "/"
     scratch: str  # the store's scratch prefix, without its trailing "/"
+    inputs: tuple[str, ...] = ()  # URL prefixes, each ending in "/" (the scratch always)
+    queue_prefix: str = AwsSettings.queue_prefix  # the store's
 
     @staticmethod
-    def of(jobs_from: Sequence[str], outputs_under: Sequence[str], scratch: str) -> Admission:
+    def of(
+        jobs_from: Sequence[str],
+        outputs_under: Sequence[str],
+        scratch: str,
+        inputs_under: Sequence[str] = (),
+        queue_prefix: str = AwsSettings.queue_prefix,
+    ) -> Admission:
         """``jobs_from``: directories and module names (default: the current directory);
-        ``outputs_under``: URL prefixes (default: the scratch's bucket, or any local
-        directory for a local scratch)."""
+        ``outputs_under``, ``inputs_under``: URL prefixes (default: the scratch's bucket, or
+        any local directory for a local scratch); ``queue_prefix``: the store's."""
         directories: list[Path] = []
         modules: list[str] = []
         for entry in jobs_from or [os.getcwd()]:
@@ -57,15 +74,20 @@ class Admission:
                     f"--jobs-from {entry!r} is neither a directory nor a module name: give "
                     "the directory job files live in, or the package their modules are in"
                 )
-        outputs = [u if u.endswith("/") else u + "/" for u in outputs_under]
-        for url in outputs:
-            if not url.startswith(("s3://", "file://")) or url in ("s3:///", "file:///"):
-                raise UsageError(
-                    f"--outputs-under {url!r}: give an s3://BUCKET/ prefix or a file:// directory"
-                )
-        if not outputs:
-            outputs = [_default_outputs(scratch)]
-        return Admission(tuple(directories), tuple(modules), tuple(outputs), scratch.rstrip("/"))
+        outputs = _prefixes("--outputs-under", outputs_under) or [_default_outputs(scratch)]
+        inputs = [_place(u) for u in _prefixes("--inputs-under", inputs_under)] or [
+            _default_outputs(scratch)
+        ]
+        # A job's own scratch holds its staged input and a pipeline step's input.
+        inputs.append(_place(scratch.rstrip("/") + "/"))
+        return Admission(
+            tuple(directories),
+            tuple(modules),
+            tuple(outputs),
+            scratch.rstrip("/"),
+            tuple(inputs),
+            queue_prefix,
+        )
 
     def refusal(self, spec: JobSpec) -> str | None:
         """Why this worker will not serve the job, or None when it may."""
@@ -74,11 +96,22 @@ class Admission:
                 f"its scratch {spec.scratch} is not this worker's ({self.scratch}/): it was "
                 "submitted to another store or prefix"
             )
+        if spec.queue_prefix != self.queue_prefix:
+            return (
+                f"its queue prefix {spec.queue_prefix!r} is not this worker's store's "
+                f"({self.queue_prefix!r}): it was submitted to another store or prefix"
+            )
         if not _under(spec.output, self.outputs):
             return (
                 f"its output {spec.output} is outside where this worker may write "
                 f"({', '.join(self.outputs)}; see --outputs-under)"
             )
+        for url in read_places(spec):
+            if not _under(url, self.inputs):
+                return (
+                    f"its input {url[:200]} is outside where this worker may read "
+                    f"({', '.join(self.inputs)}; see --inputs-under)"
+                )
         return self.code_refusal(spec.ref)
 
     def code_refusal(self, ref: JobRef) -> str | None:
@@ -107,6 +140,36 @@ def _under(url: str, prefixes: Sequence[str]) -> bool:
     return any((url if url.endswith("/") else url + "/").startswith(p) for p in prefixes)
 
 
+def _prefixes(flag: str, given: Sequence[str]) -> list[str]:
+    prefixes = [u if u.endswith("/") else u + "/" for u in given]
+    for url in prefixes:
+        if not url.startswith(("s3://", "file://")) or url in ("s3:///", "file:///"):
+            raise UsageError(f"{flag} {url!r}: give an s3://BUCKET/ prefix or a file:// directory")
+    return prefixes
+
+
+def read_places(spec: JobSpec) -> list[str]:
+    """Every place a worker reads the job's input from, as refusal compares them: each
+    root, and for each glob the directory before its first glob character (a match may be
+    anything below it: s3://b/a* matches the bucket s3://ab too, so only whole components
+    count)."""
+    roots = [_place(u) for u in (spec.input_root, *spec.input_roots)]
+    return roots + [_place(g, glob=True) for g in spec.input_globs]
+
+
+def _place(url: str, *, glob: bool = False) -> str:
+    """A local URL as the embedded blob store and ``JobSpec.owns_input`` read it (decoded
+    and normalised: "%2e%2e", "//" and a host part cannot lead out of a prefix), quoted
+    again; an S3 URL as it is (S3 keys have no ".."). A glob: its literal directory."""
+    if not url.startswith("file://") or url == "file://":
+        return literal_prefix(url).rpartition("/")[0] + "/" if glob else url
+    path = posixpath.normpath("/" + str(file_path(url)).lstrip("/"))  # not "//": it stays
+    if glob:
+        path = literal_prefix(path).rpartition("/")[0] or "/"
+    uri = Path(path).as_uri()
+    return uri + "/" if (glob or url.endswith("/")) and not uri.endswith("/") else uri
+
+
 def _default_outputs(scratch: str) -> str:
     if scratch.startswith("s3://"):
         bucket = scratch.removeprefix("s3://").split("/", 1)[0]
@@ -118,11 +181,14 @@ def _default_outputs(scratch: str) -> str:
 
 def serving_own_job(settings: WorkerSettings, spec: JobSpec) -> WorkerSettings:
     """Settings for workers the submitter starts for its own job (`cmr run`): they may run
-    that job's code and write its output, whatever else their settings allow."""
+    that job's code, read its input and write its output, whatever else their settings
+    allow."""
     where = location(spec.ref.target)
     origin = str(source_path(spec.ref).resolve().parent) if where.endswith(".py") else where
     return replace(
         settings,
         jobs_from=(*settings.jobs_from, origin),
         outputs_under=(*settings.outputs_under, spec.output),
+        # Read as refusal reads them: a glob's directory, not the pattern itself.
+        inputs_under=(*settings.inputs_under, *dict.fromkeys(read_places(spec))),
     )

@@ -333,7 +333,10 @@ async def _run_in_process(
 ) -> dict[str, Any]:
     ws = serving_own_job(ws, spec)
     with cpu_pool(ws.processes) as pool:
-        fleet = [Worker(be, ws, pool, only_job=spec.job_id) for _ in range(opts.workers)]
+        fleet = [
+            Worker(be, ws, pool, only_job=spec.job_id, queue_prefix=opts.aws.queue_prefix)
+            for _ in range(opts.workers)
+        ]
         tasks = [asyncio.create_task(w.run()) for w in fleet]
         waiter = asyncio.create_task(watch.wait(be, spec, opts.on_progress, poll_s=0.05))
         try:

@@ -84,11 +84,19 @@ class Claim:
             yield
 
     async def commit(
-        self, output: str, records: int, nbytes: int, counted: counters.Flat | None = None
+        self,
+        output: str,
+        records: int,
+        nbytes: int,
+        counted: counters.Flat | None = None,
+        *,
+        sha256: str = "",
     ) -> bool:
         """The fenced commit: succeeds only if nobody took the partition over meanwhile, and
         the job still runs (a commit after the job ended would leave its output blob behind
-        a cleanup that has already swept the scratch). ``counted``: the reduce's
+        a cleanup that has already swept the scratch). ``nbytes`` and ``sha256`` (hex): what
+        the output blob holds, which a pipeline's next step checks before it decodes a byte
+        (a commit without a digest is refused there). ``counted``: the reduce's
         Job.increment_counter totals, which count only as part of the commit that stands."""
         fields: dict[str, object] = {
             "state": "committed",
@@ -97,6 +105,8 @@ class Claim:
             "bytes": nbytes,
             "committed_at": time.time(),
         }
+        if sha256:
+            fields["sha256"] = sha256
         if counted:
             fields["counters"] = counters.encode(counted)
         commit = Update(*self.key, set_=fields, condition=self._ours())

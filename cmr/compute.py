@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import heapq
+import io
 import itertools
 import operator
 import os
@@ -27,14 +29,16 @@ import tempfile
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import msgpack
 
 from cmr import counters, formats, taskprogress, usercode, wire
 from cmr.errors import JobCodeError, WireError
 from cmr.job import Job, JobRef, Step, load_job_class, steps_of
+from cmr.localcheck import InputChanged, open_checked
 from cmr.partition import RangePartitioner
+from cmr.plan import Check
 from cmr.timelimit import TimeLimitExceeded, time_limit
 
 if TYPE_CHECKING:  # imported where used: numpy costs every process ~0.2 s to import
@@ -50,6 +54,12 @@ MAP_PIECE_OF_BUDGET = 16  # a piece is at most budget / this
 
 def map_piece_bytes(memory_bytes: int) -> int:
     return max(MAP_PIECE_MIN, memory_bytes // MAP_PIECE_OF_BUDGET)
+
+
+def map_max_record(piece_bytes: int) -> int:
+    """The longest record (a line; a compressed or whole file, decoded) a map task of pieces
+    this large holds: half the budget a piece is a sixteenth of."""
+    return max(MAP_PIECE_MIN, piece_bytes) * (MAP_PIECE_OF_BUDGET // 2)
 
 
 REDUCE_COMBINE_AT = 64  # values per key held before combining them (map and reduce side)
@@ -105,9 +115,13 @@ class FileSlice:
     path: str
     start: int
     end: int
+    name: str = ""  # the input's name (in errors)
+    check: Check | None = None  # the file's identity at submit (cmr.localcheck); None: none
 
     def read(self) -> bytes:
-        with open(self.path, "rb") as f:
+        """The slice's bytes, of the file submitted (InputChanged: another is there now)."""
+        fd = open_checked(self.path, self.name, self.check)
+        with open(fd, "rb") as f:
             f.seek(self.start)
             return f.read(self.end - self.start)
 
@@ -133,6 +147,7 @@ class MapResult:
 class ReduceResult:
     records_out: int = 0
     spills: int = 0
+    sha256: str = ""  # of the output file, hashed as it was written (the commit names it)
     error: str = ""
     counters: counters.Flat = field(default_factory=dict)
     status: str = ""
@@ -504,9 +519,12 @@ def _mapper_name(job: Job, step: Step, name: str, lines: bool = True) -> str:
 
 
 def _slice_bytes(name: str, piece: FileSlice) -> bytes:
-    """A slice's bytes; InputGone when the file went since the worker found it there."""
+    """A slice's bytes; InputGone when the file went or changed since the job was
+    submitted."""
     try:
         return piece.read()
+    except InputChanged as exc:
+        raise InputGone(str(exc)) from None
     except OSError as exc:
         raise InputGone(
             f"input {name} ({piece.path}) cannot be read ({exc.strerror}): it was deleted or "
@@ -660,9 +678,9 @@ def _map_calls(
     arrays of packed rows (fixedsort.Packed) when ``columns`` holds the cut points."""
     codecs = spec.codecs or ("",) * len(chunks)
     starts = spec.starts or (0,) * len(chunks)
-    # The largest record a compressed input or a whole file may decode to: half the budget
-    # a piece is a sixteenth of.
-    max_record = max(MAP_PIECE_MIN, spec.piece_bytes) * (MAP_PIECE_OF_BUDGET // 2)
+    # The largest record a compressed input or a whole file may decode to (the worker read
+    # plain lines to the same bound: cmr.split.read_split).
+    max_record = map_max_record(spec.piece_bytes)
     if fmt.name == "lines":
         map_piece = piece_mapper(step)
         for (name, given), codec in zip(chunks, codecs, strict=True):
@@ -1033,6 +1051,38 @@ def _write_output(
         raise problem from exc
 
 
+class _Hashing(io.RawIOBase):
+    """A file that hashes what it writes: the reduce output's sha256, which its commit
+    names and the next step checks, costs no second read of the file."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.file = io.FileIO(path, "wb")
+        self.hash = hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        n = self.file.write(b) or 0
+        self.hash.update(memoryview(b).cast("B")[:n])
+        return n
+
+    def close(self) -> None:
+        super().close()
+        self.file.close()
+
+
+@contextlib.contextmanager
+def _output(out_path: str, result: ReduceResult) -> Iterator[BinaryIO]:
+    """The reduce output file, opened for writing; once closed, ``result.sha256`` is the
+    digest of what it holds."""
+    raw = _Hashing(out_path)
+    with io.BufferedWriter(raw, 1 << 16) as out:
+        yield out
+    result.sha256 = raw.hash.hexdigest()
+
+
 def run_reduce(
     job_id: str,
     ref: JobRef,
@@ -1125,7 +1175,7 @@ def _sorted_rows(
         return False
     from cmr import fixedsort  # numpy: imported only where records are sorted
 
-    with open(out_path, "wb") as out:
+    with _output(out_path, result) as out:
         try:
             done = fixedsort.sort_spools(spools, memory_bytes, spill_dir, out, runs)
         except fixedsort.NotRows:
@@ -1206,6 +1256,6 @@ def _grouped(
         keyed = ((k, iter(order.sorted(groups[k]))) for k in _sorted_keys(groups))
     else:
         keyed = ((k, iter(groups[k])) for k in _sorted_keys(groups))
-    with open(out_path, "wb") as out:
+    with _output(out_path, result) as out:
         sorted_pairs = pairs if rest is None and not runs else None
         _write_output(job, keyed, out, result, fmt, step, step_name, sorted_pairs)

@@ -120,8 +120,9 @@ class FleetError(CmrError):
 
 
 class JobRefused(CmrError):
-    """A worker will not serve a job: its code, output or scratch lies outside what the
-    worker was configured to run (``cmr worker --jobs-from``, ``--outputs-under``)."""
+    """A worker will not serve a job: its code, input, output, scratch or queue prefix lies
+    outside what the worker was configured to run (``cmr worker --jobs-from``,
+    ``--inputs-under``, ``--outputs-under``, its store)."""
 
 
 class WireError(CmrError):

@@ -42,6 +42,7 @@ import io
 import itertools
 import json
 import struct
+import sys
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -61,6 +62,10 @@ SNIFF_BYTES = 512  # read from each input at submit (and the start of a whole-fi
 COMPRESSED_SUFFIXES = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd"}
 BLOCK = 1024 * 1024  # decompressed bytes read at a time
 MAX_PAIR_ITEMS = 1 << 20  # items of one array or map in a pairs input
+# What a decoded JSON element or CSV field may cost in Python objects beyond its bytes (an
+# empty list is 56 bytes and its slot 8; a short str 50 and 8): "[]," decodes to ~24 times
+# its bytes, so a record is bounded by its bytes plus this much per separator or bracket.
+OBJECT_COST = 64
 
 
 class FormatError(ValueError):
@@ -161,12 +166,67 @@ def named_codec(name: str) -> str:
     return next((c for s, c in COMPRESSED_SUFFIXES.items() if lower.endswith(s)), "")
 
 
+# What a compressed input may decode to: at most MAX_INPUT_RATIO times its size (at least
+# INPUT_DECODED_FLOOR), and at most MAX_INPUT_DECODED in all. Text and pairs compress 3-20x,
+# logs up to ~100x and gzip can never pass ~1,030x; a zstd or bz2 bomb of a few hundred
+# bytes decodes to GBs (a 668-byte frame to 4.7 GiB), each of which a task would read,
+# decode and map. The floor keeps small, very repetitive files (test data) readable.
+MAX_INPUT_RATIO = 2048
+INPUT_DECODED_FLOOR = 64 * 1024 * 1024
+MAX_INPUT_DECODED = 64 * 1024**3  # what one map task may read at all (cmr.plan)
+
+
+def decoded_limit(compressed: int) -> int:
+    """The most a compressed input of ``compressed`` bytes may decode to."""
+    return min(MAX_INPUT_DECODED, max(INPUT_DECODED_FLOOR, MAX_INPUT_RATIO * compressed))
+
+
+_ZSTD_MAGIC = 0xFD2FB528
+
+
+def _zstd_complete(data: bytes) -> bool:
+    """Whether ``data`` is whole zstd frames (or skippable ones), the last ending exactly at
+    its end: zstd's streaming reader takes a frame cut short as a shorter input."""
+    pos, n = 0, len(data)
+    view = memoryview(data)
+    while pos < n:
+        if n - pos < 8:
+            return False
+        magic = int.from_bytes(view[pos : pos + 4], "little")
+        if magic & 0xFFFFFFF0 == 0x184D2A50:  # a skippable frame: its size follows
+            pos += 8 + int.from_bytes(view[pos + 4 : pos + 8], "little")
+            continue
+        if magic != _ZSTD_MAGIC:
+            return False
+        try:
+            head = zstandard.frame_header_size(view[pos : pos + 18].tobytes())
+            checksum = zstandard.get_frame_parameters(view[pos : pos + 18].tobytes()).has_checksum
+        except zstandard.ZstdError:
+            return False
+        pos += head
+        while True:
+            if n - pos < 3:
+                return False
+            h = int.from_bytes(view[pos : pos + 3], "little")
+            last, kind, size = h & 1, (h >> 1) & 3, h >> 3
+            if kind == 3:
+                return False  # reserved
+            pos += 3 + (1 if kind == 1 else size)
+            if last:
+                break
+        pos += 4 if checksum else 0
+    return pos == n
+
+
 class _Decoded(io.RawIOBase):
-    """A decompressing reader whose every failure is an InputError naming the file."""
+    """A decompressing reader whose every failure is an InputError naming the file; it
+    stops, with one, past ``decoded_limit`` of the file's compressed size."""
 
     def __init__(self, name: str, codec: str, data: bytes) -> None:
         super().__init__()
         self.name_, self.codec = name, codec
+        self.size, self.limit, self.decoded = len(data), decoded_limit(len(data)), 0
+        self.data = data  # zstd: checked whole at its end (_zstd_complete)
         src = io.BytesIO(data)
         self.inner: Any
         if codec == "gzip":
@@ -181,12 +241,28 @@ class _Decoded(io.RawIOBase):
 
     def readinto(self, b: Any) -> int:
         try:
-            data = self.inner.read(len(b))
+            # One byte past the limit at most: enough to tell that it is passed.
+            data = self.inner.read(min(len(b), self.limit + 1 - self.decoded))
         except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
             raise InputError(
-                f"input {self.name_}: its {self.codec} data is corrupt or truncated ({exc})"
+                f"input {self.name_}: its {self.codec} data is corrupt or truncated "
+                f"({str(exc)[:200]})"
             ) from None
         n = len(data)
+        if n == 0 and len(b) and self.codec == "zstd" and not _zstd_complete(self.data):
+            raise InputError(
+                f"input {self.name_}: its zstd data is truncated (its last frame is cut "
+                "short): it was not fully written, or was replaced since the job was submitted"
+            )
+        self.decoded += n
+        if self.decoded > self.limit:
+            raise InputError(
+                f"input {self.name_}: its {self.size:,} bytes of {self.codec} decode to more "
+                f"than {self.limit:,} (at most {MAX_INPUT_RATIO:,} times their size, or "
+                f"{INPUT_DECODED_FLOOR // 1024**2} MiB, and {MAX_INPUT_DECODED // 1024**3} GiB "
+                "in all): a decompression bomb, or data far more repetitive than real input "
+                "(store such data uncompressed)"
+            )
         b[:n] = data
         return n
 
@@ -275,34 +351,71 @@ Record = tuple[Any, Any]
 Reader = Callable[[InputFormat, Chunk, int], Iterator[Record]]
 
 
+def _json_cost(line: bytes) -> int:
+    """An upper bound of what decoding a JSON line costs: its bytes plus OBJECT_COST per
+    value it may hold (each follows a comma or opens an array or object), counted by C."""
+    return len(line) + OBJECT_COST * (line.count(b",") + line.count(b"[") + line.count(b"{"))
+
+
 def read_jsonlines(fmt: InputFormat, c: Chunk, piece: int) -> Iterator[Record]:
     n = 0
     offset = c.start
+    # A line shorter than this cannot decode past max_record: only longer ones are counted.
+    counted = c.max_record // (OBJECT_COST + 1)
     for line in _lines_of(c, piece):
         n += 1
         at = offset
         offset += len(line) + 1
         if not line.strip():
             continue  # blank lines (a trailing one, say) hold no record
+        where = (
+            f"line {n}"
+            if c.start == 0 or c.codec
+            else f"line {n} of its split from byte {c.start} (byte {at})"
+        )
+        if len(line) > counted and _json_cost(line) > c.max_record:
+            raise InputError(
+                f"input {c.name}: {where} holds too many JSON values to decode within "
+                f"{c.max_record:,} bytes, the most a worker of this memory holds (raise "
+                "--memory-mb, or split the line)"
+            )
         try:
             value = json.loads(line)
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-            where = (
-                f"line {n}"
-                if c.start == 0 or c.codec
-                else f"line {n} of its split from byte {c.start} (byte {at})"
-            )
             raise InputError(f"input {c.name}: {where} is not JSON ({exc})") from None
+        except RecursionError:
+            raise InputError(
+                f"input {c.name}: {where} nests JSON arrays or objects deeper than Python's "
+                f"JSON reader allows (about {sys.getrecursionlimit():,} levels)"
+            ) from None
         yield c.name, value
 
 
 def read_csv(fmt: InputFormat, c: Chunk, piece: int) -> Iterator[Record]:
     text = io.TextIOWrapper(_stream(c.name, c.codec, c.data), encoding="utf-8-sig", newline="")
     csv.field_size_limit(c.max_record)
-    rows = csv.reader(text, strict=True)
-    header: list[str] | None = None
+    row_cost = 0  # of the row being read: its lines' cost so far (reset as each row ends)
     n = 0
+
+    def lines() -> Iterator[str]:
+        # The csv module builds a row whole, a str per field: a row (even the header) is
+        # refused as it is read once it could cost more than max_record, and no line is
+        # read past that either (a line without a newline would be read whole).
+        nonlocal row_cost
+        while line := text.readline(c.max_record - row_cost + 1):
+            row_cost += len(line) + OBJECT_COST * line.count(",")
+            if row_cost > c.max_record:
+                raise InputError(
+                    f"input {c.name}: row {n + 1} (at line {rows.line_num + 1}) is past "
+                    f"{c.max_record:,} bytes of text and fields ({OBJECT_COST} per field), "
+                    "the most a worker of this memory holds (raise --memory-mb)"
+                )
+            yield line
+
+    rows = csv.reader(lines(), strict=True)
+    header: list[str] | None = None
     while True:
+        row_cost = 0
         try:
             row = next(rows)
         except StopIteration:

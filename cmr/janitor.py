@@ -21,6 +21,7 @@ import contextlib
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from cmr import counters, failures, pipeline, wire
@@ -28,6 +29,7 @@ from cmr.backends.base import AllOf, Condition, Eq, Missing, Present, Update
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, WireError
 from cmr.lease import in_background
 from cmr.lifecycle import begin_publishing, cleanup, end, job_scratch, reduce_output_url
+from cmr.plan import Check
 from cmr.publish import OutputConflict, Source, publish
 from cmr.records import ACTIVE_PK, JobSpec, JobState, job_pk, step_job_id, task_of
 from cmr.runtime import Runtime
@@ -63,7 +65,16 @@ async def committed_parts(rt: Runtime, spec: JobSpec) -> list[Source] | None:
                 f"the commit record of partition {source.partition} names "
                 f"{source.url[:200]!r}, not one of the job's own reduce outputs"
             )
-        sources.append(source)
+        # Every reduce commit records its output's digest; one without (of an older worker,
+        # or written by someone else) is refused as malformed, for a last step too: one
+        # rule for every commit, and no fleet of mixed versions needs the other.
+        digest = item.get("sha256")
+        if type(digest) is not str or Check(source.bytes, digest).problem():
+            raise WireError(
+                f"the commit record of partition {source.partition} names no sha256 of its "
+                "output (64 lowercase hex digits) or a size out of bounds"
+            )
+        sources.append(replace(source, sha256=digest))
     if sorted(s.partition for s in sources) != list(range(spec.partitions)):
         raise WireError("the job's commit records do not name each partition once")
     return sources

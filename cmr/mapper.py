@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import secrets
 import stat
@@ -29,6 +30,7 @@ from cmr.backends.base import Put, Received, item_absent
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, TaskError, WireError
 from cmr.lease import message_lease
 from cmr.lifecycle import job_scratch, spill_url, write_while_running
+from cmr.localcheck import CheckedFile, InputChanged
 from cmr.plan import Check
 from cmr.records import JobSpec, MapCommit, job_pk, map_sk
 from cmr.runtime import Runtime
@@ -59,9 +61,22 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
         ranges, cuts, checks = await _ranges(rt, spec, task.task)
         files_dir = await sidefiles.fetch(rt, spec)
         fmt = _input_format(spec)
-        chunks = await asyncio.gather(
-            *(_read_or_slice(rt, r, fmt, checks.get(r.url)) for r in ranges)
-        )
+        # The read is under the task's time limit too (a hostile input, say one endless
+        # line, must not hold the task in this process, where no SIGALRM reaches it).
+        read_limit = task_limit(spec.task_timeout_s, sum(r.end - r.start for r in ranges))
+        try:
+            async with asyncio.timeout(read_limit):
+                chunks = await asyncio.gather(
+                    *(_read_or_slice(rt, r, fmt, checks.get(r.url)) for r in ranges)
+                )
+        except TimeoutError:
+            error = (
+                f"TimeLimitExceeded: reading the input of map task {task.task} ran past its "
+                f"time limit of {read_limit:.0f} s (a slow store, or input too large for the "
+                "task; give the job more with --task-timeout SECONDS if it needs it)"
+            )
+            await failures.task_failed(rt, spec, ref, error, in_q, msg)
+            return
         # Compression is told by a file's first bytes (decompressing is the pool's work);
         # a slice was told uncompressed by its head.
         codecs = tuple(
@@ -179,12 +194,14 @@ async def _read_or_slice(
 ) -> bytes | compute.FileSlice:
     """A split's bytes; or, for uncompressed fixed records in a local file (a range is
     exactly its bytes), the slice of the file the pool process reads itself."""
+    if check is not None and check.sha256:
+        return await _read_verified(rt, r, check)
     if fmt.name != "fixed" or not rt.backend.capabilities.local_files or r.start >= r.end:
-        return await _read(rt, r, fmt)
+        return await _read(rt, r, fmt, check)
     if r.start == 0:  # a compressed file is one range from 0: its head tells
-        head = await _read(rt, wire.Range(r.url, 0, min(r.end, formats.SNIFF_BYTES), r.name), fmt)
-        if formats.sniff(head):
-            return await _read(rt, r, fmt)
+        head = wire.Range(r.url, 0, min(r.end, formats.SNIFF_BYTES), r.name)
+        if formats.sniff(await _read(rt, head, fmt, check)):
+            return await _read(rt, r, fmt, check)
     from cmr.backends.embedded.blobs import file_path  # local_files: file:// URLs
 
     path = file_path(r.url)
@@ -196,7 +213,47 @@ async def _read_or_slice(
         raise _lost_input(r, exc) from None
     if not regular:  # as the blob store answers for a vanished file, or a directory there
         raise _lost_input(r)
-    return compute.FileSlice(str(path), r.start, r.end)
+    # The pool process opens it and compares it with the file submitted (cmr.localcheck).
+    return compute.FileSlice(str(path), r.start, r.end, r.name, _identity(rt, check))
+
+
+VERIFY_IN_THREAD = 1024 * 1024  # bytes past which a sha256 is taken off the event loop
+
+
+async def _read_verified(rt: Runtime, r: wire.Range, check: Check) -> bytes:
+    """The whole object ``r`` names, only if it is what the plan says (a pipeline step's
+    committed output: its size and sha256, as its commit recorded). Read at most one byte
+    past that size, and compared before anything decodes it: a bucket writer who replaced
+    the part makes the task fail (permanently: a retry would read the same bytes), and a
+    bomb put in its place is never decompressed."""
+    if (r.start, r.end) != (0, check.size):
+        raise TaskError(
+            f"the job's plan reads bytes {r.start} to {r.end} of input {r.name}, whose check "
+            f"covers the whole object ({check.size:,} bytes): the plan is not one cmr made"
+        )
+    try:
+        data = await rt.backend.blobs.get_range(r.url, 0, check.size + 1)
+    except BlobMissing:
+        raise _lost_input(r) from None
+    except OSError as exc:
+        raise _lost_input(r, exc) from None
+    digest = (
+        await asyncio.to_thread(_sha256, data) if len(data) > VERIFY_IN_THREAD else _sha256(data)
+    )
+    if len(data) != check.size or digest != check.sha256:
+        got = f"{check.size:,}+" if len(data) > check.size else f"{len(data):,}"
+        raise TaskError(
+            f"input {r.name} of the step before ({r.url[:200]}) is not what its commit "
+            f"recorded: {got} bytes, "
+            f"sha256 {digest[:16]}..., where the commit says {check.size:,} bytes, sha256 "
+            f"{check.sha256[:16]}...; the bucket was written by someone else (rerun the "
+            "job; a step's outputs are written only by its reducers)"
+        )
+    return data
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _lost_input(r: wire.Range, exc: OSError | None = None) -> TaskError:
@@ -210,14 +267,35 @@ def _lost_input(r: wire.Range, exc: OSError | None = None) -> TaskError:
     )
 
 
-async def _read(rt: Runtime, r: wire.Range, fmt: formats.InputFormat) -> bytes:
-    """A split's bytes; a TaskError (permanent) for input that vanished or cannot be read."""
+async def _read(
+    rt: Runtime, r: wire.Range, fmt: formats.InputFormat, check: Check | None = None
+) -> bytes:
+    """A split's bytes; a TaskError (permanent) for input that vanished, cannot be read,
+    changed since submit (a local file: cmr.localcheck), or holds a line longer than this
+    worker's map tasks hold."""
+    max_record = compute.map_max_record(
+        compute.map_piece_bytes(rt.settings.memory_mb * 1024 * 1024)
+    )
     try:
-        return await read_range(rt.backend.blobs, r, fmt)
-    except BlobMissing:
+        if (local := _identity(rt, check)) is not None:
+            from cmr.backends.embedded.blobs import file_path  # local_files: file:// URLs
+
+            with CheckedFile(str(file_path(r.url)), r.name, local) as f:
+                return await read_range(f, r, fmt, max_record)
+        return await read_range(rt.backend.blobs, r, fmt, max_record)
+    except (BlobMissing, FileNotFoundError, IsADirectoryError):
         raise _lost_input(r) from None
     except OSError as exc:
         raise _lost_input(r, exc) from None
+    except (InputChanged, formats.InputError) as exc:
+        raise TaskError(str(exc)) from None
+
+
+def _identity(rt: Runtime, check: Check | None) -> Check | None:
+    """The file identity a local input must have when read (None: none to compare)."""
+    if check is None or check.inode < 0 or not rt.backend.capabilities.local_files:
+        return None
+    return check
 
 
 async def _send_spool(
@@ -242,9 +320,10 @@ async def _send_spool(
         # A value too big for one message travels through the blob store instead.
         url = spill_url(spec.scratch, spec.job_id, task, attempt, p, seq)
         spills.append(url)
+        digest = await asyncio.to_thread(lambda: hashlib.sha256(stream).hexdigest())
         await blobs.put(url, stream)
         return wire.encode(
-            wire.Batch(spec.job_id, task, attempt, p, seq, n, b"", url),
+            wire.Batch(spec.job_id, task, attempt, p, seq, n, b"", url, digest),
             compress=rt.settings.compress,
         )
 

@@ -36,7 +36,7 @@ from cmr import wire
 from cmr.backends.base import Backend, Eq, Put, TxWrite, Update, item_absent
 from cmr.errors import BackendError, CmrError, ConditionFailed, QueueGone, UsageError
 from cmr.lifecycle import _token, job_scratch
-from cmr.plan import Plan, plan_url
+from cmr.plan import Check, Plan, plan_url
 from cmr.publish import Source
 from cmr.records import ACTIVE_PK, JOBS_PK, OUTPUTS_PK, JobSpec, JobState, job_pk, step_job_id
 from cmr.wire import Range
@@ -78,6 +78,13 @@ def next_tasks(sources: Sequence[Source]) -> list[tuple[Range, ...]]:
     return tasks
 
 
+def next_checks(sources: Sequence[Source]) -> dict[str, Check]:
+    """What each committed output must be when the next step reads it: the size and sha256
+    its commit recorded. The plan holds them, and the job record names the plan's digest,
+    so a bucket writer who replaces a part makes the next step fail, not read other bytes."""
+    return {s.url: Check(s.bytes, s.sha256) for s in sources}
+
+
 def next_spec(spec: JobSpec, plan_digest: str, maps: int) -> JobSpec:
     step = spec.step + 1
     return replace(
@@ -99,10 +106,13 @@ class HandOverError(CmrError):
     """The next step cannot be made, ever (the step is failed with this reason)."""
 
 
-# What a next step's record must hold for a hand-over to take it as its own: a record made
-# by anyone else (whoever can write the table can write one first) is refused.
-_SAME = ("job", "digest", "params", "plan_digest", "output", "scratch", "queue_prefix",
-         "pipeline", "step", "maps", "partitions")  # fmt: skip
+# A next step's record a hand-over takes as its own holds exactly what the hand-over writes
+# (whoever can write the table can write one first): every field of the spec and of the
+# extras, and none of the spec's optional fields that it leaves out. Only what the
+# transaction's row and later writers add (state, created, counters, finished, ...) may
+# differ. These are the spec's fields ``JobSpec.to_item`` leaves out when empty.
+_SAME = ("step", "first_step", "last_step", "pipeline", "step_partitions", "job_steps",
+         "input_roots", "input_globs", "files")  # fmt: skip
 
 
 async def hand_over(
@@ -120,7 +130,7 @@ async def hand_over(
     ``totals``: this step's, for its record; ``made`` is awaited once the next step's plan,
     queues and tasks exist (a test's crash point). HandOverError when it can never be made."""
     tasks = next_tasks(sources)
-    data = Plan(tuple(tasks), tuple(replaced)).to_bytes()
+    data = Plan(tuple(tasks), tuple(replaced), checks=next_checks(sources)).to_bytes()
     nxt = next_spec(spec, Plan.digest(data), len(tasks))
     await _drop_orphans(be, spec, sources)
     await be.blobs.put(plan_url(job_scratch(nxt.scratch, nxt.job_id)), data)
@@ -134,10 +144,10 @@ async def hand_over(
     )
     await made(nxt)
     record = await be.table.get(job_pk(spec.job_id), "job", consistent=True) or {}
+    extra = {k: record[k] for k in CARRIED if k in record}
+    extra["input_bytes"] = sum(s.bytes for s in sources)
+    extra["inputs"] = len(sources)
     if record.get("state") == JobState.RUNNING.value:
-        extra = {k: record[k] for k in CARRIED if k in record}
-        extra["input_bytes"] = sum(s.bytes for s in sources)
-        extra["inputs"] = len(sources)
         try:
             await _record(be, spec, nxt, extra, totals)
         except ConditionFailed:
@@ -154,10 +164,23 @@ async def hand_over(
             )
         await _undo(be, nxt, plan=True)  # the step failed: what we made serves nobody
         return None
-    if any(held.get(k) != v for k, v in nxt.to_item().items() if k in _SAME):
+    expected = {**nxt.to_item(), **extra}
+    differ = sorted(k for k in {*expected, *_SAME} if held.get(k) != expected.get(k))
+    mine = await be.table.get(job_pk(spec.job_id), "job", consistent=True) or {}
+    # The transaction that makes the next step's record ends this step naming it: a record
+    # without that end, or not the one a hand-over writes, was written by someone else.
+    ended = mine.get("state") == JobState.SUCCEEDED.value and mine.get("next") == nxt.job_id
+    if differ or not ended:
+        if not ended:
+            await _undo(be, nxt, plan=True)  # what we made must not serve a stranger's record
+        why = (
+            f"its {', '.join(differ[:4])} differ from what this step hands over"
+            if differ
+            else f"this step did not end naming it (state {str(mine.get('state'))[:20]!r})"
+        )
         raise HandOverError(
             f"a record of step {nxt.step + 1} ({nxt.job_id}) exists that no hand-over of "
-            "this step made: the table was written by someone else"
+            f"this step made ({why}): the table was written by someone else"
         )
     if held.get("state") != JobState.RUNNING.value:
         # We were paused past the next step's whole run: what we just made must go again.

@@ -8,7 +8,7 @@
     pk=job#<id>      sk=map#<task>        the task's winning attempt and its per-partition counts
     pk=job#<id>      sk=fail#<m|r><n>     how often a map task or partition failed or restarted
     pk=job#<id>      sk=reduce#<p>        the partition's claim (owner, token, epoch, beat) and
-                                          commit
+                                          commit (output, records, bytes, sha256)
 
 Every decision record is written once with a condition, so whoever reads it later — any
 worker, any time — reaches the same conclusion (the "stable decisions" invariant). A job's

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -31,7 +32,7 @@ from collections.abc import AsyncIterator
 from cmr import compute, failures, janitor, sidefiles, wire
 from cmr.backends.base import Received
 from cmr.claim import Claim, Refusal, claim
-from cmr.errors import BackendError, BlobMissing, QueueGone, WireError
+from cmr.errors import BackendError, BlobMissing, QueueGone, TaskError, WireError
 from cmr.lease import in_background, message_lease
 from cmr.lifecycle import reduce_output_url, spill_url
 from cmr.records import MAX_VISIBILITY_S, JobSpec, MapCommit, job_pk, task_of
@@ -39,6 +40,23 @@ from cmr.runtime import Runtime, WorkerCrashed
 from cmr.timelimit import task_limit
 
 CONFLICT_CHECK_S = 2.0  # silence, with batches missing, before we ask who else reads
+# Attempts of one task whose batches a reducer holds before it knows the task's winner: a
+# task has a few (retries, a duplicate), while a stranger who can send to the queue can make
+# up any number, each a spool file. Past this, a batch is left to come back later.
+MAX_PENDING_ATTEMPTS = 8
+MAX_REFUSALS_KEPT = 64  # refused batches' reasons kept to name in a failure
+# A drain gives up when every map has committed and no missing batch has arrived for this
+# many of the longest times a batch can stay invisible (a holder renews its batches for 2
+# leases; one that dies or lets go gives them back within that): the batches the commit
+# records name do not exist (a table writer raised a count or renamed a winner, or a
+# bucket writer spoiled a spilled batch), and waiting longer would never end the job.
+MISSING_GIVE_UP_LEASES = 6
+
+
+async def _sha256(data: bytes) -> str:
+    if len(data) < 1024 * 1024:
+        return hashlib.sha256(data).hexdigest()
+    return await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
 
 
 class Drain:
@@ -52,7 +70,11 @@ class Drain:
         self.seqs: dict[tuple[int, str], set[int]] = {}
         self.held: dict[str, str] = {}  # message id -> latest receipt, of batches we keep
         self.of_attempt: dict[tuple[int, str], list[str]] = {}  # message ids we keep, by attempt
+        # (seq, message id, bytes) of each batch in its attempt's spool, in spool order: a
+        # seq its winner never sent (a stranger's) is cut out of the spool (learn_winner).
+        self.spans: dict[tuple[int, str], list[tuple[int, str, int]]] = {}
         self.unneeded: list[str] = []  # receipts of messages no reader will ever need
+        self.refused: dict[tuple[int, str, int], str] = {}  # tag -> why its batch was refused
         self.spooled = 0  # bytes of pairs kept
         self.stats: Counter[str] = Counter()
 
@@ -82,14 +104,63 @@ class Drain:
 
     def learn_winner(self, task: int, commit: MapCommit) -> None:
         self.winners[task] = commit
+        self._drop_unsent(task, commit)
         for t, attempt in list(self.seqs):
             if t == task and attempt != commit.attempt:
                 # A losing or crashed attempt: its batches never count, for anyone.
                 self.stats["batches_filtered"] += len(self.seqs.pop((t, attempt)))
+                self.spans.pop((t, attempt), None)
                 for mid in self.of_attempt.pop((t, attempt), []):
                     self.unneeded.append(self.held.pop(mid))
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.spool(t, attempt))
+
+    def _drop_unsent(self, task: int, commit: MapCommit) -> None:
+        """Cut the batches of the winner's tag with a seq it never sent (received before the
+        winner was known) out of its spool: only a stranger sends them."""
+        tag = (task, commit.attempt)
+        count = commit.batches.get(self.partition, 0)
+        spans = self.spans.get(tag, [])
+        if all(seq < count for seq, _, _ in spans):
+            return
+        path, kept = self.spool(*tag), []
+        with open(path, "rb") as src, open(path + ".kept", "wb") as dst:
+            for seq, mid, size in spans:
+                if seq < count:
+                    dst.write(src.read(size))  # a batch: at most MAX_DECODED
+                    kept.append((seq, mid, size))
+                    continue
+                src.seek(size, os.SEEK_CUR)
+                self.seqs[tag].discard(seq)
+                self.of_attempt[tag].remove(mid)
+                self.unneeded.append(self.held.pop(mid))
+                self.spooled -= size
+                self.stats["messages_rejected"] += 1
+        os.replace(path + ".kept", path)
+        self.spans[tag] = kept
+
+    def _reject(
+        self, rt: Runtime, m: Received, what: str, tag: tuple[int, str, int] | None = None
+    ) -> None:
+        self.stats["messages_rejected"] += 1
+        self.unneeded.append(m.receipt)
+        if tag is not None and len(self.refused) < MAX_REFUSALS_KEPT:
+            self.refused[tag] = what  # named if this batch turns out to be one we miss
+        rt.log.warning(f"rejected {what}", job=self.spec.job_id, partition=self.partition)
+
+    def missing_text(self) -> str:
+        """Which batches are missing (a few), and why we refused any of them: the reason a
+        drain that gives up fails with."""
+        p, gaps = self.partition, []
+        for t, w in sorted(self.winners.items()):
+            got = self.seqs.get((t, w.attempt), set())
+            gaps += [(t, w.attempt, q) for q in range(w.batches.get(p, 0)) if q not in got]
+        shown = []
+        for tag in gaps[:3]:
+            why = self.refused.get(tag)
+            shown.append(f"map task {tag[0]} seq {tag[2]}" + (f" (refused: {why})" if why else ""))
+        more = f" and {len(gaps) - 3} more" if len(gaps) > 3 else ""
+        return wire.bounded(", ".join(shown) + more)
 
     async def accept(self, rt: Runtime, m: Received) -> None:
         if m.message_id in self.held:
@@ -122,8 +193,19 @@ class Drain:
             self.stats["batches_filtered"] += 1
             self.unneeded.append(m.receipt)
             return
-        seen = self.seqs.setdefault((batch.task, batch.attempt), set())
-        if batch.seq in seen:
+        if winner is not None and batch.seq >= winner.batches.get(self.partition, 0):
+            # The winner sent seqs 0..count-1 here: this one is a stranger's. Counted, it
+            # would stand in for a real batch still on its way.
+            self._reject(rt, m, "a batch its attempt never sent (seq past its count)")
+            return
+        tag = (batch.task, batch.attempt)
+        if winner is None and tag not in self.seqs:
+            pending = sum(1 for t, _ in self.seqs if t == batch.task)
+            if pending >= MAX_PENDING_ATTEMPTS:
+                # Neither held nor deleted: it comes back once the winner is known.
+                self.stats["batches_deferred"] += 1
+                return
+        if batch.seq in self.seqs.get(tag, ()):
             self.stats["batches_dropped"] += 1  # another message with a tag we hold
             self.unneeded.append(m.receipt)
             return
@@ -134,21 +216,33 @@ class Drain:
                 spec.scratch, spec.job_id, batch.task, batch.attempt, batch.partition, batch.seq
             )
             if batch.spilled != own:
-                self.stats["messages_rejected"] += 1
-                self.unneeded.append(m.receipt)
-                rt.log.warning(
-                    "rejected a spilled batch naming another blob",
-                    job=self.spec.job_id,
-                    partition=self.partition,
-                )
+                self._reject(rt, m, "a spilled batch naming another blob")
                 return
             try:
-                pairs = await rt.backend.blobs.get(batch.spilled)
+                # One pair past what a spool reader takes is refused unread (a blob
+                # replaced by a bucket writer may be any size).
+                pairs = await rt.backend.blobs.get_range(batch.spilled, 0, wire.MAX_DECODED + 1)
             except BlobMissing:
                 return  # its attempt lost and was cleaned up; a winner's spill is never deleted
-        seen.add(batch.seq)
+            if len(pairs) > wire.MAX_DECODED:
+                self._reject(
+                    rt, m, f"a spilled batch past {wire.MAX_DECODED:,} bytes", tag=batch.tag
+                )
+                return
+            if await _sha256(pairs) != batch.sha256:
+                self._reject(
+                    rt,
+                    m,
+                    "a spilled batch whose blob is not what its sender wrote (its sha256 "
+                    "differs: the bucket was written by someone else)",
+                    tag=batch.tag,
+                )
+                return
+        # Only a batch kept makes its attempt known: a refused one takes no pending place.
+        self.seqs.setdefault(tag, set()).add(batch.seq)
         self.held[m.message_id] = m.receipt
         self.of_attempt.setdefault((batch.task, batch.attempt), []).append(m.message_id)
+        self.spans.setdefault(tag, []).append((batch.seq, m.message_id, len(pairs)))
         self.spooled += len(pairs)
         with open(self.spool(batch.task, batch.attempt), "ab") as f:
             f.write(pairs)
@@ -259,8 +353,17 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
     next_poll, poll_every = 0.0, 0.25
     stalled_since: float | None = None
     stepped = False
+    # Progress: the batches still missing; when it last fell, every map having committed.
+    missing_before, progress_at = -1, time.monotonic()
+    give_up_s = MISSING_GIVE_UP_LEASES * spec.visibility_s
+    turned_at = time.monotonic()
     while not drain.complete() and not owner.lost.is_set():
         await rt.awake.wait()
+        if time.monotonic() - turned_at > spec.visibility_s:
+            # We were paused (or starved) past a lease: batches held elsewhere may only now
+            # be due back, so the wait for them starts again.
+            progress_at = time.monotonic()
+        turned_at = time.monotonic()
         if len(drain.winners) < spec.maps and time.monotonic() >= next_poll:
             known = len(drain.winners)
             for item in await table.query(pk, prefix="map#"):
@@ -297,6 +400,15 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
                 partition=drain.partition,
                 owner=owner.owner,
                 token=owner.token,
+            )
+        if len(drain.winners) < spec.maps or drain.missing() != missing_before:
+            missing_before, progress_at = drain.missing(), time.monotonic()
+        elif time.monotonic() - progress_at > give_up_s:
+            raise TaskError(
+                f"partition {drain.partition}: every map task committed, yet "
+                f"{drain.missing()} of the batches their commits name never arrived in "
+                f"{give_up_s} s ({drain.missing_text()}): the commit records and the queue "
+                "disagree (the table or the bucket was written by someone else)"
             )
         if got or len(drain.winners) < spec.maps:
             stalled_since = None
@@ -375,7 +487,11 @@ async def _reduce_and_commit(
     await rt.step("reduce.output_written", job=spec.job_id, partition=drain.partition, output=url)
     if result.status:
         rt.log.info("reduce task status", job=spec.job_id, status=result.status)
-    if not await owner.commit(url, result.records_out, nbytes, result.counters):
+    # The digest, hashed as the pool wrote the file, goes into the commit next to its size:
+    # the next step of a pipeline reads only the bytes this commit names.
+    if not await owner.commit(
+        url, result.records_out, nbytes, result.counters, sha256=result.sha256
+    ):
         drain.stats["leases_lost"] += 1
         rt.log.warning(
             "partition was taken over before our commit; output discarded",

@@ -95,22 +95,48 @@ MapCall = tuple[Callable[[Any, Any], Iterable[Any]], Any, Any]
 
 
 WHOLE_SAMPLE_MAX = 16 * 1024 * 1024  # a whole-file input larger than this is not sampled
+# A compressed input is sampled from the first this many bytes it decodes to: it may decode
+# to thousands of times its size, which the sample would otherwise hold whole.
+DECODED_SAMPLE = 1024 * 1024
+# Whole-file records (and decoded starts) held for the sample in all: past it, later ranges
+# are left out, so 64 whole files of 16 MiB cost this, not a GiB.
+WHOLE_SAMPLE_TOTAL = 64 * 1024 * 1024
+
+
+class _Budget:
+    """Bytes the sample may still hold of whole files and decoded starts."""
+
+    def __init__(self, total: int = WHOLE_SAMPLE_TOTAL) -> None:
+        self.left = total
+
+    def take(self, n: int) -> bool:
+        if n > self.left:
+            return False
+        self.left -= n
+        return True
 
 
 async def sample_records(
-    blobs: Blobs, r: Range, job: Job, fmt: formats.InputFormat = formats.LINES
+    blobs: Blobs,
+    r: Range,
+    job: Job,
+    fmt: formats.InputFormat = formats.LINES,
+    budget: _Budget | None = None,
 ) -> list[MapCall]:
     """The map calls that the records of one sample range make, read as a map task reads
     them: lines (whole lines starting in the range, ``map_chunk`` over them, which calls
     ``map`` per line unless overridden), jsonlines likewise; fixed records that start in the
-    range; a whole-file or compressed input whole, from the stretch at its start (at most
-    WHOLE_SAMPLE_MAX; a larger one is left out of the sample)."""
+    range; a whole-file input whole, from the stretch at its start (at most
+    WHOLE_SAMPLE_MAX; a larger one is left out of the sample), a compressed one from the
+    first DECODED_SAMPLE bytes it decodes to; both within ``budget``."""
+    budget = budget if budget is not None else _Budget()
     step = steps_of(job)[0]  # a one-step job's (a pipeline is refused total order)
     map_piece = piece_mapper(step)
     map_record = step.map if step.map is not None else _as_pair
     head = await blobs.get_range(r.url, 0, formats.SNIFF_BYTES) if r.start == 0 else b""
     codec = formats.sniff(head) if head else ""
     max_record = WHOLE_SAMPLE_MAX
+    cut = False  # a compressed input's decoded start, cut short: its last record may be too
     if fmt.line_split and not codec:
         data = await read_split(blobs, r)
         if fmt.name == "lines":
@@ -127,14 +153,60 @@ async def sample_records(
         data = await blobs.get_range(r.url, start, end)
         chunk = formats.Chunk(r.name, data, "", start, max_record)
     else:
-        if r.start > 0 or await blobs.size(r.url) > WHOLE_SAMPLE_MAX:
+        size = await blobs.size(r.url)
+        if r.start > 0 or size > WHOLE_SAMPLE_MAX:
+            return []
+        if not budget.take(size):
             return []
         data = await blobs.get(r.url)
-        chunk = formats.Chunk(r.name, data, codec, 0, max_record)
+        if codec:
+            universal = fmt.name == "lines" and job.lines == "universal"
+            data, cut = _decoded_start(r.name, codec, data, fmt, budget, universal)
+            if not data:
+                return []
+        chunk = formats.Chunk(r.name, data, "", 0, max_record)
         if fmt.name == "lines":
-            pieces = formats.line_pieces(chunk, WHOLE_SAMPLE_MAX, job.lines == "universal")
-            return [(map_piece, r.name, p) for p in pieces]
-    return [(map_record, k, v) for k, v in formats.records(fmt, chunk, WHOLE_SAMPLE_MAX)]
+            if job.lines == "universal":
+                data = universal_lines(data)
+            data = data[:-1] if data.endswith(b"\n") else data
+            return [(map_piece, r.name, data)] if data else []
+    records = formats.records(fmt, chunk, WHOLE_SAMPLE_MAX)
+    calls: list[MapCall] = []
+    try:
+        for k, v in records:
+            calls.append((map_record, k, v))
+    except formats.InputError:
+        if not cut:
+            raise
+        # The decoded start ends inside a record (a CSV row, a pairs item): the sample
+        # holds the whole records before it.
+    return calls
+
+
+def _decoded_start(
+    name: str,
+    codec: str,
+    data: bytes,
+    fmt: formats.InputFormat,
+    budget: _Budget,
+    universal: bool = False,
+) -> tuple[bytes, bool]:
+    """The first DECODED_SAMPLE bytes a compressed input decodes to (all of it for a whole
+    file, up to WHOLE_SAMPLE_MAX; b"" past it, or past ``budget``), cut after its last
+    whole line or fixed record; and whether that is less than the whole input."""
+    want = WHOLE_SAMPLE_MAX if fmt.name == "whole" else DECODED_SAMPLE
+    got = formats._stream(name, codec, data).read(want + 1)
+    if (fmt.name == "whole" and len(got) > want) or not budget.take(min(want, len(got))):
+        return b"", False
+    if len(got) <= want:
+        return got, False
+    got = got[:want]
+    if fmt.line_split:
+        end = max(got.rfind(b"\n"), got.rfind(b"\r") if universal else -1)
+        got = got[: end + 1]
+    elif fmt.name == "fixed":
+        got = got[: len(got) // fmt.record_len * fmt.record_len]
+    return got, True
 
 
 def _as_pair(key: Any, value: Any) -> Iterable[tuple[Any, Any]]:
@@ -264,10 +336,11 @@ async def cut_points(
         job.lines = lines  # type: ignore[misc]  # the submission's choice, as a worker's
     ranges = sample_ranges(tasks)
     gate = asyncio.Semaphore(READ_CONCURRENCY)
+    budget = _Budget()
 
     async def read(r: Range) -> list[MapCall]:
         async with gate:
-            return await sample_records(blobs, r, job, fmt)
+            return await sample_records(blobs, r, job, fmt, budget)
 
     calls = [c for cs in await asyncio.gather(*(read(r) for r in ranges)) for c in cs]
     limit = task_limit(task_timeout_s, sum(r.end - r.start for r in ranges))

@@ -143,10 +143,11 @@ class WorkerSettings:
     compress: bool = True  # zstd-compress shuffle batches (off: plain msgpack bodies)
     use_combiner: bool = True  # run the job's combine (if it has one) in map and reduce
     # What jobs this worker serves (cmr.admission): directories and module names its job
-    # code may come from (empty: the current directory), and URL prefixes its outputs may
-    # lie under (empty: the bucket of its own store).
+    # code may come from (empty: the current directory), and URL prefixes its outputs and
+    # inputs may lie under (empty: the bucket of its own store).
     jobs_from: tuple[str, ...] = ()
     outputs_under: tuple[str, ...] = ()
+    inputs_under: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Settings cross a process boundary as JSON (`cmr worker --settings-json`): every

@@ -41,6 +41,7 @@ MAX_TOTAL_BYTES = 1 << 30  # 1 GiB: every worker downloads them all before its f
 _NAME = re.compile(r"[A-Za-z0-9_+=@,-][A-Za-z0-9._+=@,-]{0,199}")  # not "." or "..": no dot first
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 FETCH_CONCURRENCY = 4
+FETCH_PIECE = 8 * 1024 * 1024  # a side file is fetched in ranged reads of at most this
 
 
 class SideFile(NamedTuple):
@@ -236,24 +237,24 @@ async def _fetch(blobs: Blobs, spec: JobSpec, into: str) -> str:
 
     async def one(f: SideFile) -> None:
         part = os.path.join(into, f".{f.name}.part")
-        async with gate:
-            try:
-                await blobs.download_file(f.url, part)
-            except BlobMissing:
+        try:
+            async with gate:
+                size, digest = await _download(blobs, f, part)
+            if (size, digest) != (f.size, f.sha256):
+                if size > f.size:
+                    what = f"it is larger than the {f.size:,} bytes submitted"
+                elif size < f.size:
+                    what = f"it holds {size:,} bytes, not the {f.size:,} submitted"
+                else:
+                    what = "its sha256 differs"
                 raise TaskError(
-                    f"side file {f.name} ({f.url}) no longer exists: it was deleted after the "
-                    "job was submitted"
-                ) from None
-        size = os.path.getsize(part)
-        digest = await asyncio.to_thread(_sha256, part) if size == f.size else ""
-        if digest != f.sha256:
+                    f"side file {f.name} ({f.url}) is not the file submitted ({what}): it was "
+                    "changed after submit; submit the job again"
+                )
+        except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(part)
-            raise TaskError(
-                f"side file {f.name} ({f.url}) is not the file submitted (size {size:,} vs "
-                f"{f.size:,}, or its sha256 differs): it was changed after submit; submit "
-                "the job again"
-            )
+            raise
         os.replace(part, os.path.join(into, f.name))
 
     try:
@@ -263,6 +264,32 @@ async def _fetch(blobs: Blobs, spec: JobSpec, into: str) -> str:
     except BaseExceptionGroup as group:
         raise first_error(group) from None
     return into
+
+
+async def _download(blobs: Blobs, f: SideFile, part: str) -> tuple[int, str]:
+    """(size, sha256) of what the store holds at the file's URL, written to ``part`` in
+    ranged reads of at most the size submitted, plus one byte that tells a larger object
+    (then its size is told as the submitted size + 1, and nothing past it was written): an
+    object swapped in after submit never fills the spool that spills need."""
+    h = hashlib.sha256()
+    got = 0
+    with open(part, "wb") as out:
+        while True:
+            want = min(FETCH_PIECE, f.size + 1 - got)
+            try:
+                piece = await blobs.get_range(f.url, got, got + want)
+            except BlobMissing:
+                raise TaskError(
+                    f"side file {f.name} ({f.url}) no longer exists: it was deleted after the "
+                    "job was submitted"
+                ) from None
+            if got + len(piece) > f.size:
+                return f.size + 1, ""  # larger than submitted: its extra byte is not kept
+            await asyncio.to_thread(out.write, piece)
+            h.update(piece)
+            got += len(piece)
+            if len(piece) < want:
+                return got, h.hexdigest()
 
 
 def forget(cache: dict[str, asyncio.Future[str]], spool_dir: str, job_id: str) -> None:

@@ -36,9 +36,10 @@ from cmr.inputs import (
 )
 from cmr.job import JobRef, check_formats, load_job_class
 from cmr.lifecycle import cleanup, end, job_scratch, load_spec, record_submit
+from cmr.localcheck import identity
 from cmr.localinput import glob_matches, local_files
 from cmr.places import check_apart, make_output_dir, probe_output_dir
-from cmr.plan import Plan, plan_url
+from cmr.plan import Check, Plan, plan_url
 from cmr.publish import (
     MANIFEST,
     Manifest,
@@ -210,6 +211,7 @@ class _Found:
     url: str  # where workers read it ("": a local file to stage)
     size: int
     location: str  # its path, names are made from: absolute (local), or its s3:// URL
+    check: Check | None = None  # a local file read in place: its identity (cmr.localcheck)
 
 
 @dataclass(frozen=True)
@@ -233,6 +235,8 @@ class Listing:
     inputs: list[Input]
     base: str  # what map's names are below (cmr.inputs.base_of); the one file, if one_file
     one_file: bool  # a single file, named outright: map's name is its own
+    # Local files read in place: what each must be when a task reads it (the plan's checks).
+    checks: dict[str, Check] = field(default_factory=dict)
 
 
 async def list_input(backend: Backend, source: Sources, job_id: str) -> tuple[str, list[Input]]:
@@ -274,8 +278,9 @@ async def list_inputs(
     if to_stage:
         files = await _stage(backend, files, job_id)
     inputs = [Input(f.url, f.size, name) for f, name in files]
+    checks = {f.url: f.check for f, _ in files if f.check is not None}
     return Listing(record, tuple(dict.fromkeys(globs)), inputs,
-                   roots[0].location if one_file else base, one_file)  # fmt: skip
+                   roots[0].location if one_file else base, one_file, checks)  # fmt: skip
 
 
 def _local_root(li: LocalInput, readable: bool) -> _Root:
@@ -285,7 +290,12 @@ def _local_root(li: LocalInput, readable: bool) -> _Root:
     if path.is_dir() and (path / MANIFEST).is_file():
         keep = _output_files((path / MANIFEST).read_bytes())
         files = [f for f in files if f.parent != path or keep(f.name)]
-    found = [_Found(file_url(f) if readable else "", f.stat().st_size, str(f)) for f in files]
+    found = []
+    for f in files:
+        # Read in place: a task reads only this file (inode) as it is now (cmr.localcheck).
+        check = identity(f)
+        found.append(_Found(file_url(f) if readable else "", check.size, str(f),
+                            check if readable else None))  # fmt: skip
     own = file_url(path) + ("/" if path.is_dir() else "")
     return _Root(str(path), path.is_dir(), own if readable and not li.pattern else "", found)
 
@@ -594,7 +604,9 @@ async def _submit(
             backend.blobs, ref, options.params, options.lines, tasks, options.partitions,
             options.task_timeout_s, fmt,
         )  # fmt: skip
-    data = Plan(tuple(tasks), place.replaced, cuts).to_bytes()
+    planned = {r.url for t in tasks for r in t}
+    checks = {u: c for u, c in listing.checks.items() if u in planned}
+    data = Plan(tuple(tasks), place.replaced, cuts, checks).to_bytes()
     many_roots = len(listing.roots) > 1 or bool(listing.globs)
     await backend.blobs.put(plan_url(scratch), data)
     many = options.job_steps > 1

@@ -126,6 +126,9 @@ class Batch:
     records: int
     pairs: bytes  # a concatenated msgpack stream of [key, value] arrays
     spilled: str = ""  # when set, ``pairs`` is empty and the stream lives in this blob
+    # The spilled stream's sha256 (hex): the blob lies in the bucket, where a writer who
+    # cannot send to the queue could otherwise replace what the reducer reads.
+    sha256: str = ""
 
     @property
     def tag(self) -> tuple[int, str, int]:
@@ -248,6 +251,8 @@ def encode(msg: Message, *, compress: bool = True) -> bytes:
                 "pairs": msg.pairs,
                 "spill": msg.spilled,
             }
+            if msg.spilled:
+                doc["sum"] = msg.sha256
     packed = pack(doc)
     return MAGIC + (_zstd()[0].compress(packed) if compress else packed)
 
@@ -414,11 +419,15 @@ def _batch(doc: dict[str, Any]) -> Batch:
     pairs: bytes = _field(doc, "pairs", bytes)
     spill: str = _field(doc, "spill", str)
     records = _nat(doc, "n", MAX_SEQ + 1)
+    sha256 = ""
     if spill:
         if pairs:
             raise WireError("a spilled batch carries pairs of its own")
         if not is_url(spill):
             raise WireError("field 'spill' is not a URL")
+        sha256 = _field(doc, "sum", str)
+        if len(sha256) != 64 or sha256.strip("0123456789abcdef"):
+            raise WireError("field 'sum' of a spilled batch is not a sha256 (64 hex digits)")
     elif records > len(pairs) // _MIN_PAIR_BYTES:
         raise WireError(f"field 'n' counts {records} records in {len(pairs)} bytes of pairs")
     return Batch(
@@ -430,6 +439,7 @@ def _batch(doc: dict[str, Any]) -> Batch:
         records,
         pairs,
         spill,
+        sha256,
     )
 
 

@@ -44,7 +44,7 @@ from cmr.mapper import run_map_task
 from cmr.records import ACTIVE_PK, JobSpec, JobState, job_pk
 from cmr.reducer import run_reduce_task
 from cmr.runtime import Hook, PoolRestarted, Runtime, WorkerCrashed
-from cmr.settings import WorkerSettings
+from cmr.settings import AwsSettings, WorkerSettings
 
 JOB_REFRESH_S = 5.0  # a worker serving one job checks it this often (sooner when its queues go)
 PROGRESS_FOLD_S = 1.0  # how often live counters from user code reach the job record
@@ -63,7 +63,10 @@ class Worker:
         *,
         only_job: str | None = None,
         hook: Hook | None = None,
+        queue_prefix: str = AwsSettings.queue_prefix,
     ) -> None:
+        """``queue_prefix``: the store's (its URL's ?prefix=): a job whose record names
+        another is not served, as its queues are not this store's."""
         self.only_job = only_job
         spool = settings.spill_dir or tempfile.gettempdir()
         if not os.path.isdir(spool):
@@ -72,7 +75,13 @@ class Worker:
             backend, settings, pool, tempfile.mkdtemp(prefix="cmr-", dir=spool), hook=hook
         )
         self.rt.on_job_ended = self._job_ended
-        self.admission = Admission.of(settings.jobs_from, settings.outputs_under, backend.scratch)
+        self.admission = Admission.of(
+            settings.jobs_from,
+            settings.outputs_under,
+            backend.scratch,
+            settings.inputs_under,
+            queue_prefix,
+        )
         self._refused: set[str] = set()  # jobs not ours to serve (said once, then ignored)
         self.jobs: list[JobSpec] = []
         self._specs: dict[str, JobSpec] = {}
@@ -118,10 +127,13 @@ class Worker:
 
     def _refuse(self, job_id: str, reason: str) -> None:
         """A job this worker will not serve: say why, once. A worker told to serve only this
-        job has nothing else to do, so it stops with the reason."""
+        job (or its pipeline, whose later steps are its own) has nothing else to do, so it
+        stops with the reason: nobody would otherwise say why the job never ends."""
         self._refused.add(job_id)
         self.rt.log.warning("not serving a job", job=job_id[:80], reason=reason)
-        if self.only_job == job_id:
+        if self.only_job is not None and (
+            job_id == self.only_job or job_id.startswith(self.only_job + "-s")
+        ):
             self.refused = f"job {job_id}: not serving it: {reason}"
             self.done.set()
 

@@ -44,6 +44,7 @@ def batches(draw: st.DrawFn) -> wire.Batch:
         records,
         pairs,
         url if spilled else "",
+        draw(st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)) if spilled else "",
     )
 
 

@@ -71,6 +71,15 @@ def worker(
             show_default="the store's bucket",
         ),
     ] = None,
+    inputs_under: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--inputs-under",
+            help="a URL prefix job inputs may lie under (repeatable); a job reading anything "
+            "elsewhere (but its own scratch) is not served",
+            show_default="the store's bucket",
+        ),
+    ] = None,
     settings_json: Annotated[
         str | None,
         typer.Option(
@@ -119,6 +128,7 @@ def worker(
         "idle_exit_s": idle_exit,
         "jobs_from": tuple(jobs_from) if jobs_from else None,
         "outputs_under": tuple(outputs_under) if outputs_under else None,
+        "inputs_under": tuple(inputs_under) if inputs_under else None,
     }
     base = WorkerSettings.from_json(settings_json) if settings_json else WorkerSettings()
     ws = replace(base, **{k: v for k, v in given.items() if v is not None})
@@ -130,7 +140,9 @@ def worker(
 
         async with api.open_backend(where.backend, where.aws) as be:
             with api.cpu_pool(ws.processes) as pool:
-                w = Worker(be, ws, pool, only_job=job, hook=hook)
+                w = Worker(
+                    be, ws, pool, only_job=job, hook=hook, queue_prefix=where.aws.queue_prefix
+                )
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, w.done.set)

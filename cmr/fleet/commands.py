@@ -106,6 +106,16 @@ def up(
             "the default) [anywhere in the bucket]",
         ),
     ] = None,
+    inputs_under: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--inputs-under",
+            metavar="URL",
+            help="an s3://BUCKET/PREFIX/ in the fleet's bucket that job inputs must lie "
+            "under for the workers to serve them (repeatable; replaces the list, '' restores "
+            "the default) [anywhere in the bucket]",
+        ),
+    ] = None,
     subnet: Annotated[
         list[str], typer.Option(help="subnet id (repeat); default: the default VPC's")
     ] = [],  # noqa: B006
@@ -147,6 +157,7 @@ def up(
         idle_exit=idle_exit,
         jobs_from=tuple(jobs_from) if jobs_from else None,
         outputs_under=tuple(outputs_under) if outputs_under else None,
+        inputs_under=tuple(inputs_under) if inputs_under else None,
         subnets=tuple(subnet),
         vpc=vpc,
         create_table=create_table,
@@ -163,11 +174,13 @@ def up(
         spot_note = " (spot)" if params["Spot"] == "true" else ""
         jobs = ", ".join(params["JobsFrom"].split())
         outputs = ", ".join(params["OutputsUnder"].split()) or f"s3://{params['BucketName']}/"
+        inputs = ", ".join(params["InputsUnder"].split()) or f"s3://{params['BucketName']}/"
         out.print(
             f"fleet {stack} up: {params['DesiredCount']} x {params['InstanceType']}{spot_note}, "
             f"bucket {params['BucketName']}, table {params['TableName']}, "
             f"queues {params['QueuePrefix']}*\n"
-            f"workers serve jobs of {jobs} (--jobs-from) with output under {outputs}\n"
+            f"workers serve jobs of {jobs} (--jobs-from) with output under {outputs} and "
+            f"input under {inputs}\n"
             f"submit with: cmr run ... --workers 0 --store '{store_url(params, aws.account())}'",
             highlight=False,
         )

@@ -31,6 +31,7 @@ DEFAULTS = {
     # load tests at once, and the user's own job modules once named with --jobs-from.
     "JobsFrom": "cmr.loadgen.job",
     "OutputsUnder": "",  # empty: anywhere in the fleet's bucket (the worker's default)
+    "InputsUnder": "",  # empty: anywhere in the fleet's bucket (the worker's default)
 }
 
 # One entry of each list parameter (the lists are entries separated by single spaces, which
@@ -39,7 +40,7 @@ DEFAULTS = {
 # pointed at that is not the wheel's is its spool, which the worker itself writes.
 JOB_MODULE = r"[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*"
 OUTPUT_PREFIX = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9_.-]+)*/?"
-_LISTS = {"JobsFrom": JOB_MODULE, "OutputsUnder": OUTPUT_PREFIX}
+_LISTS = {"JobsFrom": JOB_MODULE, "OutputsUnder": OUTPUT_PREFIX, "InputsUnder": OUTPUT_PREFIX}
 
 ALARM_PERIOD_S = 300  # EC2's basic monitoring: one CPU figure per instance every 5 minutes
 
@@ -60,6 +61,7 @@ PATTERNS = {
     # At least one module: an empty list would leave the worker its default, its own spool.
     "JobsFrom": rf"{JOB_MODULE}( {JOB_MODULE})*",
     "OutputsUnder": rf"({OUTPUT_PREFIX}( {OUTPUT_PREFIX})*)?",
+    "InputsUnder": rf"({OUTPUT_PREFIX}( {OUTPUT_PREFIX})*)?",
 }
 _FLAGS = {
     "BucketName": "--bucket",
@@ -72,11 +74,13 @@ _FLAGS = {
     "IdleExitSeconds": "--idle-exit",
     "JobsFrom": "--jobs-from",
     "OutputsUnder": "--outputs-under",
+    "InputsUnder": "--inputs-under",
 }
 _WHAT = {
     "JobsFrom": "a module name, e.g. cmr.loadgen.job: on the instances job code is the "
     "wheel's modules, never a file path",
     "OutputsUnder": "an s3://BUCKET/PREFIX/ URL of letters, digits and ._/-",
+    "InputsUnder": "an s3://BUCKET/PREFIX/ URL of letters, digits and ._/-",
 }
 _SHOWN = 80  # characters of a refused value the error repeats
 
@@ -103,6 +107,7 @@ class UpOptions:
     idle_exit: int | None = None
     jobs_from: Sequence[str] | None = None  # each a module name; ("",): back to the default
     outputs_under: Sequence[str] | None = None  # each an s3:// prefix; ("",): the whole bucket
+    inputs_under: Sequence[str] | None = None  # each an s3:// prefix; ("",): the whole bucket
     subnets: Sequence[str] = ()
     vpc: str | None = None
     create_table: bool | None = None
@@ -198,13 +203,15 @@ def validate(params: Mapping[str, str]) -> None:
         )
 
 
-def check_outputs(outputs_under: str, bucket: str) -> None:
-    """Every output prefix lies in the fleet's bucket: the only one its role may write."""
+def check_outputs(outputs_under: str, bucket: str, flag: str = "--outputs-under") -> None:
+    """Every output (or input) prefix lies in the fleet's bucket: the only one its role may
+    write (or read)."""
+    verb = "read" if flag == "--inputs-under" else "write"
     for url in outputs_under.split():
         if url.removeprefix("s3://").split("/", 1)[0] != bucket:
             raise FleetError(
-                f"--outputs-under {_shown(url)} is outside the fleet's bucket: its workers' "
-                f"role may write s3://{bucket}/ only; give a prefix in it"
+                f"{flag} {_shown(url)} is outside the fleet's bucket: its workers' "
+                f"role may {verb} s3://{bucket}/ only; give a prefix in it"
             )
 
 
@@ -224,6 +231,7 @@ def resolve(opts: UpOptions, found: Found) -> dict[str, str]:
         "IdleExitSeconds": _opt(opts.idle_exit),
         "JobsFrom": _listed(opts.jobs_from, "JobsFrom"),
         "OutputsUnder": _listed(opts.outputs_under, "OutputsUnder"),
+        "InputsUnder": _listed(opts.inputs_under, "InputsUnder"),
     }
     params: dict[str, str] = {}
     for k, default in DEFAULTS.items():
@@ -266,6 +274,7 @@ def resolve(opts: UpOptions, found: Found) -> dict[str, str]:
     )
     validate(params)
     check_outputs(params["OutputsUnder"], params["BucketName"])
+    check_outputs(params["InputsUnder"], params["BucketName"], "--inputs-under")
     params["IdlePeriods"] = str(idle_periods(int(params["IdleExitSeconds"])))
     if opts.image:
         params["ImageId"] = opts.image

@@ -144,6 +144,7 @@ def boot(
             "IdleExitSeconds": str(IDLE_EXIT_S),
             "JobsFrom": jobs_from,
             "OutputsUnder": f"s3://{bucket}/out/",
+            "InputsUnder": "",  # the default: inputs anywhere in the bucket
             "AWS::AccountId": LOCAL_ACCOUNT,
             "AWS::Region": "us-east-1",
             "AWS::StackName": f"boot-{bucket}",

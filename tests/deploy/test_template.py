@@ -490,6 +490,7 @@ HOSTILE_LISTS = {
                      "s3://bkt-1/x'y", "s3://bkt-1/$(id)", "s3://bkt-1/x;y", "s3://bkt-1/a b",
                      "s3://bkt-1/~", "s3:/bkt-1/", "s3://bkt-1/x\n"],
 }  # fmt: skip
+HOSTILE_LISTS["InputsUnder"] = HOSTILE_LISTS["OutputsUnder"]  # the same kind of list
 
 
 def test_list_parameters_refuse_paths_globs_and_spacing(template: dict[str, Any]) -> None:
@@ -506,9 +507,11 @@ def test_list_parameters_refuse_paths_globs_and_spacing(template: dict[str, Any]
         assert re.fullmatch(PATTERNS["JobsFrom"], ok), ok
     for ok in ("", "s3://bkt-1/", "s3://bkt-1", "s3://bkt-1/out/ s3://bkt-1/a.b/c_d-e"):
         assert re.fullmatch(PATTERNS["OutputsUnder"], ok), ok
+        assert re.fullmatch(PATTERNS["InputsUnder"], ok), ok
     # The stack's defaults are `cmr fleet up`'s: the load generator's job, the whole bucket.
     assert params["JobsFrom"]["Default"] == DEFAULTS["JobsFrom"] == "cmr.loadgen.job"
     assert params["OutputsUnder"]["Default"] == DEFAULTS["OutputsUnder"] == ""
+    assert params["InputsUnder"]["Default"] == DEFAULTS["InputsUnder"] == ""
 
 
 def worker_argv(template: dict[str, Any], tmp_path: Path, values: dict[str, str]) -> list[str]:
@@ -550,16 +553,24 @@ def test_run_worker_passes_one_flag_per_entry(template: dict[str, Any], tmp_path
     argv = worker_argv(
         template,
         tmp_path,
-        {"JobsFrom": "myjobs.count cmr.loadgen.job", "OutputsUnder": "s3://bkt/out/ s3://bkt/b"},
+        {
+            "JobsFrom": "myjobs.count cmr.loadgen.job",
+            "OutputsUnder": "s3://bkt/out/ s3://bkt/b",
+            "InputsUnder": "s3://bkt/in/ s3://bkt/c",
+        },
     )
     assert argv[:2] == ["worker", "--store"]
     assert flag_values(argv, "--jobs-from") == ["myjobs.count", "cmr.loadgen.job"]
     assert flag_values(argv, "--outputs-under") == ["s3://bkt/out/", "s3://bkt/b"]
+    assert flag_values(argv, "--inputs-under") == ["s3://bkt/in/", "s3://bkt/c"]
     assert "--no-create" in argv
-    # No outputs given: no --outputs-under, so the worker keeps its default (its own bucket).
-    argv = worker_argv(template, tmp_path, {"JobsFrom": "cmr.loadgen.job", "OutputsUnder": ""})
+    # No outputs or inputs given: no --outputs-under or --inputs-under, so the worker keeps
+    # its defaults (its own bucket).
+    argv = worker_argv(
+        template, tmp_path, {"JobsFrom": "cmr.loadgen.job", "OutputsUnder": "", "InputsUnder": ""}
+    )
     assert flag_values(argv, "--jobs-from") == ["cmr.loadgen.job"]
-    assert "--outputs-under" not in argv
+    assert "--outputs-under" not in argv and "--inputs-under" not in argv
 
 
 def test_user_data_refuses_an_empty_jobs_from(template: dict[str, Any], tmp_path: Path) -> None:

@@ -262,34 +262,13 @@ def test_a_slice_of_a_local_file_is_read_by_the_map_task(tmp_path: Path) -> None
     assert result.permanent  # gone since the worker looked: no retry would read it
 
 
-class _DeletesAfterFirstRead:
-    """Blobs that delete (or put a directory in place of) one input file right after the
-    first read of it once the job is submitted: the file goes mid-job."""
-
-    def __init__(self, inner: Any, victim: Path, action: str) -> None:
-        self.inner, self.victim, self.action = inner, victim, action
-        self.armed = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def get_range(self, url: str, start: int, end: int) -> bytes:
-        got: bytes = await self.inner.get_range(url, start, end)
-        if self.armed and url.endswith("/victim.bin") and self.victim.is_file():
-            self.victim.unlink()
-            if self.action == "directory":
-                self.victim.mkdir()
-        return got
-
-
 @pytest.mark.parametrize("action", ["deleted", "directory"])
 async def test_fixed_input_gone_mid_job_fails_it_at_once(tmp_path: Path, action: str) -> None:
     # Review: slices read by the pool turned a vanished input into a retried failure (4-15
     # attempts, no URL named); as the blob path does, the job fails at once, naming it.
-    import dataclasses
-
     from cmr.backends.faults import FaultPlan
     from cmr.pool import cpu_pool
+    from cmr.settings import WorkerSettings
     from cmr.testing import chaos_run
 
     data = tmp_path / "in"
@@ -298,20 +277,22 @@ async def test_fixed_input_gone_mid_job_fails_it_at_once(tmp_path: Path, action:
     (data / "victim.bin").write_bytes(_records(200, 2))
     code = tmp_path / "sort.py"
     code.write_text(SORT.format(record=RECORD, key=KEY))
-    hooks: list[_DeletesAfterFirstRead] = []
+    victim = data / "victim.bin"
 
-    def wrap(backend: Any) -> Any:
-        hooks.append(_DeletesAfterFirstRead(backend.blobs, data / "victim.bin", action))
-        return dataclasses.replace(backend, blobs=hooks[-1])
-
-    async def arm(backend: Any, spec: Any) -> None:
-        hooks[0].armed = True
+    async def delete_after_first_commit(rt: Any, step: str, context: dict[str, Any]) -> None:
+        # Local inputs are read through a checked descriptor, not the blob store: the file
+        # goes once one map task (of 10, one at a time) has read its input and committed.
+        if step == "map.committed" and victim.is_file():
+            victim.unlink()
+            if action == "directory":
+                victim.mkdir()
 
     with cpu_pool(1) as pool:
         run = await chaos_run(
             f"{code}:Sort", data, tmp_path / "out", seed=0, pool=pool, plan=FaultPlan(seed=0),
-            workers=1, reducers=2, split_bytes=4000, hooks=[None], clientless=True,
-            timeout_s=120, wrap=wrap, after_submit=arm,
+            workers=1, reducers=2, split_bytes=4000, hooks=[delete_after_first_commit],
+            clientless=True, timeout_s=120,
+            settings=WorkerSettings(map_slots=1, reduce_slots=2, processes=1, memory_mb=1),
         )  # fmt: skip
     assert run.record["state"] == "failed"
     error = run.record["error"]
