@@ -36,7 +36,8 @@ from cmr.backends.embedded.blobs import file_path
 from cmr.errors import JobCodeError, UsageError
 from cmr.inputs import literal_prefix
 from cmr.job import JobRef, is_module_name, location, source_path
-from cmr.records import JobSpec
+from cmr.lifecycle import job_scratch
+from cmr.records import JobSpec, step_job_id
 from cmr.settings import AwsSettings, WorkerSettings
 
 
@@ -78,8 +79,6 @@ class Admission:
         inputs = [_place(u) for u in _prefixes("--inputs-under", inputs_under)] or [
             _default_outputs(scratch)
         ]
-        # A job's own scratch holds its staged input and a pipeline step's input.
-        inputs.append(_place(scratch.rstrip("/") + "/"))
         return Admission(
             tuple(directories),
             tuple(modules),
@@ -106,8 +105,12 @@ class Admission:
                 f"its output {spec.output} is outside where this worker may write "
                 f"({', '.join(self.outputs)}; see --outputs-under)"
             )
+        # Beyond --inputs-under, a job may read its own scratch (its staged input) and, for
+        # a pipeline's later step, the outputs of the step before; not the rest of the
+        # store's scratch, which holds other jobs' staged inputs and outputs.
+        readable = [*self.inputs, *(_place(u) for u in own_scratch(spec))]
         for url in read_places(spec):
-            if not _under(url, self.inputs):
+            if not _under(url, readable):
                 return (
                     f"its input {url[:200]} is outside where this worker may read "
                     f"({', '.join(self.inputs)}; see --inputs-under)"
@@ -146,6 +149,16 @@ def _prefixes(flag: str, given: Sequence[str]) -> list[str]:
         if not url.startswith(("s3://", "file://")) or url in ("s3:///", "file:///"):
             raise UsageError(f"{flag} {url!r}: give an s3://BUCKET/ prefix or a file:// directory")
     return prefixes
+
+
+def own_scratch(spec: JobSpec) -> list[str]:
+    """The places in the store's scratch a job may read without --inputs-under: its own,
+    and for a pipeline step after the first, the step before's outputs."""
+    places = [job_scratch(spec.scratch, spec.job_id)]
+    if spec.step > spec.first_step:
+        before = step_job_id(spec.pipeline_id, spec.first_step, spec.step - 1)
+        places.append(job_scratch(spec.scratch, before) + "out/")
+    return places
 
 
 def read_places(spec: JobSpec) -> list[str]:

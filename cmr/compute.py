@@ -274,6 +274,14 @@ class _Shuffle:
         # An out-of-range p is refused before this (a custom partition() is checked); key and
         # value that are not wire data make pack raise, diagnosed by the caller.
         data = self.packer.pack((key, value))
+        if len(data) > wire.MAX_DECODED:
+            # A reducer takes no spilled batch past this (a bucket writer's could be any
+            # size): refused here, at once, rather than lost on the way.
+            raise usercode.PairTooBig(
+                f"it packs to {len(data):,} bytes, past the {wire.MAX_DECODED:,} one "
+                "shuffled pair may take: emit smaller values (big data belongs in the "
+                "output store, named by its key)"
+            )
         if len(data) > self.spec.max_message_bytes // 2:
             self._emit(p, [data], 1, spilled=True)
             return

@@ -74,7 +74,19 @@ class FormatError(ValueError):
 
 
 class InputError(CmrError):
-    """Input that cannot be read as its format: the message names the file and the place."""
+    """Input that cannot be read as its format: the message names the file and the place.
+    ``too_big``: the input is not malformed, only a record is past what this reader holds
+    (its bytes, or what decoding it would build); a sample's bound is smaller than a map
+    task's, so a sampler passes over it."""
+
+    too_big = False
+
+
+def _too_big(message: str) -> InputError:
+    # One class for users to see ("InputError: ..."), told apart by the flag.
+    exc = InputError(message)
+    exc.too_big = True
+    return exc
 
 
 @dataclass(frozen=True)
@@ -322,7 +334,7 @@ def line_pieces(c: Chunk, piece: int, universal: bool = False) -> Iterator[bytes
                 yield buf[:nl]
                 buf = buf[nl + 1 :]
             if len(buf) > c.max_record:
-                raise InputError(
+                raise _too_big(
                     f"input {c.name}: a line is longer than {c.max_record:,} bytes, the "
                     "longest a worker of this memory holds (raise --memory-mb)"
                 )
@@ -374,7 +386,7 @@ def read_jsonlines(fmt: InputFormat, c: Chunk, piece: int) -> Iterator[Record]:
             else f"line {n} of its split from byte {c.start} (byte {at})"
         )
         if len(line) > counted and _json_cost(line) > c.max_record:
-            raise InputError(
+            raise _too_big(
                 f"input {c.name}: {where} holds too many JSON values to decode within "
                 f"{c.max_record:,} bytes, the most a worker of this memory holds (raise "
                 "--memory-mb, or split the line)"
@@ -405,7 +417,7 @@ def read_csv(fmt: InputFormat, c: Chunk, piece: int) -> Iterator[Record]:
         while line := text.readline(c.max_record - row_cost + 1):
             row_cost += len(line) + OBJECT_COST * line.count(",")
             if row_cost > c.max_record:
-                raise InputError(
+                raise _too_big(
                     f"input {c.name}: row {n + 1} (at line {rows.line_num + 1}) is past "
                     f"{c.max_record:,} bytes of text and fields ({OBJECT_COST} per field), "
                     "the most a worker of this memory holds (raise --memory-mb)"

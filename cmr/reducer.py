@@ -319,7 +319,7 @@ async def _run_claimed(
     async with (
         message_lease(rt.backend.queues, reduce_q, msg.receipt, spec.visibility_s, rt.awake),
         got.renewing(rt.awake),
-        _holding(rt, drain, queue, spec.visibility_s),
+        _holding(rt, drain, queue, spec.visibility_s, got),
     ):
         await _drain(rt, spec, got, drain, queue)
         if got.lost.is_set():
@@ -329,14 +329,23 @@ async def _run_claimed(
 
 
 @contextlib.asynccontextmanager
-async def _holding(rt: Runtime, drain: Drain, queue: str, lease_s: int) -> AsyncIterator[None]:
-    """Keep the batches we hold invisible while we work, each by its newest receipt."""
+async def _holding(
+    rt: Runtime, drain: Drain, queue: str, lease_s: int, owner: Claim
+) -> AsyncIterator[None]:
+    """Keep the batches we hold invisible while we work, each by its newest receipt, and
+    only while we own the partition: once the claim is lost (a new owner may be draining,
+    and gives up on batches that never come), they go back at once, even while our reduce
+    still runs (its commit will be refused)."""
     keep_s = min(MAX_VISIBILITY_S, 2 * lease_s)
 
     async def renew() -> None:
         while True:
             await asyncio.sleep(lease_s)
             await rt.awake.wait()  # a paused process renews nothing: its batches reappear
+            if owner.lost.is_set():
+                # Counted where the loss is met (after the drain, or by the refused commit).
+                await _let_go(rt, drain, queue, lost=False)
+                return
             await drain.delete_unneeded(rt, queue)
             receipts = list(drain.held.values())
             with contextlib.suppress(BackendError):

@@ -175,11 +175,12 @@ async def sample_records(
     try:
         for k, v in records:
             calls.append((map_record, k, v))
-    except formats.InputError:
-        if not cut:
+    except formats.InputError as exc:
+        # The decoded start ends inside a record (cut: a CSV row, a pairs item), or a
+        # record is past the sample's bound (too_big), which is smaller than a map task's:
+        # the sample holds the whole records before it; a map task decides with its own.
+        if not (cut or exc.too_big):
             raise
-        # The decoded start ends inside a record (a CSV row, a pairs item): the sample
-        # holds the whole records before it.
     return calls
 
 

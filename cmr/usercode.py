@@ -215,6 +215,10 @@ def not_pairs(method: str, returned: Any, exc: BaseException | None = None) -> U
     )
 
 
+class PairTooBig(ValueError):
+    """A pair past what one shuffled pair may take (cmr.wire.MAX_DECODED packed)."""
+
+
 def bad_output(
     method: str, pair: Any, exc: BaseException, source: Any = NOTHING, *, wire: bool = True
 ) -> BaseException:
@@ -229,6 +233,10 @@ def bad_output(
     if not (isinstance(pair, tuple) and len(pair) == 2):
         return bad_pair(pair, method, source)
     key, value = pair
+    if isinstance(exc, PairTooBig):
+        return UserCodeError(
+            f"{method} yielded a pair for key {quote(key)}{location(source)}: {exc}"
+        )
     if isinstance(key, dict):
         return UserCodeError(
             f"{method} yielded a dict as a key: {quote(key)}{location(source)}; keys must be "

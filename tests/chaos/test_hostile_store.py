@@ -47,6 +47,7 @@ from cmr.api import open_backend
 from cmr.backends.base import Backend
 from cmr.records import job_pk
 from cmr.settings import AwsSettings
+from tests.procs import descendants, stopped, vm_hwm_mib
 from tests.stack import remove_test_resources
 
 pytestmark = pytest.mark.usefixtures("aws_stack")
@@ -175,30 +176,6 @@ def names(s: AwsSettings) -> list[str]:
     return ["--bucket", s.bucket, "--table", s.table, "--queue-prefix", s.queue_prefix]
 
 
-def children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def vm_hwm_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def stopped(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-    except OSError:
-        return False
-
-
 @dataclass
 class Worker:
     """One ``cmr worker --job`` process; its and its descendants' peak RSS are sampled."""
@@ -210,11 +187,8 @@ class Worker:
 
     def sample(self) -> None:
         while not self.stop.is_set():
-            todo = [self.proc.pid]
-            while todo:
-                pid = todo.pop()
+            for pid in descendants(self.proc.pid):
                 self.peaks[pid] = max(self.peaks.get(pid, 0.0), vm_hwm_mib(pid))
-                todo.extend(children(pid))
             self.stop.wait(0.02)
 
     def text(self) -> str:

@@ -21,7 +21,7 @@ from cmr.job import JobRef
 from cmr.lifecycle import end, job_scratch, record_submit
 from cmr.plan import Plan, plan_url
 from cmr.pool import cpu_pool
-from cmr.records import JobSpec, JobState, job_pk, new_job_id
+from cmr.records import JobSpec, JobState, job_pk, new_job_id, step_job_id
 from cmr.settings import WorkerSettings
 from cmr.submit import JobOptions
 from cmr.wire import Range
@@ -73,9 +73,28 @@ def test_narrow_inputs_under_keeps_the_scratch_readable() -> None:
     assert adm.refusal(_spec()) is None
     assert _refusal(adm, input_root="s3://cmr-data/in2/")
     assert _refusal(adm, input_root="s3://cmr-data/private/x")
-    # Staged input and a pipeline step's input (the step before's outputs) lie in the scratch.
-    assert adm.refusal(_spec(input_root=f"{SCRATCH}/jobs/x/input/")) is None
-    assert adm.refusal(_spec(input_root=f"{SCRATCH}/jobs/x/out/")) is None
+    # A job's own staged input lies in its own scratch; a pipeline step's input is the
+    # step before's outputs. Another job's scratch (its staged input, its outputs) is not
+    # readable beyond --inputs-under: a table writer could otherwise point a job at them.
+    spec = _spec()
+    own = f"{SCRATCH}/jobs/{spec.job_id}/input/"
+    assert adm.refusal(dataclasses.replace(spec, input_root=own)) is None
+    other = _refusal(adm, input_root=f"{SCRATCH}/jobs/x/input/")
+    assert "its input" in other and "see --inputs-under" in other
+    assert _refusal(adm, input_root=f"{SCRATCH}/jobs/x/out/")
+    step2 = dataclasses.replace(
+        spec,
+        job_id=step_job_id(spec.job_id, 0, 1),
+        pipeline=spec.job_id,
+        step=1,
+        last_step=1,
+        step_partitions=(3, 3),
+        job_steps=2,
+        input_root=f"{SCRATCH}/jobs/{spec.job_id}/out/",
+    )
+    assert adm.refusal(step2) is None, adm.refusal(step2)
+    # ... and not the outputs of a step of another pipeline.
+    assert adm.refusal(dataclasses.replace(step2, input_root=f"{SCRATCH}/jobs/x/out/"))
 
 
 def test_every_root_and_glob_is_checked() -> None:

@@ -22,7 +22,6 @@ import random
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import Executor
 from pathlib import Path
@@ -42,6 +41,7 @@ from cmr.settings import AwsSettings
 from cmr.split import LOOKAHEAD, read_split
 from cmr.testing import chaos_run
 from cmr.wire import Range
+from tests.procs import Peaks
 from tests.stack import remove_test_resources
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,25 +99,24 @@ async def test_a_long_line_stops_at_the_bound_naming_its_byte(tmp_path: Path) ->
 def _run_and_measure(
     args: list[str], cwd: Path, env: dict[str, str] | None = None
 ) -> tuple[int, str, float]:
-    """Run a process to its end (DEADLINE_S); its exit code, stderr and peak RSS (MiB, of
-    it and of every descendant it reaped: ru_maxrss from wait4)."""
+    """Run a process to its end (DEADLINE_S); its exit code, stderr and the largest peak
+    RSS (MiB) of it or any process below it (tests.procs: VmHWM, sampled)."""
     err = cwd / "stderr.txt"
     with err.open("wb") as f:
         proc = subprocess.Popen(
             args, cwd=ROOT, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=f,
         )  # fmt: skip
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return proc.returncode, err.read_text(errors="replace"), usage.ru_maxrss / 1024
-        if time.monotonic() > deadline:
+    with Peaks(proc.pid).sampling() as peaks:
+        try:
+            proc.wait(DEADLINE_S)
+        except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            raise AssertionError(f"{args[3]} did not end on its own: {err.read_text()[-2000:]}")
-        time.sleep(0.05)
+            raise AssertionError(
+                f"{args[3]} did not end on its own: {err.read_text()[-2000:]}"
+            ) from None
+    return proc.returncode, err.read_text(errors="replace"), peaks.most()
 
 
 def test_a_line_with_no_newline_fails_the_job_at_once_within_memory(tmp_path: Path) -> None:

@@ -13,19 +13,14 @@ from typing import Any
 
 import pytest
 
-from cmr.backends.faults import FaultPlan
 from cmr.lifecycle import job_scratch, load_spec
 from cmr.pipeline import CARRIED, next_spec
 from cmr.plan import Plan, plan_url
 from cmr.pool import cpu_pool
 from cmr.records import JobSpec, JobState, job_pk
 from cmr.runtime import Runtime
-from cmr.settings import WorkerSettings
-from cmr.testing import chaos_run
 
-from .corpus import edge_cases
-
-TOPWORDS = "examples/topwords.py"
+from .tampering import topwords_tampered
 
 
 class Forger:
@@ -82,23 +77,10 @@ def pool() -> Iterator[Executor]:
 async def test_a_forged_next_step_fails_the_step_and_is_never_served(
     changes: dict[str, Any], reason: str, pool: Executor, tmp_path: Path
 ) -> None:
-    data = edge_cases(tmp_path / "in")
     forger = Forger(**changes)
-    result = await chaos_run(
-        TOPWORDS,
-        data,
-        tmp_path / "out",
-        seed=1,
-        pool=pool,
-        plan=FaultPlan(seed=1),
-        hooks=[forger],
-        workers=1,
-        reducers=2,
-        split_bytes=4096,
-        clientless=True,
-        timeout_s=90,  # old code hangs here: the step stays publishing, handed to nobody
-        settings=WorkerSettings(processes=1, poll_s=0.1, janitor_s=0.5),
-    )
+    result = await topwords_tampered(
+        tmp_path, pool, forger, 90
+    )  # old code hangs here: the step stays publishing, handed to nobody
     assert forger.forged is not None, "no hand-over reached pipeline.next_made"
     record = result.record
     # The step the pipeline is at is step 1: it never named the forged record as its next.

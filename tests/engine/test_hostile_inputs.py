@@ -223,6 +223,31 @@ class Words(cmr.Job):
 """
 
 
+async def test_total_order_over_wide_json_lines_within_a_tasks_bound_runs(
+    embedded: Backend, tmp_path: Path
+) -> None:
+    """Lines of 300,000 JSON numbers (3.6 MB, past the sample's bound once each value is
+    costed, well within a map task's at the default memory): the sample takes the records
+    it can, the job runs (the sampler's bound refused it at submit, issue 26's review)."""
+    root = tmp_path / "in"
+    root.mkdir()
+    line = b'{"id":%d,"v":[' + b",".join([b"1.5"] * 300_000) + b"]}\n"
+    (root / "wide.jsonl").write_bytes(b"".join(line % i for i in range(3)))
+    (tmp_path / "count.py").write_text(COUNT)
+    out = tmp_path / "out"
+    await run_on(
+        embedded,
+        str(tmp_path / "count.py"),
+        str(root),
+        str(out),
+        input_format="jsonlines",
+        total_order=True,
+        reducers=2,
+    )
+    text = b"".join(p.read_bytes() for p in sorted(out.glob("part-*")))
+    assert text == b"records\t3\n"
+
+
 def test_sampled_keys_of_every_kind_give_ordered_cuts() -> None:
     """Keys a hostile input can make a map yield: NaN, mixed types, huge ints and strings,
     all equal: the cut points are distinct and strictly increasing (sort_key order)."""

@@ -8,7 +8,6 @@ decoders themselves stop a bomb by its ratio, in bounded memory."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import os
@@ -28,17 +27,16 @@ import pytest
 import zstandard
 
 from cmr.backends.base import Backend, Update
-from cmr.backends.faults import FaultPlan
 from cmr.pipeline import current
 from cmr.pool import cpu_pool
 from cmr.records import JobState, job_pk, reduce_sk
 from cmr.runtime import Runtime
-from cmr.settings import AwsSettings, WorkerSettings
-from cmr.testing import chaos_run
+from cmr.settings import AwsSettings
+from tests.procs import descendants, stopped, vm_hwm_mib
 
 from .corpus import edge_cases
+from .tampering import TOPWORDS, topwords_tampered
 
-TOPWORDS = "examples/topwords.py"
 ROOT = Path(__file__).resolve().parent.parent.parent
 REASON = "is not what its commit recorded"
 
@@ -96,23 +94,8 @@ def pool() -> Iterator[Executor]:
 async def test_a_replaced_step_output_fails_the_next_step(
     how: str, pool: Executor, tmp_path: Path
 ) -> None:
-    data = edge_cases(tmp_path / "in")
     tamper = Tamper(how)
-    result = await chaos_run(
-        TOPWORDS,
-        data,
-        tmp_path / "out",
-        seed=1,
-        pool=pool,
-        plan=FaultPlan(seed=1),
-        hooks=[tamper],
-        workers=1,
-        reducers=2,
-        split_bytes=4096,
-        clientless=True,
-        timeout_s=120,
-        settings=WorkerSettings(processes=1, poll_s=0.1, janitor_s=0.5),
-    )
+    result = await topwords_tampered(tmp_path, pool, tamper, 120)
     assert tamper.done, "step 1 never committed"
     record = result.record
     assert record["step"] == 1, record  # step 1 handed over; step 2 refused the part
@@ -130,23 +113,8 @@ async def test_a_replaced_step_output_fails_the_next_step(
 async def test_a_commit_record_without_a_digest_is_refused(pool: Executor, tmp_path: Path) -> None:
     """A commit record of before digests (or a stranger's without one) is malformed: the
     step fails instead of handing over a part nobody can check."""
-    data = edge_cases(tmp_path / "in")
     tamper = Tamper("no_digest")
-    result = await chaos_run(
-        TOPWORDS,
-        data,
-        tmp_path / "out",
-        seed=1,
-        pool=pool,
-        plan=FaultPlan(seed=1),
-        hooks=[tamper],
-        workers=1,
-        reducers=2,
-        split_bytes=4096,
-        clientless=True,
-        timeout_s=120,
-        settings=WorkerSettings(processes=1, poll_s=0.1, janitor_s=0.5),
-    )
+    result = await topwords_tampered(tmp_path, pool, tamper, 120)
     record = result.record
     assert record["step"] == 0 and record["state"] == JobState.FAILED.value, record
     error = str(record["error"])
@@ -200,33 +168,6 @@ MEMORY_MB = 512
 BASE_MIB = 200  # a worker and its pool process, idle: ~90 MiB
 
 
-def _vm_hwm_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        with contextlib.suppress(OSError):
-            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
-    return found
-
-
-def _stopped(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-    except OSError:
-        return False
-
-
 def _attacked_worker(s: AwsSettings, job_id: str, tmp_path: Path) -> dict[int, float]:
     """Run one worker on the job, frozen once step 1 has committed (finalize.begin); then,
     as a stranger with S3 alone, overwrite step 1's committed part 0 with a zstd bomb and
@@ -246,15 +187,15 @@ def _attacked_worker(s: AwsSettings, job_id: str, tmp_path: Path) -> dict[int, f
 
     def sample() -> None:
         while not stop.is_set():
-            for pid in _descendants(proc.pid):
-                peaks[pid] = max(peaks.get(pid, 0.0), _vm_hwm_mib(pid))
+            for pid in descendants(proc.pid):
+                peaks[pid] = max(peaks.get(pid, 0.0), vm_hwm_mib(pid))
             stop.wait(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
         deadline = time.monotonic() + 120
-        while not (_stopped(proc.pid) and "stopping at finalize.begin" in log.read_text()):
+        while not (stopped(proc.pid) and "stopping at finalize.begin" in log.read_text()):
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)

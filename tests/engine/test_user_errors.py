@@ -159,6 +159,13 @@ FAILING = [
         ["J.map raised ZeroDivisionError", "in map", "in helper", "ZeroDivisionError"],
     ),
     (
+        # Past what a reducer takes of one spilled pair: refused where it is made, naming
+        # the key, rather than dropped by the reducer and waited for (issue 26 review).
+        "map yields a pair past 64 MiB packed",
+        "def map(self, k, line):\n    yield 'big', 'x' * (65 * 2**20)\n" + ONE,
+        ["J.map yielded a pair for key 'big' (a str)", "j.py line 5", "past the 67,108,864"],
+    ),
+    (
         "setup raises",
         "def setup(self):\n    raise RuntimeError('no config')\n" + WORDS + ONE,
         ["J.setup raised RuntimeError: no config"],
