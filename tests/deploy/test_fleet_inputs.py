@@ -17,7 +17,8 @@ def test_inputs_under_defaults_to_the_whole_bucket() -> None:
     params = resolve(UpOptions(), NEW)
     assert params["InputsUnder"] == ""  # no --inputs-under reaches the workers
     admission = Admission.of(["cmr.loadgen.job"], [], f"s3://{BUCKET}/cmr")
-    assert admission.inputs == (f"s3://{BUCKET}/", f"s3://{BUCKET}/cmr/")
+    # The scratch is not listed: a job reads only its own (and its step before's outputs).
+    assert admission.inputs == (f"s3://{BUCKET}/",)
 
 
 def test_inputs_under_becomes_a_space_separated_list_kept_on_update() -> None:
