@@ -14,8 +14,9 @@ anything for a job, it holds the record (already type- and range-checked by
 * **Output** only under the prefixes the worker may publish to (``--outputs-under``; by
   default the bucket of its own store).
 * **Input** only from where the worker may read for jobs (``--inputs-under``, by default the
-  bucket of its own store) or its store's scratch (staged input, a pipeline step's input):
-  every root, and every glob's directory before its first glob character. Side files are
+  bucket of its own store), or from the job's own scratch (its staged input) and, for a
+  pipeline's later step, the step before's outputs; never other jobs' scratch: every root,
+  and every glob's directory before its first glob character. Side files are
   checked by ``JobSpec.from_item`` to be the job's own, under the scratch.
 * **Queues** only under its store's queue prefix: a job's queues are created, read and
   deleted by name, and the name is the record's.
@@ -47,7 +48,7 @@ class Admission:
     modules: tuple[str, ...]  # job modules must be one of these, or inside one of them
     outputs: tuple[str, ...]  # URL prefixes, each ending in "/"
     scratch: str  # the store's scratch prefix, without its trailing "/"
-    inputs: tuple[str, ...] = ()  # URL prefixes, each ending in "/" (the scratch always)
+    inputs: tuple[str, ...] = ()  # URL prefixes, each ending in "/" (beside own_scratch)
     queue_prefix: str = AwsSettings.queue_prefix  # the store's
 
     @staticmethod

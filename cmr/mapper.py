@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import secrets
 import stat
@@ -25,7 +24,7 @@ from typing import Any
 import msgpack
 
 from cmr import compute, failures, formats, sidefiles, wire
-from cmr.aio import TaskGroup, first_error
+from cmr.aio import TaskGroup, first_error, sha256_hex
 from cmr.backends.base import Put, Received, item_absent
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, TaskError, WireError
 from cmr.lease import message_lease
@@ -217,9 +216,6 @@ async def _read_or_slice(
     return compute.FileSlice(str(path), r.start, r.end, r.name, _identity(rt, check))
 
 
-VERIFY_IN_THREAD = 1024 * 1024  # bytes past which a sha256 is taken off the event loop
-
-
 async def _read_verified(rt: Runtime, r: wire.Range, check: Check) -> bytes:
     """The whole object ``r`` names, only if it is what the plan says (a pipeline step's
     committed output: its size and sha256, as its commit recorded). Read at most one byte
@@ -237,9 +233,7 @@ async def _read_verified(rt: Runtime, r: wire.Range, check: Check) -> bytes:
         raise _lost_input(r) from None
     except OSError as exc:
         raise _lost_input(r, exc) from None
-    digest = (
-        await asyncio.to_thread(_sha256, data) if len(data) > VERIFY_IN_THREAD else _sha256(data)
-    )
+    digest = await sha256_hex(data)
     if len(data) != check.size or digest != check.sha256:
         got = f"{check.size:,}+" if len(data) > check.size else f"{len(data):,}"
         raise TaskError(
@@ -250,10 +244,6 @@ async def _read_verified(rt: Runtime, r: wire.Range, check: Check) -> bytes:
             "job; a step's outputs are written only by its reducers)"
         )
     return data
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _lost_input(r: wire.Range, exc: OSError | None = None) -> TaskError:
@@ -320,7 +310,7 @@ async def _send_spool(
         # A value too big for one message travels through the blob store instead.
         url = spill_url(spec.scratch, spec.job_id, task, attempt, p, seq)
         spills.append(url)
-        digest = await asyncio.to_thread(lambda: hashlib.sha256(stream).hexdigest())
+        digest = await sha256_hex(stream)
         await blobs.put(url, stream)
         return wire.encode(
             wire.Batch(spec.job_id, task, attempt, p, seq, n, b"", url, digest),

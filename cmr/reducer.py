@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
@@ -30,6 +29,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 from cmr import compute, failures, janitor, sidefiles, wire
+from cmr.aio import sha256_hex
 from cmr.backends.base import Received
 from cmr.claim import Claim, Refusal, claim
 from cmr.errors import BackendError, BlobMissing, QueueGone, TaskError, WireError
@@ -51,12 +51,6 @@ MAX_REFUSALS_KEPT = 64  # refused batches' reasons kept to name in a failure
 # records name do not exist (a table writer raised a count or renamed a winner, or a
 # bucket writer spoiled a spilled batch), and waiting longer would never end the job.
 MISSING_GIVE_UP_LEASES = 6
-
-
-async def _sha256(data: bytes) -> str:
-    if len(data) < 1024 * 1024:
-        return hashlib.sha256(data).hexdigest()
-    return await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
 
 
 class Drain:
@@ -229,7 +223,7 @@ class Drain:
                     rt, m, f"a spilled batch past {wire.MAX_DECODED:,} bytes", tag=batch.tag
                 )
                 return
-            if await _sha256(pairs) != batch.sha256:
+            if await sha256_hex(pairs) != batch.sha256:
                 self._reject(
                     rt,
                     m,
@@ -410,12 +404,15 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
                 owner=owner.owner,
                 token=owner.token,
             )
-        if len(drain.winners) < spec.maps or drain.missing() != missing_before:
-            missing_before, progress_at = drain.missing(), time.monotonic()
+        # One pass over the winners, and only once all are known (it costs what
+        # drain.complete() does, every turn).
+        missing = drain.missing() if len(drain.winners) >= spec.maps else -1
+        if missing < 0 or missing != missing_before:
+            missing_before, progress_at = missing, time.monotonic()
         elif time.monotonic() - progress_at > give_up_s:
             raise TaskError(
                 f"partition {drain.partition}: every map task committed, yet "
-                f"{drain.missing()} of the batches their commits name never arrived in "
+                f"{missing} of the batches their commits name never arrived in "
                 f"{give_up_s} s ({drain.missing_text()}): the commit records and the queue "
                 "disagree (the table or the bucket was written by someone else)"
             )

@@ -25,7 +25,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 from cmr.aio import TaskGroup, first_error
 from cmr.errors import BlobMissing, TaskError, UsageError, WireError
@@ -285,11 +285,16 @@ async def _download(blobs: Blobs, f: SideFile, part: str) -> tuple[int, str]:
                 ) from None
             if got + len(piece) > f.size:
                 return f.size + 1, ""  # larger than submitted: its extra byte is not kept
-            await asyncio.to_thread(out.write, piece)
-            h.update(piece)
+            # Written and hashed in a thread: a piece is up to 8 MiB, ~5 ms of sha256.
+            await asyncio.to_thread(_write_hashed, out, h, piece)
             got += len(piece)
             if len(piece) < want:
                 return got, h.hexdigest()
+
+
+def _write_hashed(out: BinaryIO, h: Any, piece: bytes) -> None:
+    out.write(piece)
+    h.update(piece)
 
 
 def forget(cache: dict[str, asyncio.Future[str]], spool_dir: str, job_id: str) -> None:

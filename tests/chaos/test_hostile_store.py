@@ -29,7 +29,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
@@ -47,7 +46,7 @@ from cmr.api import open_backend
 from cmr.backends.base import Backend
 from cmr.records import job_pk
 from cmr.settings import AwsSettings
-from tests.procs import descendants, stopped, vm_hwm_mib
+from tests.procs import Peaks, stopped
 from tests.stack import remove_test_resources
 
 pytestmark = pytest.mark.usefixtures("aws_stack")
@@ -182,14 +181,7 @@ class Worker:
 
     proc: subprocess.Popen[bytes]
     log: Path
-    peaks: dict[int, float] = field(default_factory=dict)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def sample(self) -> None:
-        while not self.stop.is_set():
-            for pid in descendants(self.proc.pid):
-                self.peaks[pid] = max(self.peaks.get(pid, 0.0), vm_hwm_mib(pid))
-            self.stop.wait(0.02)
+    peaks: Peaks
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -213,13 +205,9 @@ class Worker:
             raise AssertionError(
                 f"the worker did not end on its own:\n{self.text()[-3000:]}"
             ) from None
-        finally:
-            self.stop.set()
 
     def peak_mib(self) -> float:
-        # VmHWM, not wait4's ru_maxrss: a child's ru_maxrss starts at what the forking
-        # process (pytest, ~200 MiB) held, and keeps that across exec.
-        return max(self.peaks.values(), default=0.0)
+        return self.peaks.most()
 
 
 @contextlib.contextmanager
@@ -236,21 +224,20 @@ def worker(s: AwsSettings, job_id: str, logs: Path, jobs: Path, at: str | None) 
             env={**os.environ, **({"CMR_STOP_AT": at} if at else {})},
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
-    w = Worker(proc, log)
-    sampler = threading.Thread(target=w.sample, name="rss-sampler", daemon=True)
-    sampler.start()
+    w = Worker(proc, log, Peaks(proc.pid))
     try:
-        yield w
+        with w.peaks.sampling():
+            try:
+                yield w
+            finally:
+                if proc.poll() is None and proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(signal.SIGCONT)
+                        proc.kill()
+                    with contextlib.suppress(ChildProcessError):
+                        proc.wait(30)
     finally:
-        if proc.poll() is None and proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGCONT)
-                proc.kill()
-            with contextlib.suppress(ChildProcessError):
-                proc.wait(30)
-        w.stop.set()
-        sampler.join()
-        for pid in w.peaks:  # a pool process the killed worker left behind
+        for pid in w.peaks.by_pid:  # a pool process the killed worker left behind
             if pid != proc.pid and b"multiprocessing" in _cmdline(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -569,7 +556,7 @@ async def test_a_stranger_writing_the_bucket_or_the_table(
     print(f"{name}: {adversary.did}; worker exit {code}; peak RSS {w.peak_mib():.0f} MiB")
     print(log[-4000:])
     assert adversary.did, "the attack never happened"
-    assert w.peak_mib() < MEMORY_MB + BASE_MIB, (w.peak_mib(), w.peaks)
+    assert w.peak_mib() < MEMORY_MB + BASE_MIB, (w.peak_mib(), w.peaks.by_pid)
     last = job_id + "-s2" if attack.job == "topwords" else job_id
     record = await be.table.get(job_pk(last), "job") or await be.table.get(job_pk(job_id), "job")
     assert record is not None

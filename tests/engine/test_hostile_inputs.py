@@ -42,15 +42,12 @@ class Count(cmr.Job):
 # A job run in a fresh interpreter on the embedded backend: its error and peak RSS (its own
 # VmHWM, and its pool's, in MiB) as JSON on stdout.
 RUNNER = """
-import asyncio, json, resource, sys
+import asyncio, json, os, resource, sys
 from cmr.api import open_backend, run_on
 from cmr.errors import CmrError
 from cmr.settings import AwsSettings, WorkerSettings
 
-def hwm():  # this process's own peak: ru_maxrss would carry its parent's over exec
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
+from tests.procs import vm_hwm_mib  # this process's own peak (ru_maxrss: its parent's)
 
 async def main(job, root, out, fmt, total_order):
     error = ""
@@ -62,7 +59,7 @@ async def main(job, root, out, fmt, total_order):
         except CmrError as exc:
             error = f"{type(exc).__name__}: {exc}"
     pool = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(json.dumps({"error": error, "self": hwm(), "pool": pool}))
+    print(json.dumps({"error": error, "self": vm_hwm_mib(os.getpid()), "pool": pool}))
 
 asyncio.run(main(*sys.argv[1:5], sys.argv[5] == "1"))
 """
@@ -167,24 +164,21 @@ def test_json_and_csv_records_within_the_bound_read_as_before() -> None:
 
 
 SAMPLER = """
-import asyncio, json, sys
+import asyncio, json, os, sys
 from pathlib import Path
 from cmr import sampling
 from cmr.api import job_ref, open_backend
 from cmr.settings import AwsSettings
 from cmr.wire import Range
 
-def hwm():  # this process's own peak: ru_maxrss would carry its parent's over exec
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
+from tests.procs import vm_hwm_mib  # this process's own peak (ru_maxrss: its parent's)
 
 async def main(job, path):
     size = Path(path).stat().st_size
     async with open_backend("embedded", AwsSettings()) as be:
         ranges = [[Range("file://" + path, 0, size, "big.zst")]]
         cuts = await sampling.cut_points(be.blobs, job_ref(job), {}, "", ranges, 4, 600)
-    print(json.dumps({"cuts": list(cuts), "peak": hwm()}))
+    print(json.dumps({"cuts": list(cuts), "peak": vm_hwm_mib(os.getpid())}))
 
 asyncio.run(main(*sys.argv[1:3]))
 """

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Executor
@@ -32,7 +31,7 @@ from cmr.pool import cpu_pool
 from cmr.records import JobState, job_pk, reduce_sk
 from cmr.runtime import Runtime
 from cmr.settings import AwsSettings
-from tests.procs import descendants, stopped, vm_hwm_mib
+from tests.procs import Peaks, stopped
 
 from .corpus import edge_cases
 from .tampering import TOPWORDS, topwords_tampered
@@ -125,8 +124,9 @@ async def test_a_commit_record_without_a_digest_is_refused(pool: Executor, tmp_p
 # --- the decoder alone: a bomb whose digest would match ---------------------------------
 
 DECODER = """
-import json, sys
+import json, os, sys
 from cmr import formats
+from tests.procs import vm_hwm_mib
 bomb = open(sys.argv[1], "rb").read()
 chunk = formats.Chunk("part-00000", bomb, formats.sniff(bomb[:512]))
 n, error = 0, ""
@@ -135,8 +135,7 @@ try:
         n += 1
 except formats.InputError as exc:
     error = str(exc)
-# VmHWM: this process's own peak (ru_maxrss would carry pytest's over exec).
-rss = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:")) / 1024
+rss = vm_hwm_mib(os.getpid())  # its own peak (ru_maxrss would carry pytest's over exec)
 print(json.dumps({"pairs": n, "error": error, "rss_mib": rss}))
 """
 
@@ -183,41 +182,26 @@ def _attacked_worker(s: AwsSettings, job_id: str, tmp_path: Path) -> dict[int, f
             env={**os.environ, "CMR_STOP_AT": "finalize.begin"},
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
         )  # fmt: skip
-    peaks: dict[int, float] = {}
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            for pid in descendants(proc.pid):
-                peaks[pid] = max(peaks.get(pid, 0.0), vm_hwm_mib(pid))
-            stop.wait(0.02)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    peaks = Peaks(proc.pid)
     try:
-        deadline = time.monotonic() + 120
-        while not (stopped(proc.pid) and "stopping at finalize.begin" in log.read_text()):
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
-        s3 = boto3.client("s3")
-        listed = s3.list_objects_v2(Bucket=s.bucket, Prefix=f"cmr/jobs/{job_id}/out/p00000-")
-        keys = [o["Key"] for o in listed.get("Contents", [])]
-        assert len(keys) == 1, keys
-        s3.put_object(Bucket=s.bucket, Key=keys[0], Body=pairs_bomb(1024**3))
-        proc.send_signal(signal.SIGCONT)
-        deadline = time.monotonic() + 240
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                proc.returncode = os.waitstatus_to_exitcode(status)
-                peaks[-1] = usage.ru_maxrss / 1024  # it and the pool it reaped
-                return peaks
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
+        with peaks.sampling():
+            deadline = time.monotonic() + 120
+            while not (stopped(proc.pid) and "stopping at finalize.begin" in log.read_text()):
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.05)
+            s3 = boto3.client("s3")
+            listed = s3.list_objects_v2(Bucket=s.bucket, Prefix=f"cmr/jobs/{job_id}/out/p00000-")
+            keys = [o["Key"] for o in listed.get("Contents", [])]
+            assert len(keys) == 1, keys
+            s3.put_object(Bucket=s.bucket, Key=keys[0], Body=pairs_bomb(1024**3))
+            proc.send_signal(signal.SIGCONT)
+            try:
+                proc.wait(240)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(log.read_text()[-3000:]) from None
+        return peaks.by_pid
     finally:
-        stop.set()
-        sampler.join()
         if proc.returncode is None:
             proc.kill()
             proc.wait()
