@@ -287,7 +287,8 @@ class MeteredTable:
 def metered(be: Backend) -> tuple[Backend, Meter]:
     meter = Meter()
     q, t = MeteredQueues(be.queues, meter), MeteredTable(be.table, meter)
-    return Backend(be.name, q, be.blobs, t, be.scratch), meter  # type: ignore[arg-type]
+    out = Backend(be.name, q, be.blobs, t, be.scratch, local_blobs=be.local_blobs)  # type: ignore[arg-type]
+    return out, meter
 
 
 # --------------------------------------------------------------------------- prices
@@ -708,22 +709,16 @@ def main() -> int:
     if args.markdown:
         args.markdown.write_text(header + text)
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                    "command": " ".join(sys.argv),
-                    "cores": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "load_average_start": load,
-                    "configs": {k: asdict(v) for k, v in CONFIGS.items()},
-                    "staging": staged,
-                    "rows": [asdict(r) for r in rows],
-                    "idle": probes,
-                },
-                indent=2,
-            )
-            + "\n"
+        wc.write_results(
+            args.json,
+            {
+                "load_average_start": load,
+                "configs": {k: asdict(v) for k, v in CONFIGS.items()},
+                "staging": staged,
+                "rows": [asdict(r) for r in rows],
+                "idle": probes,
+            },
+            date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         )
     if any(r.exact is False for r in rows):
         return 1

@@ -3,7 +3,7 @@ over VALUES values of one key, with a combiner that drops duplicates (DISTINCT o
 
     PYTHONPATH=. .venv/bin/python benchmarks/combine_dedup.py [--values 200000] [--distinct 1000]
 
-Runs cmr.compute's map and reduce halves in this process (no backend, no queues): the time
+Runs cmr.cpu's map and reduce halves in this process (no backend, no queues): the time
 is the combining's. Before combine was made linear (issue 13) a key past 64 values was
 re-combined for every value added, so this took time quadratic in --values.
 """
@@ -18,7 +18,9 @@ from pathlib import Path
 
 import msgpack
 
-from cmr import compute
+from cmr.cpu.mapping import run_map
+from cmr.cpu.reducing import run_reduce
+from cmr.cpu.specs import MapSpec, ReduceSpec
 from cmr.job import JobRef
 from tests.engine.test_combine_linear import DEDUP as JOB  # the test's job, one copy
 
@@ -33,9 +35,9 @@ def main() -> None:
         job.write_text(JOB.format(distinct=args.distinct))
         ref = JobRef.parse(str(job))
         data = "".join(f"{i}\n" for i in range(args.values)).encode()
-        spec = compute.MapSpec("20260101-000000-00000000000000cc", 0, "a1", 1, 256 * 1024, d)
+        spec = MapSpec("20260101-000000-00000000000000cc", 0, "a1", 1, 256 * 1024, d)
         t = time.perf_counter()
-        mapped = compute.run_map(ref, {}, [("in.txt", data)], spec)
+        mapped = run_map(ref, {}, [("in.txt", data)], spec)
         map_s = time.perf_counter() - t
         assert not mapped.error, mapped.error
         os.unlink(mapped.spool)
@@ -45,8 +47,8 @@ def main() -> None:
             b"".join(packer.pack(("k", i % args.distinct)) for i in range(args.values))
         )
         t = time.perf_counter()
-        reduced = compute.run_reduce(
-            spec.job, ref, {}, [str(spool)], str(Path(d, "out")), 1 << 30, d
+        reduced = run_reduce(
+            ref, {}, [str(spool)], ReduceSpec(spec.job, str(Path(d, "out")), 1 << 30, d)
         )
         reduce_s = time.perf_counter() - t
         assert not reduced.error, reduced.error

@@ -20,7 +20,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import random
 import resource
 import shutil
@@ -45,11 +44,12 @@ from cmr.api import run_on
 from cmr.backends.base import Backend
 from cmr.backends.embedded import EmbeddedQueues, embedded_backend
 from cmr.backends.retry import with_retries
+from cmr.cpu.specs import REDUCE_MEMORY_MIN
 from cmr.settings import WorkerSettings
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from wordcount import line_pool  # noqa: E402  (benchmarks/ is not a package)
+from wordcount import line_pool, write_results  # noqa: E402  (benchmarks/ is not a package)
 
 REPO = HERE.parent
 JOB = f"{REPO / 'examples' / 'wordcount.py'}:WordCount"
@@ -57,7 +57,7 @@ MB = 1_000_000
 MIB = 1 << 20
 FILES = 8
 SAMPLE_S = 0.05
-REDUCE_FLOOR = 64 * 1024  # cmr.reducer's smallest budget: --memory-mb 0 means this
+REDUCE_FLOOR = REDUCE_MEMORY_MIN  # a reducer's smallest budget: --memory-mb 0 means this
 console = Console(width=None if sys.stdout.isatty() else 200)
 
 
@@ -133,6 +133,14 @@ def compare(want: Counter[str], parts: Sequence[str], show: int = 5) -> list[str
     if wrong or missing:
         return [f"{wrong} words wrong, {missing} missing", *bad[: 2 * show]]
     return []
+
+
+def exit_status(rows: Sequence[Any]) -> int:
+    """1, said in red, when any row's output differs from the reference; else 0."""
+    if any(r.exact is False for r in rows):
+        console.print("[bold red]cmr output differs from the reference[/]")
+        return 1
+    return 0
 
 
 # ------------------------------------------------------------------------------- fit
@@ -401,20 +409,23 @@ class Replay:
 
 def replay_main(args: argparse.Namespace) -> int:
     """``--replay DIR``: one partition's spools (see MeasuredQueues) through
-    ``compute.run_reduce`` in this fresh process, as a reducer runs them; prints a Replay."""
-    from cmr import compute
+    ``run_reduce`` in this fresh process, as a reducer runs them; prints a Replay."""
+    from cmr.cpu.instances import job_instance
+    from cmr.cpu.reducing import run_reduce
+    from cmr.cpu.specs import ReduceSpec
     from cmr.job import JobRef
 
     ref = JobRef.parse(JOB)
-    compute.job_instance("growth", ref, {})
+    job_instance("growth", ref, {})
     spools = sorted(str(p) for p in args.replay.iterdir())
     budget = max(REDUCE_FLOOR, args.memory_mb * MIB)
     work = tempfile.mkdtemp(prefix="cmr-replay-")
+    spec = ReduceSpec("growth", os.path.join(work, "out"), budget, work)
     try:
         baseline = _status(os.getpid()).get("VmHWM", 0)
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
         started = time.perf_counter()
-        r = compute.run_reduce("growth", ref, {}, spools, os.path.join(work, "out"), budget, work)
+        r = run_reduce(ref, {}, spools, spec)
         seconds = time.perf_counter() - started
         peak = _status(os.getpid()).get("VmHWM", 0)
     finally:
@@ -498,7 +509,7 @@ def measure(
     out_root: Path = HERE / "out",
 ) -> Row:
     files = input_files(path)
-    budget = max(REDUCE_FLOOR, memory_mb * MIB)  # as cmr.reducer hands it to run_reduce
+    budget = max(REDUCE_FLOOR, memory_mb * MIB)  # as ReduceSpec.of makes it
     row = Row(sum(f.stat().st_size for f in files) / MB, len(files), budget_bytes=budget)
     out = out_root / f"{path.name}-growth"
     cpus: list[float] = []
@@ -686,29 +697,19 @@ def main() -> int:
         )
     console.print(f"load average: before {load_before}, after {load_after}")
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                    "command": " ".join(sys.argv),
-                    "cores": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "memory_mb": args.memory_mb,
-                    "unique_per_line": args.unique,
-                    "split_mb": args.split_mb,
-                    "load_average_before": load_before,
-                    "load_average_after": load_after,
-                    "rows": [asdict(r) for r in rows],
-                    "summary": summ,
-                },
-                indent=2,
-            )
-            + "\n"
+        write_results(
+            args.json,
+            {
+                "memory_mb": args.memory_mb,
+                "unique_per_line": args.unique,
+                "split_mb": args.split_mb,
+                "load_average_before": load_before,
+                "load_average_after": load_after,
+                "rows": [asdict(r) for r in rows],
+                "summary": summ,
+            },
         )
-    if any(r.exact is False for r in rows):
-        console.print("[bold red]cmr output differs from the reference[/]")
-        return 1
-    return 0
+    return exit_status(rows)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 DynamoDB (moto's server, an emulator: its figures are never DynamoDB's), next to a plain
 100-thread boto3 driver (the seeds' method), measured in the same run.
 
+    scripts/setup.sh loadgen                # the load generator's extra (dev has it too)
     eval "$(scripts/stack.sh env)"
     .venv/bin/python benchmarks/loadgen_ddb.py [--duration 15] [--repeat 3] [--items 1000]
         [--threads 100] [--json out.json]

@@ -24,7 +24,8 @@ MIB = 1024 * 1024
 
 
 def one(mib: int) -> None:
-    from cmr.backends.embedded import EmbeddedBlobs, file_url
+    from cmr.backends.embedded import EmbeddedBlobs
+    from cmr.fileurls import file_url
     from cmr.split import read_split
     from cmr.wire import Range
 

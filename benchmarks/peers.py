@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import os
 import re
@@ -258,6 +259,17 @@ def ensure_venv(
         return f"{peer.requirements.relative_to(HERE.parent)} is missing", 0.0
     if venv_ready(peer):
         return None, 0.0
+    # One builder at a time (parallel test workers, two benchmarks started together): the
+    # others wait on the lock, then find the venv it built instead of removing it mid-build.
+    peer.venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(peer.venv.parent / f".{peer.venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if venv_ready(peer):
+            return None, 0.0
+        return _build_venv(peer, on_build)
+
+
+def _build_venv(peer: Peer, on_build: Callable[[str], None] | None) -> tuple[str | None, float]:
     digest = requirements_hash(peer)
     uv = uv_command()
     if uv is None:

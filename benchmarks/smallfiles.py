@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import random
 import resource
 import sys
@@ -34,8 +32,8 @@ from cmr.api import run_async
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from growth import compare, count_words  # noqa: E402  (benchmarks/ is not a package)
-from wordcount import line_pool  # noqa: E402
+from growth import compare, count_words, exit_status  # noqa: E402  (benchmarks/ is not a package)
+from wordcount import line_pool, write_results  # noqa: E402
 
 JOB = f"{HERE.parent / 'examples' / 'wordcount.py'}:WordCount"
 MB = 1_000_000
@@ -164,29 +162,19 @@ def main() -> int:
     )
     console.print(f"load average: before {load_before}, after {load_after}")
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                    "command": " ".join(sys.argv),
-                    "cores": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "load_average_before": load_before,
-                    "load_average_after": load_after,
-                    "rows": [asdict(r) for r in rows],
-                    "ratio": ratio,
-                    "cpu_ratio": cpu_ratio,
-                    "goal": GOAL,
-                    "met": met,
-                },
-                indent=2,
-            )
-            + "\n"
+        write_results(
+            args.json,
+            {
+                "load_average_before": load_before,
+                "load_average_after": load_after,
+                "rows": [asdict(r) for r in rows],
+                "ratio": ratio,
+                "cpu_ratio": cpu_ratio,
+                "goal": GOAL,
+                "met": met,
+            },
         )
-    if any(r.exact is False for r in rows):
-        console.print("[bold red]cmr output differs from the reference[/]")
-        return 1
-    return 0
+    return exit_status(rows)
 
 
 if __name__ == "__main__":

@@ -1,37 +1,46 @@
 """cmr next to Hadoop 3.4.2 (local mode, one JVM), in one sitting: word count, many small
-files, TeraSort. Each cmr figure sits next to Hadoop's, with peak memory.
+files, word count on real text and on many small files of it, TeraSort. Each cmr figure
+sits next to Hadoop's, with peak memory.
 
-    .venv/bin/python benchmarks/vs_hadoop.py [--scale 1] [--only wordcount,smallfiles,terasort]
+    .venv/bin/python benchmarks/vs_hadoop.py [--scale 1]
+        [--only wordcount,smallfiles,realtext,realsmallfiles,terasort]
         [--workers N] [--reducers 4] [--json benchmarks/results-vs-hadoop.json]
     .venv/bin/python benchmarks/vs_hadoop.py --scale 0.01      # smoke: under a minute
 
 At ``--scale 1``: word count over 200 MB (word count's seeded corpus), 20,000 small files
 holding 100 MB (the small files benchmark's corpus; Hadoop reads them with TextInputFormat,
-a map task per file, and with CombineTextInputFormat), and TeraSort of 20,000,000 TeraGen
-records (2 GB). Sizes and file counts are multiplied by ``--scale``.
+a map task per file, and with CombineTextInputFormat), word count over 200 MB of real text
+and over 4,000 small files holding 80 MB of it (benchmarks/realtext.py: this machine's
+docs, man pages and Python sources, with far more distinct words than the seeded corpus),
+and TeraSort of 20,000,000 TeraGen records (2 GB). Sizes and file counts are multiplied by
+``--scale``.
 
-Checks: cmr's word counts equal the hand-written baseline's word for word (as in
-benchmarks/wordcount.py). Hadoop's WordCount splits words with Java's StringTokenizer
-(``" \\t\\n\\r\\f"``), not Python's ``str.split()``, so its words differ on the corpus's
-Unicode spaces; its check is the total: the sum of its counts equals the number of tokens
-that tokenizer finds in the bytes. TeraSort: TeraValidate passes (one checksum line, no
-error) and its checksum (the sum of the records' CRC-32s) equals the input's, so no record
-was lost or doubled; cmr's output is validated the same way (benchmarks/hadoop.py's
-``validate_cmr_output``). The cmr side of TeraSort is ``examples/terasort.py``; without it
-the row says "not available".
+Every word count also runs a hand-written two-process ``Counter`` (``counter_run``): the
+input's bytes in two halves, cut at line ends; this process counts one while a forked one
+counts the other, each ``Counter(data.decode("utf-8", "replace").split())`` (cmr's words);
+the other's counts come back pickled, are added to these, and written as cmr writes them
+(``word\\tcount`` lines in key order), so both rows end with the counts on disk.
+
+Checks: cmr's word counts, and the two-process Counter's, equal the hand-written baseline's
+word for word (as in benchmarks/wordcount.py). Hadoop's WordCount splits words with Java's
+StringTokenizer (``" \\t\\n\\r\\f"``), not Python's ``str.split()``, so its words differ
+on the corpus's Unicode spaces; its check is the total: the sum of its counts equals the
+number of tokens that tokenizer finds in the bytes. TeraSort: TeraValidate passes (one
+checksum line, no error) and its checksum (the sum of the records' CRC-32s) equals the
+input's, so no record was lost or doubled; cmr's output is validated the same way
+(benchmarks/hadoop.py's ``validate_cmr_output``). The cmr side of TeraSort is
+``examples/terasort.py``; without it the row says "not available".
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
+import multiprocessing
 import os
-import platform
 import shutil
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -41,10 +50,11 @@ from typing import Any
 import cmr
 
 if __package__:  # imported as benchmarks.vs_hadoop (the tests)
-    from benchmarks import hadoop, peers, smallfiles, wordcount
+    from benchmarks import hadoop, peers, realtext, smallfiles, wordcount
 else:  # run as a script: benchmarks/ is on sys.path
     import hadoop  # type: ignore[no-redef]
     import peers  # type: ignore[no-redef]
+    import realtext  # type: ignore[no-redef]
     import smallfiles  # type: ignore[no-redef]
     import wordcount  # type: ignore[no-redef]
 
@@ -145,20 +155,89 @@ def hadoop_words(row: Row, out: Path, want_total: int) -> None:
     row.check = f"{total} words in all" + (" = tokenizer's" if row.ok else f", not {want_total}")
 
 
+# ------------------------------------------------------------- the two-process Counter
+
+Ranges = list[tuple[str, int, int]]
+COUNTER_RANGE = 1 << 20  # bytes read and counted at a time (cut at line ends)
+
+
+def halves(files: list[Path]) -> tuple[Ranges, Ranges]:
+    """The files' bytes as two lists of line-aligned ranges holding about half each (within
+    a range's size), the files in order."""
+    ranges = [r for p in files for r in wordcount.line_ranges(p, COUNTER_RANGE)]
+    total = sum(b - a for _, a, b in ranges)
+    held = 0
+    for i, (_, a, b) in enumerate(ranges):
+        if held + (b - a) / 2 >= total / 2:
+            return ranges[:i], ranges[i:]
+        held += b - a
+    return ranges, []
+
+
+def count_ranges(ranges: Ranges) -> Counter[str]:
+    """cmr's words of these ranges, counted. A range ends at a line end, and b"\\n" never
+    occurs inside a UTF-8 sequence: decoding range by range equals decoding the whole."""
+    counts: Counter[str] = Counter()
+    for name, start, end in ranges:
+        with open(name, "rb") as f:
+            f.seek(start)
+            counts.update(f.read(end - start).decode("utf-8", "replace").split())
+    return counts
+
+
+def counter_run(files: list[Path], out: Path) -> Path:
+    """The hand-written two-process word count (see the module docstring); its output
+    file."""
+    first, second = halves(files)
+    with multiprocessing.Pool(1) as pool:
+        theirs = pool.apply_async(count_ranges, (second,))
+        counts = count_ranges(first)
+        counts.update(theirs.get())
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    part = out / "part-00000"
+    part.write_bytes("".join(f"{w}\t{n}\n" for w, n in sorted(counts.items())).encode())
+    return part
+
+
+def counter_row(task: str, files: list[Path], out: Path, want: Counter[str]) -> Row:
+    row = Row(task, "Python Counter x2")
+    settle()
+    with peers.PeakRss(os.getpid()) as peak:
+        part, wall, cpu = wordcount.timed(counter_run, files, out)
+    row.seconds, row.cpu_s, row.peak_mb, row.start_mb = wall, cpu, peak.mb, peak.first / MB
+    diff = wordcount.differences(want, wordcount.read_parts([str(part)]))
+    row.ok, row.check = (False, diff[0]) if diff else (True, f"{len(want)} distinct words")
+    row.note = "2 processes, Counter(text.split()) each, merged, written sorted"
+    return row
+
+
 # --------------------------------------------------------------------------------- tasks
 
 
 def word_count(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> None:
     path = wordcount.corpus(args.wordcount_mb * args.scale, args.seed).resolve()
+    one_corpus("word count", path, args.out / "wordcount", args, env, rows)
+
+
+def real_text(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> None:
+    path = realtext.corpus(args.realtext_mb * args.scale, args.seed).resolve()
+    one_corpus("real text", path, args.out / "realtext", args, env, rows)
+
+
+def one_corpus(
+    name: str, path: Path, out: Path, args: argparse.Namespace, env: hadoop.Env, rows: list[Row]
+) -> None:
+    """Word count of a corpus of a few big files: cmr, the two-process Counter, Hadoop."""
     files = sorted(p for p in path.rglob("*") if p.is_file())
     mb = sum(p.stat().st_size for p in files) / MB
-    task = f"word count {mb:.1f} MB, {len(files)} files"
+    task = f"{name} {mb:.1f} MB, {len(files)} files"
     want = wordcount.baseline(files)
-    out = args.out / "wordcount"
     rows.append(
         cmr_row(task, WORDCOUNT_JOB, path, out / "cmr", counts_check(want),
                 reducers=args.reducers, timeout=args.timeout)
     )  # fmt: skip
+    rows.append(counter_row(task, files, out / "counter", want))
     settle()
     ran = hadoop.wordcount(path, out / "hadoop", env, reducers=args.reducers)
     rows.append(hadoop_row(task, ran, "WordCount example, TextInputFormat"))
@@ -167,18 +246,31 @@ def word_count(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> No
 
 def small_files(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> None:
     count = max(2, round(args.smallfiles * args.scale))
-    size_mb = args.smallfiles_mb * args.scale
-    _, many = smallfiles.corpora(size_mb, count, args.seed)
+    _, many = smallfiles.corpora(args.smallfiles_mb * args.scale, count, args.seed)
+    many_files("small files", many, args.out / "smallfiles", args, env, rows)
+
+
+def real_small_files(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> None:
+    count = max(2, round(args.realsmallfiles * args.scale))
+    many = realtext.small_files(args.realsmallfiles_mb * args.scale, count, args.seed)
+    many_files("small files of real text", many, args.out / "realsmallfiles", args, env, rows)
+
+
+def many_files(
+    name: str, many: Path, out: Path, args: argparse.Namespace, env: hadoop.Env, rows: list[Row]
+) -> None:
+    """Word count of many small files: cmr, the two-process Counter, and Hadoop with a map
+    task per file (TextInputFormat) and with files combined into splits."""
     files = sorted(p for p in many.rglob("*") if p.is_file())
     total = sum(p.stat().st_size for p in files)
-    task = f"{len(files)} small files, {total / MB:.1f} MB"
+    task = f"{len(files)} {name}, {total / MB:.1f} MB"
     want = wordcount.baseline(files)
     want_total = tokenizer_total(files)
-    out = args.out / "smallfiles"
     rows.append(
         cmr_row(task, WORDCOUNT_JOB, many, out / "cmr", counts_check(want),
                 reducers=args.reducers, timeout=args.timeout)
     )  # fmt: skip
+    rows.append(counter_row(task, files, out / "counter", want))
     settle()
     ran = hadoop.wordcount(many, out / "hadoop-text", env, reducers=args.reducers)
     rows.append(hadoop_row(task, ran, "WordCount, TextInputFormat (a map task per file)"))
@@ -245,7 +337,13 @@ def tera_sort(args: argparse.Namespace, env: hadoop.Env, rows: list[Row]) -> Non
         rows[-1].ok, rows[-1].check = verdict(*hadoop.teravalidate(out / "hadoop", check_env))
 
 
-TASKS = {"wordcount": word_count, "smallfiles": small_files, "terasort": tera_sort}
+TASKS = {
+    "wordcount": word_count,
+    "smallfiles": small_files,
+    "realtext": real_text,
+    "realsmallfiles": real_small_files,
+    "terasort": tera_sort,
+}
 
 
 # -------------------------------------------------------------------------------- report
@@ -284,6 +382,9 @@ def main() -> int:
     ap.add_argument("--wordcount-mb", type=float, default=200)
     ap.add_argument("--smallfiles", type=int, default=20_000, help="number of small files")
     ap.add_argument("--smallfiles-mb", type=float, default=100)
+    ap.add_argument("--realtext-mb", type=float, default=200, help="real text (realtext.py)")
+    ap.add_argument("--realsmallfiles", type=int, default=4000, help="small files of real text")
+    ap.add_argument("--realsmallfiles-mb", type=float, default=80)
     ap.add_argument("--terasort-rows", type=int, default=20_000_000)
     ap.add_argument("--combine-max-split", type=int, help="bytes; default input / workers")
     ap.add_argument("--reducers", type=int, default=4, help="for cmr and Hadoop alike")
@@ -317,10 +418,6 @@ def main() -> int:
     print(markdown(rows))
     if args.json:
         doc: dict[str, Any] = {
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "command": " ".join(sys.argv),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
             "java": java_version(),
             "hadoop": hadoop.VERSION,
             "hadoop_jars_sha256": hadoop_install.jars_sha256,
@@ -330,7 +427,7 @@ def main() -> int:
             "scale": args.scale,
             "rows": [asdict(r) for r in rows],
         }
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        wordcount.write_results(args.json, doc)
     if any(r.ok is False for r in rows):
         return 1
     return 2 if any(r.note.startswith("failed") for r in rows) else 0

@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import itertools
 import json
 import multiprocessing
 import os
 import platform
 import random
 import resource
+import runpy
 import shutil
 import string
 import subprocess
@@ -53,6 +53,12 @@ else:  # run as a script: benchmarks/ is on sys.path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 JOB = f"{REPO / 'examples' / 'wordcount.py'}:WordCount"
+
+# The line-aligned byte-range cutter of the peers that read ranges themselves, for the
+# baseline here too: benchmarks/peers/byte_ranges.py (standard library only, so it runs in
+# their venvs). Loaded from its file: benchmarks/peers/ holds scripts, not a package (the
+# module named peers is benchmarks/peers.py).
+line_ranges = runpy.run_path(str(HERE / "peers" / "byte_ranges.py"))["line_ranges"]
 MB = 1_000_000
 FILES = 8
 SERVICES = ("sqs", "s3", "dynamodb")
@@ -121,33 +127,18 @@ def corpus(size_mb: float, seed: int, root: Path = HERE / "data") -> Path:
         if i == FILES - 1:
             data = data.rstrip(b"\n")  # the last file ends without a newline
         (tmp / f"part-{i:03d}.txt").write_bytes(data)
-    tmp.rename(path)  # atomic: a half-written corpus is never reused
+    try:
+        tmp.rename(path)  # atomic: a half-written corpus is never reused
+    except OSError:
+        if not path.is_dir():
+            raise
+        shutil.rmtree(tmp)  # another process made the same (seeded) corpus first: use it
+        return path
     console.print(f"generated {path} in {time.monotonic() - started:.1f}s")
     return path
 
 
 # ---------------------------------------------------------------------------- baseline
-
-
-def line_ranges(path: Path, chunk: int) -> list[tuple[str, int, int]]:
-    """Byte ranges of about ``chunk`` bytes covering the file, each ending after a b"\\n"."""
-    size = path.stat().st_size
-    cuts = [0]
-    with path.open("rb") as f:
-        pos = chunk
-        while pos < size:
-            f.seek(pos)
-            while (block := f.read(1 << 16)) and b"\n" not in block:
-                pos += len(block)
-            if not block:
-                break
-            pos += block.index(b"\n") + 1
-            if pos >= size:
-                break
-            cuts.append(pos)
-            pos += chunk
-    cuts.append(size)
-    return [(str(path), a, b) for a, b in itertools.pairwise(cuts) if b > a]
 
 
 def count_range(task: tuple[str, int, int]) -> Counter[str]:
@@ -420,6 +411,19 @@ def table(rows: list[Row], title: str) -> Table:
     return t
 
 
+def write_results(path: Path, fields: dict[str, Any], *, date: str | None = None) -> None:
+    """A benchmark's results JSON: when (``date``, else local time) and how it was run, on
+    how many cores and which Python, then its own ``fields``."""
+    doc = {
+        "date": date or time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": " ".join(sys.argv),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        **fields,
+    }
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=float, default=200)
@@ -533,21 +537,14 @@ def main() -> int:
     )
     console.print(table(rows, title))
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                    "command": " ".join(sys.argv),
-                    "cores": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "input": str(path),
-                    "input_mb": size_mb,
-                    "files": len(files),
-                    "rows": [asdict(r) for r in rows],
-                },
-                indent=2,
-            )
-            + "\n"
+        write_results(
+            args.json,
+            {
+                "input": str(path),
+                "input_mb": size_mb,
+                "files": len(files),
+                "rows": [asdict(r) for r in rows],
+            },
         )
     if any(r.exact is False for r in rows):
         console.print("[bold red]output differs from the baseline[/]")

@@ -7,7 +7,8 @@ The engine, in the order a job goes (DESIGN.md's "the job, step by step"):
     mapper     run a map task, send tagged batches, commit the attempt
     claim      claim a partition: one owner, fenced by token and epoch
     reducer    drain, keep the winners' batches, reduce, commit the partition
-    lifecycle  the job's state changes; janitor and publish: finishing duties any worker takes
+    lifecycle  the job's state changes; finalize and publish: finishing a job, which any
+               worker does; janitor: the duties any worker takes (cleanup, repair)
     watch      progress, waiting, fetching output home: only reads
 
 Around it: ``worker`` (the loop every worker runs), ``backends`` (the three services, the

@@ -33,10 +33,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cmr.backends.embedded.blobs import file_path
 from cmr.errors import JobCodeError, UsageError
+from cmr.fileurls import file_path
 from cmr.inputs import literal_prefix
-from cmr.job import JobRef, is_module_name, location, source_path
+from cmr.job import JobRef, is_module_name, location
 from cmr.lifecycle import job_scratch
 from cmr.records import JobSpec, step_job_id
 from cmr.settings import AwsSettings, WorkerSettings
@@ -127,7 +127,7 @@ class Admission:
         ):
             return None
         try:
-            path = source_path(ref).resolve()
+            path = ref.path().resolve()
         except JobCodeError as exc:
             return f"its job code cannot be found here: {exc}"
         if any(path.is_relative_to(d) for d in self.directories):
@@ -198,7 +198,7 @@ def serving_own_job(settings: WorkerSettings, spec: JobSpec) -> WorkerSettings:
     that job's code, read its input and write its output, whatever else their settings
     allow."""
     where = location(spec.ref.target)
-    origin = str(source_path(spec.ref).resolve().parent) if where.endswith(".py") else where
+    origin = str(spec.ref.path().resolve().parent) if where.endswith(".py") else where
     return replace(
         settings,
         jobs_from=(*settings.jobs_from, origin),

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-import os
 import signal
 import sys
 import time
@@ -22,7 +20,9 @@ from cmr.backends.base import Backend
 from cmr.backends.embedded import temporary_backend
 from cmr.backends.retry import with_retries
 from cmr.errors import UsageError, WorkersGone
-from cmr.job import Job, JobRef, load_job_class, steps_of
+from cmr.job import Job
+from cmr.jobload import LoadedJob, load_job
+from cmr.joboptions import JobOptions
 from cmr.pool import CpuPool, cpu_pool
 from cmr.publish import read_manifest
 from cmr.records import JobSpec
@@ -52,22 +52,9 @@ class RunResult:
         return counters.of_record(self.record)
 
 
-def job_ref(job: str | type[Job]) -> JobRef:
-    """A reference a worker can load: a path/module string, or a class defined in a file."""
-    if isinstance(job, str):
-        ref = JobRef.parse(job)
-    else:
-        src = inspect.getsourcefile(job)
-        if src is None or not os.path.exists(src):
-            raise UsageError(
-                f"{job.__name__} is not defined in a file; workers import jobs "
-                "from files, so put it in a .py file"
-            )
-        ref = JobRef.parse(f"{src}:{job.__name__}")
-    # Fail here, with the user's error (or a class that is no job), before anything is
-    # submitted: load_job_class checks the class (job.check_job_class).
-    load_job_class(ref)
-    return ref
+# The job, loaded once (a reference a worker can load, and the class): the name the
+# harnesses (cmr.testing), tests and benchmarks call it by.
+job_ref = load_job
 
 
 @contextlib.asynccontextmanager
@@ -98,8 +85,9 @@ async def _until_done(waiter: asyncio.Task[Any], helpers: list[asyncio.Task[Any]
 @dataclass(frozen=True)
 class RunOptions:
     """Everything about one run but the job and its input and output, built once (by the CLI
-    or from ``cmr.run``'s keywords). The job's own options are checked at submit
-    (:class:`cmr.submit.JobOptions`); the rest says who runs it and who hears about it."""
+    or from ``cmr.run``'s keywords). The job's own options become one checked
+    :class:`cmr.joboptions.JobOptions` at submit (:meth:`job_options`); the rest says who
+    runs it and who hears about it."""
 
     reducers: int | None = None  # partitions; None: the job class's ``reducers``
     workers: int = 1  # in-process workers, or `cmr worker` processes on aws; 0: a fleet's
@@ -132,12 +120,15 @@ class RunOptions:
                 del overrides[name]
         return replace(base or RunOptions(), **overrides)
 
-    def job_options(self, ref: JobRef) -> submit.JobOptions:
-        if isinstance(self.files, str):
-            raise UsageError(f"files= must be a list of paths, not one str: [{self.files!r}]")
-        cls = load_job_class(ref)
-        return submit.JobOptions(
-            **step_options(cls, self.params, self.reducers, self.step, self.from_step),
+    def job_options(self, job: LoadedJob) -> JobOptions:
+        """The job's options of this run, under the names the job record gives them."""
+        return JobOptions.of(
+            job,
+            params=self.params,
+            reducers=self.reducers,
+            step=self.step,
+            from_step=self.from_step,
+            files=self.files,
             visibility_s=self.visibility_timeout,
             # --max-task-attempts bounds raises; starts that never end keep their own bound.
             max_task_failures=self.max_task_attempts
@@ -145,71 +136,15 @@ class RunOptions:
             else self.max_task_failures,
             task_timeout_s=self.task_timeout,
             overwrite=self.overwrite,
-            params=dict(self.params),
             lines=self.lines,
             input_format=self.input_format,
             output_format=self.output_format,
-            files=tuple(self.files),
             total_order=self.total_order,
         )
 
 
-def step_options(
-    cls: type[Job],
-    params: Mapping[str, str],
-    reducers: int | None,
-    step: int | None = None,
-    from_step: int | None = None,
-) -> dict[str, Any]:
-    """The :class:`~cmr.submit.JobOptions` fields saying which of the job's steps run, and
-    each one's partitions: a step's own ``reducers`` win over the job's, and ``--reducers``
-    over both (a lone step's too: an mrjob job's JOBCONF gives it, as Hadoop's -D does)."""
-    default = reducers if reducers is not None else cls.reducers
-    steps = steps_of(_instance(cls, params))
-    first, last = _step_range(len(steps), step, from_step)
-    many = len(steps) > 1
-    return {
-        "partitions": default if many or reducers is not None else steps[0].reducers or default,
-        "first_step": first,
-        "last_step": last,
-        "job_steps": len(steps),
-        "step_partitions": tuple(
-            reducers if reducers is not None else (s.reducers or default)
-            for s in steps[first : last + 1]
-        )
-        if many
-        else (),
-    }
-
-
-def _instance(cls: type[Job], params: Mapping[str, str]) -> Job:
-    """The job, instantiated on the client to ask its steps (user code: its errors are the
-    user's, said as such)."""
-    from cmr import usercode
-
-    try:
-        return cls(dict(params))
-    except Exception as exc:
-        raise UsageError(f"creating {cls.__name__} failed: {usercode.describe(exc)}") from None
-
-
-def _step_range(steps: int, step: int | None, from_step: int | None) -> tuple[int, int]:
-    """(first, last) step indexes to run: all, one (``--step``), or from one on."""
-    if step is not None and from_step is not None:
-        raise UsageError("give --step (one step) or --from-step (a step and the rest), not both")
-    chosen = step if step is not None else from_step
-    if chosen is None:
-        return 0, steps - 1
-    if not 1 <= chosen <= steps:
-        flag = "--step" if step is not None else "--from-step"
-        raise UsageError(
-            f"{flag} {chosen}: the job has {steps} step{'s' * (steps != 1)} (1 to {steps})"
-        )
-    return chosen - 1, (chosen - 1 if step is not None else steps - 1)
-
-
 async def run_async(
-    job: str | type[Job],
+    job: str | type[Job] | LoadedJob,
     input: str | Sequence[str],
     output: str,
     options: RunOptions | None = None,
@@ -230,7 +165,7 @@ async def run_async(
 
 async def run_on(
     be: Backend,
-    job: str | type[Job],
+    job: str | type[Job] | LoadedJob,
     input: str | Sequence[str],
     output: str,
     options: RunOptions | None = None,
@@ -243,8 +178,8 @@ async def run_on(
 
     Cancelled (Ctrl-C, SIGTERM) while it waits, it cancels the job it submitted."""
     opts = RunOptions.of(options, **overrides)
-    ref = job_ref(job)
-    job_options = opts.job_options(ref)
+    loaded = load_job(job)  # once: everything below is handed this
+    job_options = opts.job_options(loaded)
     workers = opts.workers
     if opts.detach:
         if be.capabilities.in_process:
@@ -276,7 +211,7 @@ async def run_on(
     calls_before = be.calls()
     spec = await submit.submit(
         be,
-        ref,
+        loaded,
         input,
         output,
         job_options,

@@ -21,11 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from cmr import counters
+from cmr import clock, counters
 from cmr.backends.base import AllOf, Condition, Eq, Missing, Table, Update
 from cmr.errors import BackendError, ConditionFailed
 from cmr.lease import in_background
@@ -103,7 +102,7 @@ class Claim:
             "output": output,
             "records": records,
             "bytes": nbytes,
-            "committed_at": time.time(),
+            "committed_at": clock.wall(),
         }
         if sha256:
             fields["sha256"] = sha256
@@ -214,9 +213,9 @@ async def claim(
         # Watch the holder's beat on our own clock; a paused watcher measures nothing.
         expect = AllOf((same, Eq("state", "claimed"), Eq("beat", held.get("beat"))))
         watched = True
-        deadline = time.monotonic() + lease_s * WATCH_LEASES
-        while (left := deadline - time.monotonic()) > 0:
+        deadline = clock.monotonic() + lease_s * WATCH_LEASES
+        while (left := deadline - clock.monotonic()) > 0:
             await asyncio.sleep(min(left, 0.5))
             if not awake.is_set():
                 await awake.wait()
-                deadline = time.monotonic() + lease_s * WATCH_LEASES
+                deadline = clock.monotonic() + lease_s * WATCH_LEASES

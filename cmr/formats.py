@@ -9,7 +9,7 @@ nonsense like any other field of a stranger's.
 Input (``Job.input_format``, ``cmr run --input-format``):
 
 - ``lines``: today's; map(source, line). Line-split: a split owns the lines that start in
-  it (:mod:`cmr.split`). Its hot path is :func:`cmr.compute.run_map`'s ``map_chunk`` loop.
+  it (:mod:`cmr.split`). Its hot path is :func:`cmr.cpu.mapping.run_map`'s ``map_chunk`` loop.
 - ``jsonlines``: line-split like ``lines``; map(source, json.loads(line)); blank lines are
   skipped; a line that is not JSON fails the task naming the file and the line.
 - ``csv``: the first row is the header; map(source, {column: str}). Whole-file tasks: a
@@ -524,7 +524,7 @@ def read_pairs(fmt: InputFormat, c: Chunk, piece: int) -> Iterator[Record]:
 
 
 _READERS: dict[str, Reader | None] = {
-    "lines": None,  # cmr.compute's map_chunk loop: the hot path
+    "lines": None,  # cmr.cpu.mapping's map_chunk loop: the hot path
     "jsonlines": read_jsonlines,
     "csv": read_csv,
     "fixed": read_fixed,
@@ -536,7 +536,7 @@ _READERS: dict[str, Reader | None] = {
 def records(fmt: InputFormat, c: Chunk, piece: int) -> Iterator[Record]:
     """The (key, value) records of a chunk read as ``fmt`` (not ``lines``)."""
     reader = _READERS[fmt.name]
-    assert reader is not None, "lines are read by cmr.compute's map_chunk loop"
+    assert reader is not None, "lines are read by cmr.cpu.mapping's map_chunk loop"
     return reader(fmt, c, piece)
 
 
@@ -575,11 +575,19 @@ def _raw_writer(job: Any, out: BinaryIO) -> Write:
     return write
 
 
-def _json_writer(job: Any, out: BinaryIO) -> Write:
-    from cmr.job import _json_default
+def json_default(x: Any) -> Any:
+    """JSON's ``default`` for what reduce yields (``jsonlines``, and ``Job.format``'s text
+    of a value that is no str): what JSON has no form for is an error, never its repr, as
+    output must say what reduce yielded. Bytes inside a list or dict read as text (UTF-8),
+    as top-level bytes do."""
+    if isinstance(x, bytes | bytearray):
+        return bytes(x).decode("utf-8")
+    raise TypeError(f"{usercode.a_type(x)} has no JSON form")
 
+
+def _json_writer(job: Any, out: BinaryIO) -> Write:
     w = out.write
-    dumps = json.JSONEncoder(ensure_ascii=False, default=_json_default).encode
+    dumps = json.JSONEncoder(ensure_ascii=False, default=json_default).encode
 
     def write(k: Any, v: Any) -> None:
         k = k.decode("utf-8") if type(k) is bytes else k

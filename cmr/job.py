@@ -18,9 +18,10 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, ClassVar
 
-from cmr import counters, sidefiles
+from cmr import adapters, counters, formats, sidefiles
 from cmr.errors import JobCodeError
 from cmr.partition import stable_partition
 from cmr.usercode import a_type
@@ -201,15 +202,7 @@ def _text(x: Any) -> str:
         return x.decode("utf-8")
     if isinstance(x, tuple):
         x = list(x)
-    return json.dumps(x, ensure_ascii=False, default=_json_default)
-
-
-def _json_default(x: Any) -> Any:
-    # What JSON has no form for is an error, never its repr: output must say what reduce
-    # yielded. Bytes inside a list or dict read as text (UTF-8), as top-level bytes do.
-    if isinstance(x, bytes | bytearray):
-        return bytes(x).decode("utf-8")
-    raise TypeError(f"{a_type(x)} has no JSON form")
+    return json.dumps(x, ensure_ascii=False, default=formats.json_default)
 
 
 @dataclass(frozen=True)
@@ -225,6 +218,10 @@ class JobRef:
         target = spec
         src = _source_path(target)
         return JobRef(target, hashlib.sha256(src.read_bytes()).hexdigest())
+
+    def path(self) -> Path:
+        """The file this reference names (resolved from the path, nothing imported)."""
+        return _source_path(self.target)
 
 
 def _split(target: str) -> tuple[str, str | None]:
@@ -286,11 +283,6 @@ def is_module_name(name: str) -> bool:
     return bool(name) and len(name) <= 200 and all(p.isidentifier() for p in name.split("."))
 
 
-def source_path(ref: JobRef) -> Path:
-    """The file a job reference names (resolved, nothing imported)."""
-    return _source_path(ref.target)
-
-
 _loaded: dict[JobRef, type[Job]] = {}
 
 
@@ -321,19 +313,9 @@ def load_job_class(ref: JobRef) -> type[Job]:
         raise
     except Exception as exc:
         raise JobCodeError(f"importing {src} failed: {type(exc).__name__}: {exc}") from exc
-    candidates = [
-        obj
-        for obj in vars(module).values()
-        if isinstance(obj, type)
-        and issubclass(obj, Job)
-        and obj is not Job
-        and obj.__module__ == module.__name__
-    ]
-    if not candidates:  # an mrjob job (cmr.mrjob): run unmodified, if it imported mrjob
-        from cmr.mrjob import job_class_in
-
-        adapted = job_class_in(module, cls_name)
-        candidates = [adapted] if adapted is not None else []
+    candidates = _defined_in(module, Job)
+    if not candidates:  # another framework's job (an mrjob job): run unmodified, if adapted
+        candidates = _adapted_in(module, cls_name)
     if cls_name is not None and candidates and candidates[0].__name__ == cls_name:
         cls = candidates[0]
     elif cls_name is not None:
@@ -352,6 +334,36 @@ def load_job_class(ref: JobRef) -> type[Job]:
     check_job_class(cls)
     _loaded[ref] = cls
     return cls
+
+
+def _defined_in(module: ModuleType, base: type) -> list[type]:
+    """The subclasses of ``base`` that ``module`` defines (not those it imports)."""
+    return [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type)
+        and issubclass(obj, base)
+        and obj is not base
+        and obj.__module__ == module.__name__
+    ]
+
+
+def _adapted_in(module: ModuleType, cls_name: str | None) -> list[type[Job]]:
+    """The job class of another framework that ``module`` defines (or names ``cls_name``),
+    adapted into a cmr.Job by the first installed adapter (:mod:`cmr.adapters`) whose
+    framework the job's code imported; none when it defines none, or several unnamed (the
+    caller's message lists the choices)."""
+    for adapter in adapters.installed():
+        base = adapter.job_base()
+        if base is None:
+            continue
+        mine: list[type] = _defined_in(module, base) if cls_name is None else []
+        found = getattr(module, cls_name, None) if cls_name is not None else None
+        if isinstance(found, type) and issubclass(found, base) and found is not base:
+            mine = [found]
+        if len(mine) == 1:
+            return [adapters.adapt(adapter, mine[0])]
+    return []
 
 
 LINE_ENDINGS = ("lf", "universal")
@@ -449,8 +461,6 @@ def steps_of(job: Job) -> list[Step]:
 def check_formats(cls: type[Job], input_format: str = "") -> None:
     """The class's formats name formats, and a job reading records other than lines
     defines ``map`` (``map_chunk`` sees lines only). ``input_format``: a submission's."""
-    from cmr import formats
-
     name = cls.__name__
     try:
         fmt = formats.parse_input(input_format or cls.input_format)

@@ -17,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
+from cmr import clock
 from cmr.backends.base import (
     AllOf,
     AnyOf,
@@ -74,7 +74,7 @@ def spill_url(scratch: str, job_id: str, task: int, attempt: str, p: int, seq: i
 
 def reduce_output_url(scratch: str, job_id: str, p: int, epoch: object, token: object) -> str:
     """Where the claim (epoch, token) of partition ``p`` uploads its output before it commits:
-    a commit record must name exactly this for its own claim (cmr.janitor checks it)."""
+    a commit record must name exactly this for its own claim (cmr.finalize checks it)."""
     return f"{job_scratch(scratch, job_id)}out/p{p:05d}-e{epoch}-{token}"
 
 
@@ -97,7 +97,7 @@ async def write_while_running(backend: Backend, job_id: str, write: Put | Update
 async def record_submit(backend: Backend, spec: JobSpec, extra: Item) -> None:
     """Make a job exist: its record, its rows in the job list and active index, and its claim
     on the output place, all at once. UsageError when another running job owns the output."""
-    now = time.time()
+    now = clock.wall()
     row = {"state": JobState.RUNNING.value, "created": now}
     writes: list[TxWrite] = [
         Put(job_pk(spec.job_id), "job", {**spec.to_item(), **extra, **row}, item_absent()),
@@ -126,7 +126,7 @@ async def begin_publishing(backend: Backend, spec: JobSpec) -> float | None:
     """Mark the job as publishing (it can no longer be cancelled); returns the time the first
     publisher marked it, which every publisher writes into the manifest. None: it ended."""
     pk = job_pk(spec.job_id)
-    now = time.time()
+    now = clock.wall()
     try:
         await backend.table.update(
             Update(
@@ -156,7 +156,7 @@ async def end(
     """Move a running job to a final state; False if it had one already (nothing of ours was
     written). A job that is publishing ends only as succeeded, or (``publishing=True``) as
     failed by its own publisher, whose manifest was refused."""
-    now = time.time()
+    now = clock.wall()
     pk = job_pk(spec.job_id)
     fields: dict[str, Any] = {**(totals or {}), "state": state.value, "finished": now}
     if reason:

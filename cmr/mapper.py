@@ -23,10 +23,13 @@ from typing import Any
 
 import msgpack
 
-from cmr import compute, failures, formats, sidefiles, wire
+from cmr import failures, formats, sidefiles, wire
 from cmr.aio import TaskGroup, first_error, sha256_hex
 from cmr.backends.base import Put, Received, item_absent
+from cmr.cpu.mapping import FileSlice, run_map
+from cmr.cpu.specs import MapSpec, map_max_record, map_piece_bytes
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, TaskError, WireError
+from cmr.fileurls import file_path
 from cmr.lease import message_lease
 from cmr.lifecycle import job_scratch, spill_url, write_while_running
 from cmr.localcheck import CheckedFile, InputChanged
@@ -80,7 +83,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
         # a slice was told uncompressed by its head.
         codecs = tuple(
             formats.sniff(c[: formats.SNIFF_BYTES])
-            if r.start == 0 and not isinstance(c, compute.FileSlice)
+            if r.start == 0 and not isinstance(c, FileSlice)
             else ""
             for r, c in zip(ranges, chunks, strict=True)
         )
@@ -90,30 +93,23 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 c[: r.end] if k and isinstance(c, bytes) and len(c) > r.end else c
                 for r, c, k in zip(ranges, chunks, codecs, strict=True)
             ]
-        nbytes = sum(
-            c.end - c.start if isinstance(c, compute.FileSlice) else len(c) for c in chunks
-        )
+        nbytes = sum(c.end - c.start if isinstance(c, FileSlice) else len(c) for c in chunks)
         result = await rt.cpu(
-            compute.run_map,
+            run_map,
             spec.ref,
             spec.params,
             [(r.name, data) for r, data in zip(ranges, chunks, strict=True)],
-            compute.MapSpec(
-                spec.job_id,
-                task.task,
-                attempt,
-                spec.partitions,
-                rt.settings.shuffle_bytes(queues.max_message_bytes),
-                rt.spool_dir,
-                compress=rt.settings.compress,
-                combine=rt.settings.use_combiner,
-                piece_bytes=compute.map_piece_bytes(rt.settings.memory_mb * 1024 * 1024),
+            MapSpec.of(
+                spec,
+                rt.settings,
+                task=task.task,
+                attempt=attempt,
+                queue_limit=queues.max_message_bytes,
+                spool_dir=rt.spool_dir,
                 limit_s=task_limit(spec.task_timeout_s, nbytes),
-                lines=spec.lines,
                 input_format=str(fmt),
                 codecs=codecs,
                 starts=tuple(r.start for r in ranges),
-                step=spec.step,
                 files_dir=files_dir,
                 cuts=cuts,
             ),
@@ -190,7 +186,7 @@ def _input_format(spec: JobSpec) -> formats.InputFormat:
 
 async def _read_or_slice(
     rt: Runtime, r: wire.Range, fmt: formats.InputFormat, check: Check | None = None
-) -> bytes | compute.FileSlice:
+) -> bytes | FileSlice:
     """A split's bytes; or, for uncompressed fixed records in a local file (a range is
     exactly its bytes), the slice of the file the pool process reads itself."""
     if check is not None and check.sha256:
@@ -201,9 +197,7 @@ async def _read_or_slice(
         head = wire.Range(r.url, 0, min(r.end, formats.SNIFF_BYTES), r.name)
         if formats.sniff(await _read(rt, head, fmt, check)):
             return await _read(rt, r, fmt, check)
-    from cmr.backends.embedded.blobs import file_path  # local_files: file:// URLs
-
-    path = file_path(r.url)
+    path = file_path(r.url)  # local_files: a file:// URL
     try:
         regular = stat.S_ISREG(path.stat().st_mode)  # a syscall: no thread hop per file
     except FileNotFoundError:
@@ -213,7 +207,7 @@ async def _read_or_slice(
     if not regular:  # as the blob store answers for a vanished file, or a directory there
         raise _lost_input(r)
     # The pool process opens it and compares it with the file submitted (cmr.localcheck).
-    return compute.FileSlice(str(path), r.start, r.end, r.name, _identity(rt, check))
+    return FileSlice(str(path), r.start, r.end, r.name, _identity(rt, check))
 
 
 async def _read_verified(rt: Runtime, r: wire.Range, check: Check) -> bytes:
@@ -263,13 +257,9 @@ async def _read(
     """A split's bytes; a TaskError (permanent) for input that vanished, cannot be read,
     changed since submit (a local file: cmr.localcheck), or holds a line longer than this
     worker's map tasks hold."""
-    max_record = compute.map_max_record(
-        compute.map_piece_bytes(rt.settings.memory_mb * 1024 * 1024)
-    )
+    max_record = map_max_record(map_piece_bytes(rt.settings.memory_mb * 1024 * 1024))
     try:
         if (local := _identity(rt, check)) is not None:
-            from cmr.backends.embedded.blobs import file_path  # local_files: file:// URLs
-
             with CheckedFile(str(file_path(r.url)), r.name, local) as f:
                 return await read_range(f, r, fmt, max_record)
         return await read_range(rt.backend.blobs, r, fmt, max_record)

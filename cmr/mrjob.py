@@ -1,9 +1,11 @@
 """Run an mrjob job (a file defining an ``mrjob.job.MRJob`` subclass) unmodified on cmr.
 
-``cmr.job.load_job_class`` hands a module that defines no ``cmr.Job`` but one ``MRJob``
-subclass to ``adapt``, which returns a ``cmr.Job`` subclass whose ``steps()`` are the MRJob's
-``MRStep``s. mrjob itself is an optional extra (``pip install cmr[mrjob]``): nothing here
-imports it before a job file has.
+This module plugs into the engine through its seam for other frameworks (:mod:`cmr.adapters`;
+the engine never imports it by name): pyproject.toml names ``adapter`` as the entry point
+``mrjob`` of the group ``cmr.adapters``. ``cmr.job.load_job_class`` hands a module that
+defines no ``cmr.Job`` but one ``MRJob`` subclass to ``adapt``, which returns a ``cmr.Job``
+subclass whose ``steps()`` are the MRJob's ``MRStep``s. mrjob itself is an optional extra
+(``pip install cmr[mrjob]``): nothing here imports it before a job file has.
 
 What travels between steps is what travels in Hadoop Streaming, which mrjob was written for:
 each pair is a line its protocol wrote (``pick_protocols``: the job's INPUT, INTERNAL and
@@ -26,11 +28,11 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from cmr import sidefiles
 from cmr.errors import JobCodeError, UsageError
 from cmr.job import Job, Pair
 
@@ -68,28 +70,6 @@ def _mrjob_base() -> type | None:
     module = sys.modules.get("mrjob.job")
     found = getattr(module, "MRJob", None)
     return found if isinstance(found, type) else None
-
-
-def job_class_in(module: ModuleType, cls_name: str | None) -> type[Job] | None:
-    """The adapted MRJob subclass that ``module`` defines (or names ``cls_name``), or None
-    when it defines none (or several, unnamed: the caller's message lists the choices)."""
-    base = _mrjob_base()
-    if base is None:
-        return None
-    if cls_name is not None:
-        found = getattr(module, cls_name, None)
-        if isinstance(found, type) and issubclass(found, base) and found is not base:
-            return adapt(found)
-        return None
-    mine = [
-        obj
-        for obj in vars(module).values()
-        if isinstance(obj, type)
-        and issubclass(obj, base)
-        and obj is not base
-        and obj.__module__ == module.__name__
-    ]
-    return adapt(mine[0]) if len(mine) == 1 else None
 
 
 def adapt(mr_cls: type) -> type[Job]:
@@ -173,7 +153,7 @@ class MRJobAdapter(Job):
 
     def __init__(self, params: dict[str, str] | None = None) -> None:
         super().__init__(params)
-        # Made when first needed: a worker says where the side files are after __init__.
+        # Made when first needed, where the job's code runs (a worker: among its side files).
         self._mr: Any = None
         self._steps: list[Step] | None = None
         self._wd: str | None = None
@@ -191,7 +171,7 @@ class MRJobAdapter(Job):
         directory with the file's name there (a job may open it in ``load_args``)."""
         cls = self.mrjob_class
         name = cls.__name__
-        on_worker = bool(getattr(self, "_cmr_files_dir", ""))
+        on_worker = bool(sidefiles.serving())
         args = _argv(self.params, name, on_worker)
         self.enter()
         try:
@@ -212,8 +192,7 @@ class MRJobAdapter(Job):
         ``mapper_final`` yields is that task's alone. So every map and reduce task gets a
         fresh MRJob here (and its combiner another: mrjob runs the combiner as a task of its
         own), never the one an earlier task of the same process ran on."""
-        fresh = copy.copy(self)  # params, side files' directory, line endings: the job's
-        fresh.__dict__.pop("_cmr_steps", None)
+        fresh = copy.copy(self)  # params and line endings: the job's
         fresh._mr, fresh._steps = None, None  # made anew when the task asks its steps
         return fresh
 
@@ -248,7 +227,7 @@ class MRJobAdapter(Job):
         job opens its FILES and file args by bare name), before any of the job's code runs
         (its ``__init__`` and ``load_args`` too). On the client, none: paths are as given."""
         if self._wd is None:  # a job without side files stays where it is (cmr.testing's too)
-            d = getattr(self, "_cmr_files_dir", "")
+            d = sidefiles.serving()
             self._wd = d if d and os.path.isdir(d) and os.listdir(d) else ""
         if self._wd and _cwd[0] != self._wd:
             os.chdir(self._wd)
@@ -541,22 +520,29 @@ def input_param(base: str, one_file: bool) -> str:
     return json.dumps([base if "://" in base else "file://" + base, one_file])
 
 
-def job_args(
-    job: str, input: str | Sequence[str], argv: Sequence[str]
-) -> tuple[dict[str, str], list[str]]:
-    """For ``cmr run JOB --input IN ... -- ARGS``: the params and extra side files
-    (``PATH#NAME``) an mrjob job needs (its arguments, its input's URI); none for a cmr.Job,
-    which takes ``--param`` instead of ARGS (refused)."""
-    from cmr.job import JobRef, load_job_class
+class Adapter:
+    """mrjob's adapter (:class:`cmr.adapters.JobAdapter`): the entry point ``mrjob`` of the
+    group ``cmr.adapters`` names ``adapter``, this class's one instance."""
 
-    cls = load_job_class(JobRef.parse(job))
-    if not issubclass(cls, MRJobAdapter):
-        if argv:
-            raise UsageError(
-                f"arguments after -- ({' '.join(argv)}) are for mrjob jobs; {job} is a "
-                "cmr.Job: give it --param KEY=VALUE"
-            )
-        return {}, []
-    params, files = cls.submission(argv)
-    # The inputs' URI is known once submit has listed them (globs, prefixes): it sets it.
-    return {**params, INPUT_PARAM: ""}, files
+    def job_base(self) -> type | None:
+        return _mrjob_base()
+
+    def adapt(self, cls: type) -> type[Job]:
+        return adapt(cls)
+
+    def submission(self, cls: type[Job], argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+        """The job's arguments, and the files its file args name; its input's URI is known
+        once submit has listed the inputs (globs, prefixes): ``inputs_listed`` sets it."""
+        assert issubclass(cls, MRJobAdapter), "cmr.adapters asks the adapter of its classes"
+        params, files = cls.submission(argv)
+        return {**params, INPUT_PARAM: ""}, files
+
+    def inputs_listed(self, params: Mapping[str, str], root: str, one_file: bool) -> dict[str, str]:
+        """With the URI map's names are below (``INPUT_PARAM``, mrjob's
+        ``mapreduce.map.input.file``), for a job whose submission asked for it."""
+        if INPUT_PARAM not in params:
+            return dict(params)
+        return {**params, INPUT_PARAM: input_param(root, one_file)}
+
+
+adapter = Adapter()

@@ -1,7 +1,7 @@
 """Pipelines: a job of several steps, each step a job of its own, chained through the store.
 
 One submission makes the first step's job. When a step's partitions are all committed, the
-worker that finalizes it (any worker: ``cmr.janitor``) *hands over* instead of publishing:
+worker that finalizes it (any worker: ``cmr.finalize``) *hands over* instead of publishing:
 
 1. it marks the step as publishing (from then on the step can only succeed, and a worker's
    repair check finalizes it again if this one dies);
@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from cmr import wire
+from cmr import clock, wire
 from cmr.backends.base import Backend, Eq, Put, TxWrite, Update, item_absent
 from cmr.errors import BackendError, CmrError, ConditionFailed, QueueGone, UsageError
 from cmr.lifecycle import _token, job_scratch
@@ -206,7 +205,7 @@ async def _record(
     it, the pipeline's listing at its step, and this step ended as succeeded, naming it.
     ConditionFailed if the next step's record exists, this step no longer runs, or the
     claim is not this step's."""
-    now = time.time()
+    now = clock.wall()
     row = {"state": JobState.RUNNING.value, "created": now}
     done = JobState.SUCCEEDED.value
     writes: list[TxWrite] = [
@@ -273,7 +272,7 @@ async def cancel(be: Backend, job_id: str, reason: str, *, clean: bool = False) 
     cancelled step up here (nobody else can reach an in-process backend's queues)."""
     from cmr.lifecycle import cleanup, end
 
-    deadline = asyncio.get_running_loop().time() + HANDOVER_WAIT_S
+    deadline = clock.monotonic() + HANDOVER_WAIT_S
     while True:
         spec, _ = await current(be, job_id)
         try:
@@ -281,7 +280,7 @@ async def cancel(be: Backend, job_id: str, reason: str, *, clean: bool = False) 
         except UsageError:
             # Publishing: the last step ends as succeeded in a moment; an earlier one is
             # handing over, and its next step is what to cancel.
-            if spec.final or asyncio.get_running_loop().time() > deadline:
+            if spec.final or clock.monotonic() > deadline:
                 return False
             await asyncio.sleep(0.2)
             continue

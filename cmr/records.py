@@ -29,8 +29,8 @@ from typing import Any
 from cmr import counters as counting
 from cmr import formats, sidefiles, wire
 from cmr.backends.base import Item
-from cmr.backends.embedded.blobs import file_path
 from cmr.errors import WireError
+from cmr.fileurls import file_path
 from cmr.inputs import glob_owns
 from cmr.job import LINE_ENDINGS, MAX_STEPS, JobRef
 
@@ -65,7 +65,7 @@ STATS = (
     "reduce_spills",  # sorted runs reducers wrote to local disk to stay in their budget
     "conflict_checks",  # times a reducer's counts stalled and it asked the store who reads
     "tasks_resent",  # task messages a worker sent again from the plan (lost from a queue)
-    "partitions_committed",  # commits seen (janitor.count_commit): when to look, not what
+    "partitions_committed",  # commits seen (finalize.count_commit): when to look, not what
 )
 
 

@@ -24,14 +24,15 @@ import contextlib
 import os
 import shutil
 import tempfile
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
-from cmr import compute, failures, janitor, sidefiles, wire
+from cmr import clock, failures, finalize, sidefiles, wire
 from cmr.aio import sha256_hex
 from cmr.backends.base import Received
 from cmr.claim import Claim, Refusal, claim
+from cmr.cpu.reducing import run_reduce
+from cmr.cpu.specs import ReduceSpec
 from cmr.errors import BackendError, BlobMissing, QueueGone, TaskError, WireError
 from cmr.lease import in_background, message_lease
 from cmr.lifecycle import reduce_output_url, spill_url
@@ -71,6 +72,9 @@ class Drain:
         self.refused: dict[tuple[int, str, int], str] = {}  # tag -> why its batch was refused
         self.spooled = 0  # bytes of pairs kept
         self.stats: Counter[str] = Counter()
+        # Set once we hand our batches back (_let_go): from then on we hold, never keep nor
+        # delete, what a receive still under way brings, and hand it back on our way out.
+        self.let_go = False
 
     def spool(self, task: int, attempt: str) -> str:
         return os.path.join(self.workdir, f"{task}-{attempt}")
@@ -157,6 +161,11 @@ class Drain:
         return wire.bounded(", ".join(shown) + more)
 
     async def accept(self, rt: Runtime, m: Received) -> None:
+        if self.let_go:
+            # A batch we gave back may be one of these: its seq looks held, yet the next
+            # owner needs this very message; deleted as a repeat, it would be lost.
+            self.held[m.message_id] = m.receipt
+            return
         if m.message_id in self.held:
             # The same message again (its lease lapsed, or a parallel receive): note its
             # newest receipt, which is the one that renews and releases it.
@@ -266,8 +275,8 @@ async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.
             # A partition committed by someone who may have died before counting it or
             # finishing the job: finishing it is everyone's duty. Only then is the message
             # no longer needed.
-            await janitor.count_commit(rt, spec)
-            await janitor.finalize(rt, spec)
+            await finalize.count_commit(rt, spec)
+            await finalize.finalize(rt, spec)
             await queues.delete_messages(reduce_q, [msg.receipt])
             return
     if isinstance(got, Refusal):
@@ -357,17 +366,17 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
     stalled_since: float | None = None
     stepped = False
     # Progress: the batches still missing; when it last fell, every map having committed.
-    missing_before, progress_at = -1, time.monotonic()
+    missing_before, progress_at = -1, clock.monotonic()
     give_up_s = MISSING_GIVE_UP_LEASES * spec.visibility_s
-    turned_at = time.monotonic()
+    turned_at = clock.monotonic()
     while not drain.complete() and not owner.lost.is_set():
         await rt.awake.wait()
-        if time.monotonic() - turned_at > spec.visibility_s:
+        if clock.monotonic() - turned_at > spec.visibility_s:
             # We were paused (or starved) past a lease: batches held elsewhere may only now
             # be due back, so the wait for them starts again.
-            progress_at = time.monotonic()
-        turned_at = time.monotonic()
-        if len(drain.winners) < spec.maps and time.monotonic() >= next_poll:
+            progress_at = clock.monotonic()
+        turned_at = clock.monotonic()
+        if len(drain.winners) < spec.maps and clock.monotonic() >= next_poll:
             known = len(drain.winners)
             for item in await table.query(pk, prefix="map#"):
                 t = task_of(item["sk"])
@@ -375,14 +384,14 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
                     drain.learn_winner(t, MapCommit.from_item(item))
             # Poll the table often while commits arrive, back off while they do not.
             poll_every = 0.25 if len(drain.winners) > known else min(poll_max, poll_every * 2)
-            next_poll = time.monotonic() + poll_every
+            next_poll = clock.monotonic() + poll_every
             if drain.complete():
                 break
         wait_s = rt.settings.poll_s
         if len(drain.winners) < spec.maps and not drain.expecting_commits():
             # Waiting for map output: a batch ends a long poll at once, and until the
             # backed-off table poll there is nothing else to ask, so wait on the queue.
-            wait_s = max(wait_s, min(poll_max, next_poll - time.monotonic()))
+            wait_s = max(wait_s, min(poll_max, next_poll - clock.monotonic()))
         got = await queues.receive(
             queue, max_messages=10, wait_s=wait_s, visibility_s=spec.visibility_s
         )
@@ -408,8 +417,8 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
         # drain.complete() does, every turn).
         missing = drain.missing() if len(drain.winners) >= spec.maps else -1
         if missing < 0 or missing != missing_before:
-            missing_before, progress_at = missing, time.monotonic()
-        elif time.monotonic() - progress_at > give_up_s:
+            missing_before, progress_at = missing, clock.monotonic()
+        elif clock.monotonic() - progress_at > give_up_s:
             raise TaskError(
                 f"partition {drain.partition}: every map task committed, yet "
                 f"{missing} of the batches their commits name never arrived in "
@@ -419,8 +428,8 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
         if got or len(drain.winners) < spec.maps:
             stalled_since = None
         elif stalled_since is None:
-            stalled_since = time.monotonic()
-        elif time.monotonic() - stalled_since > CONFLICT_CHECK_S:
+            stalled_since = clock.monotonic()
+        elif clock.monotonic() - stalled_since > CONFLICT_CHECK_S:
             # Every map committed, yet batches are missing and none arrive: another reader
             # holds part of this queue (the seeds' cue for a conflict). Ask the store who
             # owns the partition; if it is not us any more we let go at once.
@@ -446,6 +455,7 @@ async def _let_go(rt: Runtime, drain: Drain, queue: str, *, lost: bool) -> None:
             partition=drain.partition,
         )
         drain.stats["leases_lost"] += 1
+    drain.let_go = True
     receipts, drain.held = list(drain.held.values()), {}
     with contextlib.suppress(BackendError):
         await rt.backend.queues.change_visibility(queue, receipts, 0)
@@ -456,24 +466,21 @@ async def _reduce_and_commit(
 ) -> None:
     _, reduce_q, part_qs = spec.queues()
     out_path = os.path.join(drain.workdir, "output")
-    what = f"reduce of partition {drain.partition}"
     limit = task_limit(spec.task_timeout_s, drain.spooled)
     result = await rt.cpu(
-        compute.run_reduce,
-        spec.job_id,
+        run_reduce,
         spec.ref,
         spec.params,
         drain.winner_spools(),
-        out_path,
-        max(64 * 1024, rt.settings.memory_mb * 1024 * 1024),
-        drain.workdir,
-        rt.settings.use_combiner,
-        limit,
-        what,
-        spec.step,
-        # Every step but the job's last writes pairs, what the next step reads.
-        "pairs" if spec.writes_pairs else spec.output_format,
-        await sidefiles.fetch(rt, spec),
+        ReduceSpec.of(
+            spec,
+            rt.settings,
+            out_path=out_path,
+            spill_dir=drain.workdir,
+            limit_s=limit,
+            what=f"reduce of partition {drain.partition}",
+            files_dir=await sidefiles.fetch(rt, spec),
+        ),
         limit_s=limit,
     )
     drain.stats["reduce_spills"] += result.spills
@@ -511,8 +518,8 @@ async def _reduce_and_commit(
     drain.stats.clear()
     await rt.flush_stats()  # the job that ends now shows this worker's counters at once
     # Finishing the job is everyone's duty; the last committer is simply the first to see
-    # it due (janitor.count_commit). Our message goes only after: if we die first, its next
+    # it due (finalize.count_commit). Our message goes only after: if we die first, its next
     # receiver counts our commit and finalizes.
-    if await janitor.count_commit(rt, spec):
-        await janitor.finalize(rt, spec)
+    if await finalize.count_commit(rt, spec):
+        await finalize.finalize(rt, spec)
     await rt.backend.queues.delete_messages(reduce_q, [msg.receipt])

@@ -27,9 +27,10 @@ from typing import Any
 
 from cmr import formats, usercode, wire
 from cmr.backends.base import Blobs
-from cmr.compute import piece_mapper, universal_lines
+from cmr.cpu.mapping import piece_mapper, universal_lines
 from cmr.errors import UsageError
-from cmr.job import Job, JobRef, load_job_class, steps_of
+from cmr.job import Job, steps_of
+from cmr.jobload import LoadedJob
 from cmr.partition import MAX_CUT_BYTES, is_key
 from cmr.split import read_split
 from cmr.timelimit import TimeLimitExceeded, task_limit, time_limit
@@ -323,7 +324,7 @@ _SAMPLING = "sampling the input's keys for total order (at submit)"
 
 async def cut_points(
     blobs: Blobs,
-    ref: JobRef,
+    loaded: LoadedJob,
     params: dict[str, str],
     lines: str,
     tasks: Sequence[Sequence[Range]],
@@ -332,7 +333,7 @@ async def cut_points(
     fmt: formats.InputFormat = formats.LINES,
 ) -> tuple[Any, ...]:
     """The job's cut points from a sample of its input (see the module's text)."""
-    job = load_job_class(ref)(params)
+    job = loaded.cls(params)  # the class the submitter loaded, once
     if lines:
         job.lines = lines  # type: ignore[misc]  # the submission's choice, as a worker's
     ranges = sample_ranges(tasks)

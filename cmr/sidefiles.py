@@ -32,7 +32,7 @@ from cmr.errors import BlobMissing, TaskError, UsageError, WireError
 
 if TYPE_CHECKING:
     from cmr.backends.base import Backend, Blobs
-    from cmr.job import JobRef
+    from cmr.jobload import LoadedJob
     from cmr.records import JobSpec
     from cmr.runtime import Runtime
 
@@ -88,20 +88,18 @@ def _check_name(name: str, what: str) -> None:
         )
 
 
-def gather(ref: JobRef, extra: Sequence[str]) -> list[Given]:
+def gather(job: LoadedJob, extra: Sequence[str]) -> list[Given]:
     """The job class's ``files`` (relative to the job file's directory) and the ``--file``
     arguments (relative to the current directory), each checked: a readable regular file,
     a plain name no other file has, all of them within MAX_TOTAL_BYTES. UsageError, one
     line naming the file, otherwise."""
-    from cmr.job import load_job_class, source_path
-
-    cls = load_job_class(ref)
+    cls = job.cls
     declared = cls.files
     if isinstance(declared, str) or not all(isinstance(f, str) for f in declared):
         raise UsageError(
             f"{cls.__name__}.files must be a list of paths (str); got {str(declared)[:120]!r}"
         )
-    base = source_path(ref).resolve().parent
+    base = job.ref.path().resolve().parent
     given: list[Given] = []
     for origin, texts, root in (
         (f"{cls.__name__}.files", declared, base),
@@ -307,10 +305,28 @@ def forget(cache: dict[str, asyncio.Future[str]], spool_dir: str, job_id: str) -
 
 # --- the pool: Job.file(name) --------------------------------------------------------------
 
+# Where the job whose code this process runs keeps its side files ("": none, as on a
+# client). A pool process runs one task at a time, and each task (and each job instance's
+# setup) begins in cmr.cpu.instances.job_instance, which says so here: the engine's own
+# state, never an attribute put on the user's object.
+_serving = ""
+
+
+def serve(files_dir: str) -> None:
+    """The job whose code this process runs from now on keeps its side files in
+    ``files_dir`` ("": it has none here)."""
+    global _serving  # noqa: PLW0603 - a pool process runs one task at a time
+    _serving = files_dir
+
+
+def serving() -> str:
+    """Where the job whose code this process runs keeps its side files ("": nowhere)."""
+    return _serving
+
 
 def path_in(job: Any, name: str) -> str:
     """The local path of the job's side file ``name`` (for ``Job.file``)."""
-    where: str = getattr(job, "_cmr_files_dir", "")
+    where = _serving
     names = sorted(os.listdir(where)) if where and os.path.isdir(where) else []
     names = [n for n in names if not n.startswith(".")]
     if not isinstance(name, str) or name not in names:

@@ -18,7 +18,7 @@ from cmr.wire import Range
 LOOKAHEAD = 64 * 1024  # bytes read past a split's end to finish its last line, at first
 MAX_LOOKAHEAD = 4 * 1024 * 1024  # ... doubling per round up to this (a long line, few reads)
 # The longest line read_split returns unless told otherwise (a map task is told its worker's
-# own, cmr.compute.map_max_record): formats.Chunk's default.
+# own, cmr.cpu.specs.map_max_record): formats.Chunk's default.
 MAX_LINE = 64 * 1024 * 1024
 # Small files packed into one task: each distinct key of a task's map output is combined
 # and shuffled once per task, so many small tasks cost per key (20,000 files of word count:

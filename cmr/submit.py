@@ -21,10 +21,10 @@ from typing import Any
 
 import structlog
 
-from cmr import formats, places, sampling, sidefiles, wire
+from cmr import adapters, formats, joboptions, places, sampling, sidefiles, wire
 from cmr.backends.base import Backend, BlobInfo, Blobs
-from cmr.backends.embedded import EmbeddedBlobs, file_url
 from cmr.errors import BackendError, BlobMissing, QueueGone, UsageError
+from cmr.fileurls import file_url
 from cmr.inputs import (
     base_of,
     glob_keeps,
@@ -34,7 +34,8 @@ from cmr.inputs import (
     match_root,
     name_below,
 )
-from cmr.job import JobRef, check_formats, load_job_class
+from cmr.job import Job, check_formats
+from cmr.jobload import LoadedJob
 from cmr.lifecycle import cleanup, end, job_scratch, load_spec, record_submit
 from cmr.localcheck import identity
 from cmr.localinput import glob_matches, local_files
@@ -49,23 +50,17 @@ from cmr.publish import (
 )
 from cmr.records import (
     MAX_INPUTS,
-    MAX_PARTITIONS,
-    MAX_TASK_TIMEOUT_S,
-    MAX_TASK_TRIES,
-    MAX_VISIBILITY_S,
     OUTPUTS_PK,
     JobSpec,
     JobState,
     job_pk,
     new_job_id,
 )
-from cmr.settings import LineEnds
 from cmr.split import Input, choose_split_bytes, never_cut, plan
 
 STAGE_CONCURRENCY = 16
 MAX_QUEUE_NAME = 80  # SQS's limit on a queue's name
 MAX_REPLACED_LOCAL = 5_000  # part files a fetched local output may replace (kept in the record)
-LINE_MODES = tuple(str(m) for m in LineEnds)
 # Reducers past both of these for a job's map tasks are mostly empty parts: a warning.
 FEW_REDUCERS = 64
 REDUCERS_PER_MAP = 16
@@ -74,93 +69,7 @@ log = structlog.get_logger("cmr.submit")
 
 is_local = places.is_local
 local_path = places.local_path  # where cmr.watch finds it
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """How a job runs, checked once at submit; nonsense is refused with the fix to make."""
-
-    partitions: int
-    visibility_s: int = 60
-    max_task_failures: int = 3  # runs of one task that raise (--max-task-attempts)
-    max_task_attempts: int = 10  # starts of one task that never end (its workers died)
-    task_timeout_s: int = 0  # 0: grows with each task's input (cmr.timelimit)
-    overwrite: bool = False
-    params: dict[str, str] = field(default_factory=dict)
-    lines: str = ""  # how input lines end ("": the job class's own ``lines``)
-    # The steps to run (0-based indexes into the job's steps()), each one's partitions, and
-    # how many steps the job has. One step of a one-step job: the defaults.
-    first_step: int = 0
-    last_step: int = 0
-    step_partitions: tuple[int, ...] = ()
-    job_steps: int = 1
-    input_format: str = ""  # cmr.formats' input format ("": the job class's)
-    output_format: str = ""  # cmr.formats' output format ("": the job class's)
-    files: tuple[str, ...] = ()  # side files beyond the class's, "PATH[#NAME]" (cmr.sidefiles)
-    total_order: bool = False  # sample keys, partition by range (or the class's total_order)
-
-    def __post_init__(self) -> None:
-        def need(ok: bool, what: str) -> None:
-            if not ok:
-                raise UsageError(what)
-
-        need(
-            1 <= self.partitions <= MAX_PARTITIONS,
-            f"--reducers must be between 1 and {MAX_PARTITIONS:,} (one queue each); "
-            f"got {self.partitions}",
-        )
-        need(
-            1 <= self.visibility_s <= MAX_VISIBILITY_S,
-            f"--visibility-timeout must be between 1 and {MAX_VISIBILITY_S:,} seconds (a task's "
-            f"lease: 0 would hand every task to every worker at once, and SQS holds one 12 "
-            f"hours at most); got {self.visibility_s}",
-        )
-        need(
-            1 <= self.max_task_failures <= MAX_TASK_TRIES,
-            f"--max-task-attempts must be between 1 and {MAX_TASK_TRIES:,} (how often one task "
-            f"may raise before the job fails; workers refuse more); got "
-            f"{self.max_task_failures}",
-        )
-        need(
-            1 <= self.max_task_attempts <= MAX_TASK_TRIES,
-            f"max_task_attempts must be between 1 and {MAX_TASK_TRIES:,} (how often one task "
-            f"may be started without finishing or raising before the job fails; workers "
-            f"refuse more); got {self.max_task_attempts}",
-        )
-        need(
-            0 <= self.task_timeout_s <= MAX_TASK_TIMEOUT_S,
-            f"--task-timeout must be between 1 and {MAX_TASK_TIMEOUT_S:,} seconds (a week: "
-            f"workers refuse more), or 0 for the default that grows with each task's input; "
-            f"got {self.task_timeout_s}",
-        )
-        for n in self.step_partitions:
-            need(
-                1 <= n <= MAX_PARTITIONS,
-                f"a step's reducers must be between 1 and {MAX_PARTITIONS:,}; got {n}",
-            )
-        need(
-            0 <= self.first_step <= self.last_step < self.job_steps
-            and (
-                self.job_steps == 1
-                or len(self.step_partitions) == self.last_step - self.first_step + 1
-            ),
-            f"steps {self.first_step + 1} to {self.last_step + 1} are not steps of a job of "
-            f"{self.job_steps}",
-        )
-        if self.lines and self.lines not in LINE_MODES:
-            raise UsageError(
-                f"unknown --lines {self.lines!r}: use one of {', '.join(LINE_MODES)} (or leave "
-                "it out for the job's own)"
-            )
-        for flag, value, check in (
-            ("--input-format", self.input_format, formats.parse_input),
-            ("--output-format", self.output_format, formats.check_output),
-        ):
-            if value:
-                try:
-                    check(value)
-                except formats.FormatError as exc:
-                    raise UsageError(f"{flag}: {exc}") from None
+JobOptions = joboptions.JobOptions  # what submit takes; harnesses and tests find it here
 
 
 Sources = str | Sequence[str]  # one input, or several (--input given more than once)
@@ -374,15 +283,12 @@ async def _stage(
     return [(f if f.url else _Found(root + name, f.size, f.location), name) for f, name in files]
 
 
-def _with_input_uri(options: JobOptions, listing: Listing) -> JobOptions:
-    """An mrjob job's options with the URI its map's names are below (mrjob's
+def _with_input_uri(cls: type[Job], options: JobOptions, listing: Listing) -> JobOptions:
+    """The options with what the inputs' listing tells the job's adapter, if it has one
+    (cmr.adapters): an mrjob job's gain the URI its map's names are below (mrjob's
     ``mapreduce.map.input.file``), known once the inputs are listed."""
-    from cmr.mrjob import INPUT_PARAM, input_param
-
-    if INPUT_PARAM not in options.params:
-        return options
-    params = {**options.params, INPUT_PARAM: input_param(listing.base, listing.one_file)}
-    return replace(options, params=params)
+    params = adapters.inputs_listed(cls, options.params, listing.base, listing.one_file)
+    return options if params == options.params else replace(options, params=params)
 
 
 def _output_files(manifest: bytes) -> Callable[[str], bool]:
@@ -479,7 +385,7 @@ async def prepare_output(
         # Probed, not made: a job refused for something else leaves no directory behind.
         path = await asyncio.to_thread(probe_output_dir, output)
         url = file_url(path) + "/"
-        etag, replaced = await _inspect(EmbeddedBlobs(), url, output, overwrite)
+        etag, replaced = await _inspect(backend.local_blobs, url, output, overwrite)
         if backend.capabilities.local_files:
             return OutputPlace(url, etag, replaced, make=path)
         if len(replaced) > MAX_REPLACED_LOCAL:
@@ -508,7 +414,7 @@ async def prepare_output(
 
 async def submit(
     backend: Backend,
-    ref: JobRef,
+    job: LoadedJob,
     source: Sources,
     output: str,
     options: JobOptions,
@@ -524,7 +430,7 @@ async def submit(
     sources = input_list(source)
     for s in sources:
         check_apart(s, output)
-    side = await asyncio.to_thread(sidefiles.gather, ref, options.files)
+    side = await asyncio.to_thread(sidefiles.gather, job, options.files)
     local = await local_inputs(sources)
     for here in local:  # a glob's matches (and links) as they resolve
         for li in here or ():
@@ -533,7 +439,7 @@ async def submit(
     scratch = job_scratch(backend.scratch, job_id)
     try:
         return await _submit(
-            backend, ref, sources, local, output, options, job_id, place, queue_prefix,
+            backend, job, sources, local, output, options, job_id, place, queue_prefix,
             parallelism, split_bytes, memory_bytes, side,
         )  # fmt: skip
     except BaseException:
@@ -566,7 +472,7 @@ async def _delete_queue(backend: Backend, name: str) -> None:
 
 async def _submit(
     backend: Backend,
-    ref: JobRef,
+    job: LoadedJob,
     sources: tuple[str, ...],
     local: list[list[LocalInput] | None],
     output: str,
@@ -580,13 +486,13 @@ async def _submit(
     side: list[sidefiles.Given],
 ) -> JobSpec:
     listing = await list_inputs(backend, sources, local, job_id)
-    options = _with_input_uri(options, listing)
+    options = _with_input_uri(job.cls, options, listing)
     inputs = listing.inputs
     total = sum(i.size for i in inputs)
     # A run from a later step reads what the step before wrote: pairs, each file whole.
     given = "pairs" if options.first_step > 0 else options.input_format
-    fmt = formats.parse_input(given or load_job_class(ref).input_format)
-    check_formats(load_job_class(ref), str(fmt))
+    fmt = formats.parse_input(given or job.cls.input_format)
+    check_formats(job.cls, str(fmt))
     split_bytes = split_bytes or choose_split_bytes(total, parallelism, memory_bytes)
     inputs = await sniff_inputs(backend.blobs, inputs, fmt, split_bytes)
     tasks = plan(inputs, split_bytes, fmt)
@@ -599,9 +505,9 @@ async def _submit(
         )
     scratch = job_scratch(backend.scratch, job_id)
     cuts = None
-    if sampling.check(load_job_class(ref), options.total_order, options.job_steps):
+    if sampling.check(job.cls, options.total_order, options.job_steps):
         cuts = await sampling.cut_points(
-            backend.blobs, ref, options.params, options.lines, tasks, options.partitions,
+            backend.blobs, job, options.params, options.lines, tasks, options.partitions,
             options.task_timeout_s, fmt,
         )  # fmt: skip
     planned = {r.url for t in tasks for r in t}
@@ -619,22 +525,22 @@ async def _submit(
             f"{MAX_QUEUE_NAME - len(longest) + len(queue_prefix)} characters"
         )
     spec = JobSpec(
-        job_id,
-        ref,
-        dict(options.params),
-        len(tasks),
-        options.step_partitions[0] if many else options.partitions,
-        place.url,
-        backend.scratch,
-        queue_prefix,
-        options.visibility_s,
-        options.max_task_failures,
-        options.max_task_attempts,
-        options.task_timeout_s,
-        Plan.digest(data),
-        place.replaces,
+        job_id=job_id,
+        ref=job.ref,
+        params=dict(options.params),
+        maps=len(tasks),
+        partitions=options.step_partitions[0] if many else options.partitions,
+        output=place.url,
+        scratch=backend.scratch,
+        queue_prefix=queue_prefix,
+        visibility_s=options.visibility_s,
+        max_task_failures=options.max_task_failures,
+        max_task_attempts=options.max_task_attempts,
+        task_timeout_s=options.task_timeout_s,
+        plan_digest=Plan.digest(data),
+        replaces=place.replaces,
         # One root as before; several, or a glob's pattern: each, named in the record.
-        (listing.roots or listing.globs)[0],
+        input_root=(listing.roots or listing.globs)[0],
         lines=options.lines,
         step=options.first_step,
         first_step=options.first_step,

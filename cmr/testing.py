@@ -42,10 +42,9 @@ from typing import Any, TypeVar
 import msgpack
 
 from cmr import (
-    compute,
+    adapters,
     counters,
     formats,
-    mrjob,
     pipeline,
     places,
     sampling,
@@ -56,22 +55,30 @@ from cmr import (
     watch,
 )
 from cmr.admission import serving_own_job
-from cmr.api import job_ref, step_options
+from cmr.api import job_ref
 from cmr.backends.base import Backend
 from cmr.backends.embedded import temporary_backend
-from cmr.backends.embedded.blobs import EmbeddedBlobs, file_url
+from cmr.backends.embedded.blobs import EmbeddedBlobs
 from cmr.backends.faults import FaultPlan, inject
 from cmr.backends.retry import with_retries
-from cmr.compute import job_instance
+from cmr.cpu.instances import forget_instance, hook, job_instance, job_step, mapper_name
+from cmr.cpu.mapping import map_calls
+from cmr.cpu.order import ValueOrder, sorted_keys, value_sorting
+from cmr.cpu.reducing import write_output
+from cmr.cpu.results import MapResult, ReduceResult
+from cmr.cpu.shuffle import partitioner
+from cmr.cpu.specs import MapSpec, map_piece_bytes
 from cmr.errors import JobFailed, UsageError
-from cmr.job import Job, JobRef, check_formats, load_job_class
+from cmr.fileurls import file_url
+from cmr.job import Job, check_formats
+from cmr.jobload import LoadedJob
+from cmr.joboptions import JobOptions
 from cmr.lifecycle import job_scratch
 from cmr.publish import MANIFEST, Manifest
 from cmr.records import ACTIVE_PK, JOBS_PK, OUTPUTS_PK, JobSpec, job_pk
 from cmr.runtime import STEPS, Hook, Runtime, WorkerCrashed
 from cmr.settings import AwsSettings, WorkerSettings
 from cmr.split import Input
-from cmr.submit import JobOptions
 from cmr.worker import Worker
 
 _T = TypeVar("_T")
@@ -122,17 +129,20 @@ def sequential(
     for s in sources:
         if not places.is_local(s):
             raise UsageError(f"sequential reads local input only, not {s[:200]!r}: copy it here")
-    ref = job_ref(job)
-    cls = load_job_class(ref)
+    loaded = job_ref(job)
+    cls, ref = loaded.cls, loaded.ref
     if isinstance(files, str):
         raise UsageError(f"files= must be a list of paths, not one str: [{files!r}]")
     # As `cmr run JOB -- ARGS` does: an mrjob job's arguments, input URI and files.
-    mr_params, mr_files = mrjob.job_args(ref.target, sources, list(args))
+    mr_params, mr_files = adapters.job_args(loaded, list(args))
     params = {**(params or {}), **mr_params}
     # What `cmr run` would refuse, refused alike (the same checks, the same words).
-    options = JobOptions(
-        **step_options(cls, params, reducers, step, from_step),
+    options = JobOptions.of(
+        loaded,
         params=params,
+        reducers=reducers,
+        step=step,
+        from_step=from_step,
         lines=lines,
         input_format=input_format,
         output_format=output_format,
@@ -144,14 +154,14 @@ def sequential(
         "pairs" if options.first_step > 0 else options.input_format or cls.input_format
     )
     check_formats(cls, str(fmt))
-    options, chunks = _in_thread(_listed(sources, options, fmt))
+    options, chunks = _in_thread(_listed(cls, sources, options, fmt))
     params = options.params
     partitions = options.step_partitions or (options.partitions,)
     cuts = None
     if sampling.check(cls, options.total_order, options.job_steps):
         with counters.paused():  # sampled on the client at submit: counted by no task
-            cuts = _cut_points(ref, options, fmt, chunks)
-    side = sidefiles.gather(ref, options.files)
+            cuts = _cut_points(loaded, options, fmt, chunks)
+    side = sidefiles.gather(loaded, options.files)
     run_id = f"sequential-{secrets.token_hex(6)}"
     parts: list[bytes] = []
     with (
@@ -179,7 +189,7 @@ def sequential(
                 )
                 parts = [_reduce_task(inst, k, g, writes) for g in groups]
             finally:
-                compute._instances.pop(f"{step_id} {files_dir}", None)
+                forget_instance(step_id, files_dir)
             fmt = formats.parse_input("pairs")  # what every step but the job's last writes
             chunks = [(f"part-{p:05d}", data) for p, data in enumerate(parts) if data]
             cuts = None
@@ -190,7 +200,7 @@ def sequential(
 
 
 async def _listed(
-    sources: tuple[str, ...], options: JobOptions, fmt: formats.InputFormat
+    cls: type[Job], sources: tuple[str, ...], options: JobOptions, fmt: formats.InputFormat
 ) -> tuple[JobOptions, list[tuple[str, bytes]]]:
     """The inputs listed, named and checked by submit's own code (on a backend that reads
     them in place), each file's bytes with the name map is told; empty ones left out, as
@@ -199,7 +209,7 @@ async def _listed(
         listing = await submit.list_inputs(
             be, sources, await submit.local_inputs(sources), "sequential"
         )
-        options = submit._with_input_uri(options, listing)
+        options = submit._with_input_uri(cls, options, listing)
         inputs = await submit.sniff_inputs(be.blobs, listing.inputs, fmt, sys.maxsize)
         return options, [(i.name, await be.blobs.get(i.url)) for i in inputs if i.size]
 
@@ -212,7 +222,10 @@ def _in_thread(coro: Coroutine[Any, Any, _T]) -> _T:
 
 
 def _cut_points(
-    ref: JobRef, options: JobOptions, fmt: formats.InputFormat, chunks: list[tuple[str, bytes]]
+    loaded: LoadedJob,
+    options: JobOptions,
+    fmt: formats.InputFormat,
+    chunks: list[tuple[str, bytes]],
 ) -> tuple[Any, ...]:
     """A total-order job's cut points, chosen by the submitter's own sampling: over input
     small enough that the sample is all of it, they do not depend on how it is split."""
@@ -234,7 +247,7 @@ def _cut_points(
         tasks = split.plan(inputs, max(1, total), fmt)
         sample = sampling.cut_points(
             EmbeddedBlobs(),
-            ref,
+            loaded,
             dict(options.params),
             options.lines,
             tasks,
@@ -259,10 +272,10 @@ def _map_task(
     groups them after their trip through msgpack."""
     job = inst.for_task()
     job._cmr_map_task(k, chunks[0][0] if chunks else "")
-    st, name = compute.job_step(job, k)
+    st, name = job_step(job, k)
     universal = (lines or job.lines) == "universal"
-    mapper = compute._mapper_name(job, st, name, fmt.name == "lines")
-    spec = compute.MapSpec(
+    mapper = mapper_name(job, st, name, fmt.name == "lines")
+    spec = MapSpec(
         job="sequential",
         task=0,
         attempt="",
@@ -275,14 +288,14 @@ def _map_task(
         codecs=tuple(formats.sniff(d[: formats.SNIFF_BYTES]) for _, d in chunks),
         starts=(0,) * len(chunks),
         # A default worker's pieces: the longest record it reads is the same.
-        piece_bytes=compute.map_piece_bytes(WorkerSettings().memory_mb * 1024 * 1024),
+        piece_bytes=map_piece_bytes(WorkerSettings().memory_mb * 1024 * 1024),
         step=k,
         cuts=cuts,
     )
-    part = compute._partitioner(job, n, cuts)
+    part = partitioner(job, n, cuts)
     groups: list[dict[Any, list[Any]]] = [{} for _ in range(n)]
-    compute._hook(st.map_init)
-    calls = compute._map_calls(st, fmt, chunks, spec, compute.MapResult(), universal)
+    hook(st.map_init)
+    calls = map_calls(st, fmt, chunks, spec, MapResult(), universal)
     for source in calls:
         for pair in source:
             key, value = pair if type(pair) is tuple else usercode.as_pair(pair, mapper, source)
@@ -299,15 +312,15 @@ def _reduce_task(inst: Job, k: int, group: dict[Any, list[Any]], writes: str) ->
     """One partition's reduce task of step k: keys in the engine's order, each key's
     values sorted when the step sorts them, written by the engine's writer."""
     job = inst.for_task()
-    st, name = compute.job_step(job, k)
-    sort_values, value_order = compute.value_sorting(job, st)
-    order = compute.ValueOrder(job, value_order) if sort_values else None
+    st, name = job_step(job, k)
+    sort_values, value_order = value_sorting(job, st)
+    order = ValueOrder(job, value_order) if sort_values else None
     keyed = (
         (key, iter(order.sorted(group[key]) if order is not None else group[key]))
-        for key in compute._sorted_keys(group)
+        for key in sorted_keys(group)
     )
     out = io.BytesIO()
-    compute._write_output(job, keyed, out, compute.ReduceResult(), writes, st, name)
+    write_output(job, keyed, out, ReduceResult(), writes, st, name)
     return out.getvalue()
 
 
@@ -504,16 +517,17 @@ async def chaos_run(
     rng = random.Random(seed * 7919 + 1)
     async with temporary_backend("cmr-chaos-") as base, inject(base, plan) as faulty:
         be = with_retries(wrap(faulty) if wrap is not None else faulty, attempts=12)
-        ref = job_ref(job)
-        options = JobOptions(
-            **step_options(load_job_class(ref), params or {}, reducers),
+        loaded = job_ref(job)
+        options = JobOptions.of(
+            loaded,
+            params=params,
+            reducers=reducers,
             visibility_s=visibility_s,
-            params=dict(params or {}),
             **(job_options or {}),
         )
         spec = await submit.submit(
             be,
-            ref,
+            loaded,
             str(input),
             str(output),
             options,

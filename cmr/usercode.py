@@ -4,7 +4,7 @@ their natural order.
 A mistake in user code is reported as what the user wrote did: which method (``WordCount.map
 raised ValueError: boom``, ``WordCount.map yielded 'ab' (a str); expected (key, value)
 pairs``), with the user's own traceback frames only: cmr's and msgpack's frames say nothing
-the user can act on. The hot loops in :mod:`cmr.compute` do not check what user code yields
+the user can act on. The hot loops in :mod:`cmr.cpu` do not check what user code yields
 pair by pair beyond one type test; when something fails they ask here what the user did.
 """
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cmr.backends.base import Backend
-from cmr.backends.embedded import EmbeddedBlobs, file_path, file_url
 from cmr.backends.retry import transient
 from cmr.errors import BackendError, JobFailed, NotFound, UsageError
+from cmr.fileurls import file_path, file_url
 from cmr.publish import (
     Manifest,
     OutputConflict,
@@ -164,7 +164,7 @@ async def fetch_output(backend: Backend, spec: JobSpec, record: dict[str, Any]) 
     fetch = record.get("fetch")
     if not isinstance(fetch, dict):
         return
-    local = EmbeddedBlobs()
+    local = backend.local_blobs
     dest = file_url(fetch["dir"]) + "/"
     try:
         manifest, _ = await read_manifest(backend.blobs, spec.output)

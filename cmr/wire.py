@@ -46,7 +46,7 @@ _MAP_HEADERS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
 _LEVEL = 1
 
 MIB = 1024 * 1024
-# Anything decoded from a queue or a blob is at most this large (compute also bounds its
+# Anything decoded from a queue or a blob is at most this large (cmr.cpu also bounds its
 # spool readers' buffers with it).
 MAX_DECODED = 64 * MIB
 # Shuffle pairs compress ~4x; 256x is far past that, while a bomb's ratio is in the
@@ -56,7 +56,7 @@ MAX_DECODED = 64 * MIB
 # ratio (cmr.plan): a big file's URL repeats over its ranges.
 MAX_RATIO = 256
 DECODED_FLOOR = 1 * MIB
-# A batch's pairs. What the mapper packs (cmr.compute) must decode within
+# A batch's pairs. What the mapper packs (cmr.cpu.shuffle) must decode within
 # ``decoded_limit(len(body), MAX_BATCH_PAIRS)``: shuffle data at ~4x, a 256 KiB body
 # holds ~1 MiB of pairs; held while decoded, 16 MiB costs ~32 MiB for an instant.
 MAX_BATCH_PAIRS = 16 * MIB

@@ -20,14 +20,13 @@ import os
 import queue
 import shutil
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-from cmr import failures, janitor, taskprogress, wire
+from cmr import clock, failures, janitor, taskprogress, wire
 from cmr.admission import Admission
 from cmr.aio import TaskGroup
 from cmr.backends.base import Backend, Item, Received, Update
@@ -86,7 +85,7 @@ class Worker:
         self.jobs: list[JobSpec] = []
         self._specs: dict[str, JobSpec] = {}
         self._turn = 0
-        self.last_work = time.monotonic()
+        self.last_work = clock.monotonic()
         self.busy = 0
         self.broken = False
         self.refused = ""  # why this worker's only job was refused
@@ -121,8 +120,8 @@ class Worker:
                 self._refuse(job_id, reason)
                 return None
             self._specs[job_id] = spec
-            self._last_task.setdefault(job_id, time.monotonic())
-            self.last_work = time.monotonic()  # a new job is work to come, not idleness
+            self._last_task.setdefault(job_id, clock.monotonic())
+            self.last_work = clock.monotonic()  # a new job is work to come, not idleness
         return spec
 
     def _refuse(self, job_id: str, reason: str) -> None:
@@ -221,7 +220,7 @@ class Worker:
             # once): take it now; of the workers that try, the conditional write picks one.
             self._duty(spec, lambda: janitor.clean(self.rt, spec, None))
             return
-        now = time.monotonic()
+        now = clock.monotonic()
         watched = self._watched.get(spec.job_id)
         if watched is None or watched[0] != seen:
             self._watched[spec.job_id] = (seen, now)
@@ -234,14 +233,14 @@ class Worker:
         """A running job none of our slots got a message of for a while: check that its task
         messages still exist (and whether it is due to be finalized)."""
         every = self.rt.settings.janitor_s
-        now = time.monotonic()
+        now = clock.monotonic()
         checked, before = self._repaired.get(spec.job_id, (0.0, None))
         if now - self._last_task.get(spec.job_id, now) < every or now - checked < every:
             return
 
         async def check() -> None:
             seen = await janitor.repair(self.rt, spec, before)
-            self._repaired[spec.job_id] = (time.monotonic(), seen)
+            self._repaired[spec.job_id] = (clock.monotonic(), seen)
 
         self._repaired[spec.job_id] = (now, before)
         self._duty(spec, check)
@@ -289,7 +288,7 @@ class Worker:
                 wait_s = poll_s
                 self.busy += 1
                 self._idle.clear()
-                self.last_work = self._last_task[spec.job_id] = time.monotonic()
+                self.last_work = self._last_task[spec.job_id] = clock.monotonic()
                 last = f"a message of job {spec.job_id} via {handle.__name__}"
                 try:
                     await handle(spec, got[0])
@@ -297,7 +296,7 @@ class Worker:
                     self.busy -= 1
                     if not self.busy:
                         self._idle.set()
-                    self.last_work = time.monotonic()
+                    self.last_work = clock.monotonic()
             except QueueGone:
                 # The job ended and its queues were cleaned up: stop polling them now (each
                 # try costs a request) and let the watcher confirm it at once.
@@ -389,7 +388,7 @@ class Worker:
                 idle_exit is not None
                 and self.busy == 0
                 and not self._duties
-                and time.monotonic() - self.last_work > idle_exit
+                and clock.monotonic() - self.last_work > idle_exit
             ):
                 self.rt.log.info("idle; exiting", idle_s=idle_exit)
                 self.done.set()

@@ -3,10 +3,12 @@
 # and hashed (requirements.txt).
 #   scripts/setup.sh        then: .venv/bin/cmr --help
 #   scripts/setup.sh dev    also the development tools (requirements-dev.txt: pytest, mypy,
-#                           ruff, moto ...), as scripts/test.sh does
+#                           ruff, moto ...) and the load generator's, as scripts/test.sh does
 #   scripts/setup.sh mrjob  also mrjob 0.7.4, to run mrjob jobs (requirements-mrjob.txt;
 #                           the checkout's `pip install 'cmr[mrjob]'`)
-#   scripts/setup.sh lock   re-resolve both locks (same pins, fresh hashes); pass
+#   scripts/setup.sh loadgen  also what `cmr loadgen` needs: hdrhistogram, matplotlib
+#                           (requirements-loadgen.txt; the checkout's `pip install 'cmr[loadgen]'`)
+#   scripts/setup.sh lock   re-resolve every lock (same pins, fresh hashes); pass
 #                           --upgrade-package NAME (or --upgrade) to move a pin on purpose
 #   PYTHON=python3.12 scripts/setup.sh    use that interpreter for a new .venv (default:
 #                           python3.11 if found, else the newest 3.11+ on PATH)
@@ -42,8 +44,10 @@ lock() {
         --constraint requirements-dev.txt --output-file requirements.txt
     uv_cmd pip compile pyproject.toml "$build" --extra mrjob "${common[@]}" \
         --constraint requirements-dev.txt --output-file requirements-mrjob.txt
+    uv_cmd pip compile pyproject.toml "$build" --extra loadgen "${common[@]}" \
+        --constraint requirements-dev.txt --output-file requirements-loadgen.txt
     sed -i "s|$build|pyproject.toml [build-system]|" requirements-dev.txt requirements.txt \
-        requirements-mrjob.txt
+        requirements-mrjob.txt requirements-loadgen.txt
 }
 
 # The interpreter for a new .venv: $PYTHON, else python3.11, else the newest 3.11+ found.
@@ -101,9 +105,10 @@ case "${1:-}" in
         ;;
     dev) locks=(requirements.txt requirements-dev.txt) ;;
     mrjob) locks=(requirements-mrjob.txt) ;;
+    loadgen) locks=(requirements-loadgen.txt) ;;
     "") locks=(requirements.txt) ;;
     *)
-        echo "error: unknown argument '$1': use scripts/setup.sh [dev|mrjob|lock]" >&2
+        echo "error: unknown argument '$1': use scripts/setup.sh [dev|mrjob|loadgen|lock]" >&2
         exit 2
         ;;
 esac

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up, then lint, type-check and run every test against the embedded backend and the
 # local AWS stack (LocalStack + moto's DynamoDB, installed and started on first use).
-#   scripts/test.sh [pytest args...]
+#   scripts/test.sh [pytest args...]      e.g. -m "not slow": the everyday subset, minutes
 # The stack is left running: scripts/stack.sh stop ends it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -41,5 +41,10 @@ step "ruff and mypy"
 .venv/bin/mypy cmr
 .venv/bin/mypy --explicit-package-bases tests
 
-step "pytest $*"
-.venv/bin/python -m pytest -q "$@"
+# In parallel (pytest-xdist): the suite mostly waits (leases, subprocesses, the stack's
+# servers), so it runs in more processes than cores. CMR_TEST_WORKERS=N sets how many, and
+# `-n 0` among the arguments runs it in one. --dist loadgroup keeps each xdist_group on one
+# worker (expensive shared set-up); tests marked `alone` run while no other does (tests/alone.py).
+workers="${CMR_TEST_WORKERS:-4}"
+step "pytest -n $workers $*"
+.venv/bin/python -m pytest -q -n "$workers" --dist loadgroup "$@"

@@ -9,6 +9,8 @@ import pytest
 
 from tests.stack import DYNAMODB_SERVER, stack_env, stack_up
 
+pytest_plugins = ("tests.alone",)  # the `alone` marker, under pytest-xdist
+
 # Where the local stack's DynamoDB server (moto) lacks a semantic that cmr relies on from real
 # DynamoDB, the test keeps asserting it, on the embedded backend as written and on the stack as
 # a strict expected failure: the day the server learns it, the test fails and says so.

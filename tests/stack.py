@@ -4,8 +4,15 @@ see it."""
 from __future__ import annotations
 
 import socket
-from contextlib import suppress
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
+
+if TYPE_CHECKING:
+    from cmr.backends.base import Backend
+    from cmr.settings import AwsSettings
 
 LOCALSTACK_URL = "http://127.0.0.1:4566"
 DYNAMODB_URL = "http://127.0.0.1:8000"
@@ -32,6 +39,13 @@ def _answers(url: str, timeout: float = 1.0) -> bool:
             return True
     except OSError:
         return False
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (as the kernel just handed it out)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def stack_up() -> bool:
@@ -65,3 +79,25 @@ def remove_test_resources(bucket: str, table: str, queue_prefix: str) -> None:
     dynamodb = session.client("dynamodb", endpoint_url=DYNAMODB_URL)
     with suppress(ClientError):
         dynamodb.delete_table(TableName=table)
+
+
+@asynccontextmanager
+async def stack_backend(name: str, queue_tag: str) -> AsyncIterator[tuple[Backend, AwsSettings]]:
+    """An aws backend on the local stack with a bucket and table of its own
+    (``cmr-<name>-<tag>``) and queues named ``<queue_tag>-<tag>-``. Once the test is done
+    nothing of its jobs may be left (whatever was killed, paused or duplicated, every job
+    ended and cleaned up after itself); then all of it is removed, whatever happened."""
+    from cmr.api import open_backend
+    from cmr.settings import AwsSettings
+    from cmr.testing import backend_leftovers
+
+    tag = uuid.uuid4().hex[:8]
+    settings = AwsSettings(
+        bucket=f"cmr-{name}-{tag}", table=f"cmr-{name}-{tag}", queue_prefix=f"{queue_tag}-{tag}-"
+    )
+    try:
+        async with open_backend("aws", settings) as be:
+            yield be, settings
+            assert await backend_leftovers(be, settings.queue_prefix) == []
+    finally:
+        remove_test_resources(settings.bucket, settings.table, settings.queue_prefix)

@@ -26,6 +26,11 @@ import pytest
 
 from tests.stack import stack_env
 
+# One worker runs them all when the suite runs in parallel (scripts/test.sh: --dist
+# loadgroup): the fresh copy and its quick start (a .venv set up by scripts/setup.sh) are
+# made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("docs")
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted((REPO / "docs").glob("*.md"))
 MARKER = re.compile(

@@ -20,8 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cmr import compute, records, split, wire
 from cmr import plan as plan_mod
+from cmr import records, split, wire
+from cmr.cpu.shuffle import Shuffle
+from cmr.cpu.specs import MapSpec
 from cmr.errors import UsageError, WireError
 from cmr.plan import Plan
 from cmr.records import MapCommit
@@ -323,9 +325,9 @@ def test_a_batch_of_more_records_than_its_pairs_can_hold_is_refused() -> None:
 def test_the_mapper_packs_batches_the_decoder_accepts(tmp_path: Path) -> None:
     """Values that compress ~10,000x: the mapper's target grows with the ratio it saw, so
     its second batch held 23 MB of pairs in a 3.6 KB body, which the decoder refuses."""
-    spec = compute.MapSpec(JOB, 0, "ab12", 1, 256 * 1024, str(tmp_path), combine=False)
+    spec = MapSpec(JOB, 0, "ab12", 1, 256 * 1024, str(tmp_path), combine=False)
     out = io.BytesIO()
-    shuffle = compute._Shuffle(spec, out)
+    shuffle = Shuffle(spec, out)
     for i in range(400):
         shuffle.add(0, f"key{i}", "x" * 60_000)
     shuffle.close()

@@ -5,12 +5,13 @@ runner's own directory."""
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 
-def line_ranges(path: str, chunk: int) -> list[tuple[str, int, int]]:
+def line_ranges(path: str | os.PathLike[str], chunk: int) -> list[tuple[str, int, int]]:
     """Byte ranges of about ``chunk`` bytes covering the file, each ending after a b"\\n"
-    (the last one at the end of the file)."""
+    (the last one at the end of the file), each naming the file as a str."""
     size = Path(path).stat().st_size
     cuts = [0]
     with open(path, "rb") as f:
@@ -27,7 +28,7 @@ def line_ranges(path: str, chunk: int) -> list[tuple[str, int, int]]:
             cuts.append(pos)
             pos += chunk
     cuts.append(size)
-    return [(path, a, b) for a, b in itertools.pairwise(cuts) if b > a]
+    return [(str(path), a, b) for a, b in itertools.pairwise(cuts) if b > a]
 
 
 def chunk_size(files: list[str], workers: int) -> int:

@@ -267,6 +267,11 @@ class Backend:
     table: Table
     scratch: str  # URL prefix for staged input, attempt outputs and spilled values
     capabilities: Capabilities = field(default=_BY_NAME, kw_only=True)
+    # This machine's files as a blob store (file:// URLs), whichever backend runs the job:
+    # where the client inspects a local output directory and fetches a job's results into
+    # one. Not one of the job's services: its calls are not the backend's (none counted,
+    # none faulted), as no worker makes them.
+    local_blobs: Blobs = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if self.capabilities is _BY_NAME:

@@ -359,6 +359,7 @@ def inject(backend: Backend, plan: FaultPlan) -> FaultyBackend:
         faults.injected,
         faults,
         capabilities=wrapped.capabilities,
+        local_blobs=wrapped.local_blobs,
     )
 
 

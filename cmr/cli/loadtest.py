@@ -10,7 +10,6 @@ it is refused before a single request. Afterwards it removes only what the run m
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from rich.text import Text
 
+from cmr.cli.exits import USAGE
 from cmr.cli.options import (
     StoreFlags,
     Verbose,
@@ -36,7 +36,7 @@ from cmr.cli.options import (
 )
 from cmr.cli.tables import print_table
 from cmr.errors import JobFailed, UsageError
-from cmr.loadgen import plan, report
+from cmr.loadgen import extra, plan, report
 from cmr.loadgen.spec import TARGETS, LoadTask
 from cmr.loadgen.targets import RESOURCE, Prepared, cleanup, prepare
 from cmr.loadgen.targets.aim import Aim, aim, survey
@@ -162,6 +162,14 @@ class Engine:
 
 def engine_of(load: LoadFlags, store: StoreFlags) -> Engine:
     """Check the flags every test shares (before anything is created) and build its engine."""
+    # Without the loadgen extra, one line saying what to install (exit 2, as for a command
+    # line that cannot run), before anything is made, not an ImportError in a task.
+    if load.plots_dir is None:
+        missing = extra.missing("cmr loadgen", "hdrh")
+    else:
+        missing = extra.missing("cmr loadgen --plots", "hdrh", "matplotlib")
+    if missing:
+        fail(missing, code=USAGE)
     configure_logs(logging.WARNING - 10 * load.verbose)
     target = str(load.target)
     named = {
@@ -214,8 +222,6 @@ def _writable(path: Path, plots_dir: Path | None) -> None:
             raise UsageError(f"cannot write under {directory} ({flag}): permission denied")
     if path.is_dir():
         raise UsageError(f"--json {path} is a directory: give a file name")
-    if plots_dir is not None and importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("--plots needs matplotlib, which is not installed: pip install matplotlib")
 
 
 Measure = Callable[[list[LoadTask], str], Awaitable["Measurement"]]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 import time
@@ -208,9 +207,11 @@ def run(
         )
         bars.update(ids["reduce"], total=p.reduces, completed=p.reduces_done, note="")
 
-    from cmr import mrjob  # an mrjob job's arguments and input URI (none for a cmr.Job)
+    from cmr.adapters import job_args as adapted_args  # an mrjob job's (none for a cmr.Job)
+    from cmr.jobload import load_job
 
-    mr_params, mr_files = mrjob.job_args(job, input, job_args or [])
+    loaded = load_job(job)  # once: its arguments, its options and its submission use it
+    mr_params, mr_files = adapted_args(loaded, job_args or [])
     options = api.RunOptions(
         reducers=reducers,
         workers=(0 if detach else 1) if workers is None else workers,
@@ -230,14 +231,13 @@ def run(
         on_submit=on_submit,
         input_format=input_format,
         output_format=output_format,
-        files=tuple(file),
+        # An mrjob job's add_file_arg options name files: they ship as side files too.
+        files=(*file, *mr_files),
     )
-    if mr_files:  # the files its add_file_arg options name ship as side files
-        options = dataclasses.replace(options, files=(*options.files, *mr_files))
     try:
         with bars:
             result = interruptible(
-                api.run_async(job, input, output, options, backend=where.backend)
+                api.run_async(loaded, input, output, options, backend=where.backend)
             )
     except Interrupted:
         if submitted and where.backend == BackendName.aws:

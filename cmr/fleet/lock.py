@@ -3,8 +3,9 @@ files, for the instances' Python (3.11 on Amazon Linux 2023). An instance instal
 these files (``pip install --require-hashes --only-binary :all:``): nothing is resolved at
 boot, and a file that differs from the one locked is refused.
 
-The lock is made at ``cmr fleet up`` with uv from the wheel's own requirements, preferring
-the versions this machine runs (the ones the user tested with), or given with ``--lock``.
+The lock is made at ``cmr fleet up`` with uv from the wheel's own requirements and those of
+its ``loadgen`` extra (``FLEET_EXTRAS``), preferring the versions this machine runs (the ones
+the user tested with), or given with ``--lock``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 import shutil
 import subprocess
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from cmr.errors import FleetError
@@ -26,6 +28,10 @@ TARGET_PYTHON = "3.11"  # AL2023's python3.11, as the user data installs it
 # files, so an aarch64 image finds its wheels there too.
 TARGET_PLATFORM = "x86_64-manylinux_2_28"
 _REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[^\]]*\])?==\S+")
+# The extras every instance installs: the fleet serves the load generator's job by default
+# (params.DEFAULTS["JobsFrom"]), and its tasks measure with the loadgen extra's histograms.
+FLEET_EXTRAS = ("loadgen",)
+_ONLY_EXTRA = re.compile(r"""^extra\s*==\s*['"]([A-Za-z0-9._-]+)['"]$""")
 
 
 def lock_key(lock: Path) -> str:
@@ -33,15 +39,27 @@ def lock_key(lock: Path) -> str:
     return f"{LOCK_PREFIX}/{sha256_of(lock)}/requirements.txt"
 
 
-def wheel_requirements(wheel: Path) -> list[str]:
-    """The wheel's Requires-Dist, extras left out (the fleet installs none)."""
+def wheel_requirements(wheel: Path, extras: Sequence[str] = ()) -> list[str]:
+    """The wheel's Requires-Dist: its own, and those of ``extras`` (without their marker);
+    the other extras' left out."""
     try:
         with zipfile.ZipFile(wheel) as z:
             name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
             meta = email.parser.Parser().parsestr(z.read(name).decode("utf-8"))
     except (OSError, zipfile.BadZipFile, StopIteration, UnicodeDecodeError) as exc:
         raise FleetError(f"{wheel} is not a readable wheel: {exc}") from None
-    return [r for r in meta.get_all("Requires-Dist") or [] if "extra ==" not in r]
+    wanted = []
+    for entry in meta.get_all("Requires-Dist") or []:
+        requirement, _, marker = (part.strip() for part in entry.partition(";"))
+        if "extra" not in marker:
+            wanted.append(entry)
+        elif (only := _ONLY_EXTRA.match(marker)) is not None:
+            if only[1] in extras:
+                wanted.append(requirement)
+        elif any(extra in marker for extra in extras):
+            # e.g. `(python_version < "3.12") and extra == 'loadgen'`: not guessed at
+            raise FleetError(f"{wheel}: cannot lock {entry!r} (a marker beyond its extra)")
+    return wanted
 
 
 def _installed_pins(project: str) -> list[str]:
@@ -54,8 +72,11 @@ def _installed_pins(project: str) -> list[str]:
     return sorted(pins)
 
 
-def compile_lock(wheel: Path, outdir: Path, project: str = "cmr") -> Path:
-    """Lock the wheel's requirements with uv (``UV_OFFLINE=1`` resolves from its cache)."""
+def compile_lock(
+    wheel: Path, outdir: Path, project: str = "cmr", extras: Sequence[str] = FLEET_EXTRAS
+) -> Path:
+    """Lock the wheel's requirements and its ``extras``' with uv (``UV_OFFLINE=1`` resolves
+    from its cache)."""
     uv = shutil.which("uv")
     if uv is None:
         raise FleetError(
@@ -63,7 +84,7 @@ def compile_lock(wheel: Path, outdir: Path, project: str = "cmr") -> Path:
             "(pip install uv), or pass --lock FILE (a `pip install --require-hashes` file)"
         )
     requirements = outdir / "requirements.in"
-    requirements.write_text("\n".join(wheel_requirements(wheel)) + "\n")
+    requirements.write_text("\n".join(wheel_requirements(wheel, extras)) + "\n")
     # Constraints apply only to packages the wheel needs: the versions run here win.
     constraints = outdir / "constraints.txt"
     constraints.write_text("\n".join(_installed_pins(project)) + "\n")

@@ -25,10 +25,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from hdrh.histogram import HdrHistogram
-
 from cmr.errors import WireError
+from cmr.loadgen.extra import INSTALL
 from cmr.loadgen.targets import ERROR_CLASSES
+
+try:
+    from hdrh.histogram import HdrHistogram
+except ModuleNotFoundError as exc:
+    # a worker without the loadgen extra, handed a load task: its error says what to install
+    raise ModuleNotFoundError(
+        f"{exc}; the load generator needs the loadgen extra: {INSTALL}", name=exc.name
+    ) from None
 
 __all__ = [
     "HIGHEST_US",

@@ -18,10 +18,11 @@ import pytest
 
 from cmr.backends import faults
 from cmr.backends.base import Backend, Present, Put, Queues, Received, Table, TxWrite, Update
-from cmr.backends.embedded import embedded_backend, file_url
+from cmr.backends.embedded import embedded_backend
 from cmr.backends.faults import FaultPlan, FaultyBackend, inject
 from cmr.backends.middleware import LayerBlobs, LayerQueues, LayerTable
 from cmr.errors import BackendError, ConditionFailed, Throttled, UsageError
+from cmr.fileurls import file_url
 
 Make = Callable[[FaultPlan], FaultyBackend]
 

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from cmr.backends.base import Backend, Check, Present, Put, Update
-from cmr.backends.embedded import embedded_backend, file_url
+from cmr.backends.embedded import embedded_backend
 from cmr.backends.middleware import Call, Middleware, Proceed, wrap
 from cmr.errors import BackendError, UsageError
+from cmr.fileurls import file_url
 
 
 async def count_script(be: Backend, root: Path) -> None:

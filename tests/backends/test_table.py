@@ -153,15 +153,35 @@ async def test_eq_does_not_equate_bool_and_number(
 async def test_numbers_compare_across_int_and_float(
     backend: Backend, unique: Callable[[], str]
 ) -> None:
-    # DynamoDB has one number type: an int attribute compares with a float value.
+    """DynamoDB has one number type: an int attribute compares with a float value, and a
+    float attribute with an int value, by their numeric value. After each conditional write
+    the item is read back: one whose condition holds wrote, one whose condition fails wrote
+    nothing, and the numbers read back as the numbers written (an int as an int, 1.5 as a
+    float: no Decimal, no truncation)."""
     pk = unique()
-    await backend.table.put(pk, "a", {"at": 100, "t": 1.5})
-    await backend.table.update(Update(pk, "a", set_={"x": 1}, condition=Lt("at", 100.5)))
-    await backend.table.update(Update(pk, "a", set_={"x": 2}, condition=Lt("t", 2)))
-    await backend.table.update(Update(pk, "a", set_={"x": 3}, condition=Eq("at", 100.0)))
-    assert (await backend.table.get(pk, "a") or {}).get("x") == 3
-    with pytest.raises(ConditionFailed):
-        await backend.table.update(Update(pk, "a", set_={"x": 4}, condition=Lt("at", 99.5)))
+    await backend.table.put(pk, "a", {"at": 100, "t": 1.5, "two": 2.0})
+    steps: list[tuple[Condition, bool]] = [
+        (Lt("at", 100.5), True),  # int attribute < float value
+        (Lt("t", 2), True),  # float attribute < int value
+        (Eq("at", 100.0), True),  # int attribute = float value
+        (Eq("two", 2), True),  # float attribute = int value
+        (Lt("at", 99.5), False),
+        (Lt("t", 1), False),
+        (Eq("at", 100.5), False),
+        (Eq("t", 1), False),
+    ]
+    written = 0
+    for n, (condition, holds) in enumerate(steps, 1):
+        update = Update(pk, "a", set_={"x": n}, condition=condition)
+        if holds:
+            await backend.table.update(update)
+            written = n
+        else:
+            with pytest.raises(ConditionFailed):
+                await backend.table.update(update)
+        item = await backend.table.get(pk, "a", consistent=True)
+        assert item == {"pk": pk, "sk": "a", "at": 100, "t": 1.5, "two": 2, "x": written}, condition
+        assert (type(item["at"]), type(item["t"]), type(item["x"])) == (int, float, int)
 
 
 async def test_update_creates_and_adds(backend: Backend, unique: Callable[[], str]) -> None:

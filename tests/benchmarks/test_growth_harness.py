@@ -15,7 +15,9 @@ from typing import Any
 import msgpack
 import pytest
 
-from cmr import compute
+from cmr.cpu import reducing, runs
+from cmr.cpu.results import ReduceResult
+from cmr.cpu.specs import ReduceSpec
 from cmr.job import JobRef
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,10 +120,10 @@ def _spools(tmp_path: Path, keys: int, tasks: int = 4) -> tuple[list[str], Count
 
 def _reduce(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget: int, keys: int
-) -> tuple[compute.ReduceResult, list[int], Counter[str], int]:
+) -> tuple[ReduceResult, list[int], Counter[str], int]:
     spools, want, size = _spools(tmp_path, keys)
     seen: list[int] = []  # sizes of the sorted runs written to disk, observed as files
-    write_run = compute._write_run
+    write_run = runs.write_run
 
     def observed(groups: dict[Any, list[Any]], spill_dir: str, *rest: Any) -> str:
         path = write_run(groups, spill_dir, *rest)
@@ -129,12 +131,11 @@ def _reduce(
         seen.append(os.path.getsize(path))
         return path
 
-    monkeypatch.setattr(compute, "_write_run", observed)
+    monkeypatch.setattr(reducing, "write_run", observed)  # the name reducing calls
     (tmp_path / "spill").mkdir()
     out = tmp_path / "out"
-    result = compute.run_reduce(
-        "growth", WORDCOUNT, {}, spools, str(out), budget, str(tmp_path / "spill")
-    )
+    spec = ReduceSpec("growth", str(out), budget, str(tmp_path / "spill"))
+    result = reducing.run_reduce(WORDCOUNT, {}, spools, spec)
     assert result.error == ""
     assert os.listdir(tmp_path / "spill") == []  # runs are removed after the merge
     assert growth.compare(want, [str(out)]) == []

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,14 +29,13 @@ import boto3
 import pytest
 from botocore.exceptions import BotoCoreError, ClientError
 
-from cmr.api import RunResult, open_backend, run_on
+from cmr.api import RunResult, run_on
 from cmr.backends.base import Backend, Item
 from cmr.records import job_pk
 from cmr.settings import AwsSettings
-from cmr.testing import backend_leftovers
 from tests.engine.corpus import edge_cases
 from tests.engine.reference import counts_from_parts, word_count
-from tests.stack import remove_test_resources
+from tests.stack import stack_backend
 
 pytestmark = pytest.mark.usefixtures("aws_stack")
 
@@ -54,17 +52,8 @@ T = TypeVar("T")
 
 @pytest.fixture
 async def aws(aws_stack: dict[str, str]) -> AsyncIterator[tuple[Backend, AwsSettings]]:
-    tag = uuid.uuid4().hex[:8]
-    settings = AwsSettings(
-        bucket=f"cmr-chaos-{tag}", table=f"cmr-chaos-{tag}", queue_prefix=f"cmrx-{tag}-"
-    )
-    try:
-        async with open_backend("aws", settings) as be:
-            yield be, settings
-            # Whatever was killed, paused or duplicated, every job ended and cleaned up.
-            assert await backend_leftovers(be, settings.queue_prefix) == []
-    finally:
-        remove_test_resources(settings.bucket, settings.table, settings.queue_prefix)
+    async with stack_backend("chaos", "cmrx") as made:
+        yield made
 
 
 def make_corpus(root: Path, megabytes: float = 4.0, seed: int = 11) -> Path:

@@ -20,6 +20,7 @@ import pytest
 
 from cmr.backends.faults import FaultPlan
 from cmr.testing import chaos_run, diff_outputs, read_output, sequential
+from cmr.virtualtime import in_virtual_time
 from tests.engine.corpus import edge_cases
 
 JOBS = ("examples/wordcount.py", "examples/invertedindex.py")
@@ -52,6 +53,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, li
     _seeds(),
     ids=lambda s: f"{'clientless-' if s[0] >= CLIENTLESS_FROM else ''}seeds{s[0]}-{s[-1]}",
 )
+@in_virtual_time
 async def test_chaos_runs_match_a_sequential_run(
     seeds: list[int],
     corpus: tuple[Path, dict[str, list[str]]],

@@ -26,6 +26,7 @@ from cmr.runtime import Runtime
 from cmr.settings import AwsSettings, WorkerSettings
 from cmr.submit import JobOptions
 from cmr.testing import backend_leftovers, chaos_run, diff_outputs, read_output, sequential
+from cmr.virtualtime import in_virtual_time
 
 WORDCOUNT = "examples/wordcount.py"
 
@@ -38,6 +39,7 @@ def data(tmp_path: Path) -> Path:
     return src
 
 
+@in_virtual_time
 async def test_a_task_failure_cannot_fail_a_job_while_it_publishes(
     data: Path, pool: Executor, tmp_path: Path
 ) -> None:
@@ -98,6 +100,7 @@ async def test_a_task_failure_cannot_fail_a_job_while_it_publishes(
     assert result.leftovers == []
 
 
+@in_virtual_time
 async def test_a_committed_output_that_vanishes_fails_the_job(
     data: Path, pool: Executor, tmp_path: Path
 ) -> None:
@@ -163,7 +166,10 @@ class LateCommit:
         self.reducer_done = asyncio.Event()
 
     def wrap(self, be: Backend) -> Backend:
-        self.be = Backend(be.name, be.queues, GatedBlobs(be.blobs, self), be.table, be.scratch)
+        blobs = GatedBlobs(be.blobs, self)
+        self.be = Backend(
+            be.name, be.queues, blobs, be.table, be.scratch, local_blobs=be.local_blobs
+        )
         return self.be
 
     async def end_and_clean(self, url: str) -> None:
@@ -190,6 +196,7 @@ class LateCommit:
             await self.cleaner
 
 
+@in_virtual_time
 async def test_a_reducer_cannot_commit_after_its_job_ended(
     data: Path, pool: Executor, tmp_path: Path
 ) -> None:
@@ -233,6 +240,7 @@ async def submit(be: Backend, src: Path, out: Path) -> None:
     )
 
 
+@in_virtual_time
 async def test_an_interrupted_submit_leaves_nothing(tmp_path: Path) -> None:
     """A submit that stops half-way (Ctrl-C while sending its tasks) used to leave its
     staged input, plan and queues behind, with no job record for a worker to find."""
@@ -253,6 +261,7 @@ async def test_an_interrupted_submit_leaves_nothing(tmp_path: Path) -> None:
         assert await be.table.query(JOBS_PK) == []
 
 
+@in_virtual_time
 async def test_a_submit_whose_answer_was_lost_is_cancelled_not_pulled(tmp_path: Path) -> None:
     """The submit transaction applied, but its answer never came: the job exists and is
     listed running. Deleting its queues (as the old code did) left it for a fleet to fail

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from cmr.backends.faults import FaultPlan
 from cmr.testing import chaos_run, diff_outputs, read_output, sequential
+from cmr.virtualtime import in_virtual_time
 
 SLOW_JOB = """
 import time
@@ -25,6 +26,7 @@ class Slow(cmr.Job):
 """
 
 
+@in_virtual_time
 async def test_slow_tasks_keep_their_leases(pool: Executor, tmp_path: Path) -> None:
     job = tmp_path / "slow.py"
     job.write_text(SLOW_JOB)
@@ -80,6 +82,7 @@ class OneSlowTask(cmr.Job):
 """
 
 
+@in_virtual_time
 async def test_a_waiting_reducer_does_not_receive_its_partition_again(
     pool: Executor, tmp_path: Path
 ) -> None:

@@ -10,23 +10,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cmr.api import cpu_pool
 from cmr.backends.base import Backend, Put, TxWrite, Update
 from cmr.backends.embedded import EmbeddedTable
 from cmr.backends.faults import FaultPlan
 from cmr.claim import Claim, Refusal, claim
 from cmr.errors import BackendError, Rejected, UsageError
 from cmr.mapper import SEND_CONCURRENCY
+from cmr.pool import CpuPool
 from cmr.records import ACTIVE_PK, JOBS_PK, JobSpec, job_pk
 from cmr.runtime import Runtime, WorkerCrashed
 from cmr.settings import WorkerSettings
 from cmr.testing import StepChaos, chaos_run, diff_outputs, read_output, sequential
+from cmr.virtualtime import in_virtual_time
 from tests.engine.corpus import edge_cases
 
 WORDCOUNT = "examples/wordcount.py"
@@ -79,6 +82,7 @@ def succeeded_exactly(result: Any, expected: list[str], out: Path) -> None:
 
 
 @pytest.mark.parametrize("step", ["finalize.begin", "publish.copied", "finalize.succeeded"])
+@in_virtual_time
 async def test_the_last_committer_dying_mid_finalize_strands_nothing(
     step: str, corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
 ) -> None:
@@ -92,6 +96,7 @@ async def test_the_last_committer_dying_mid_finalize_strands_nothing(
 # 2. A --job worker cancelled its own cleanup when its job turned final.
 
 
+@in_virtual_time
 async def test_a_lone_job_worker_finishes_its_own_cleanup(
     corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
 ) -> None:
@@ -131,6 +136,7 @@ def sets_succeeded(writes: Sequence[TxWrite]) -> bool:
     return any(isinstance(w, Update) and (w.set_ or {}).get("state") == "succeeded" for w in writes)
 
 
+@in_virtual_time
 async def test_a_lost_answer_to_the_final_state_change_leaves_no_running_listing(
     corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
 ) -> None:
@@ -152,6 +158,7 @@ async def test_a_lost_answer_to_the_final_state_change_leaves_no_running_listing
 # 4. Failures other than user code were retried forever.
 
 
+@in_virtual_time
 async def test_an_input_deleted_after_submit_fails_the_job_naming_it(
     pool: Executor, tmp_path: Path
 ) -> None:
@@ -171,6 +178,7 @@ async def test_an_input_deleted_after_submit_fails_the_job_naming_it(
     assert result.leftovers == []
 
 
+@in_virtual_time
 async def test_an_input_name_that_is_not_utf8_is_refused_at_submit(
     pool: Executor, tmp_path: Path
 ) -> None:
@@ -198,6 +206,7 @@ class RejectMapCommits:
         await self.inner.transact(writes, token=token)
 
 
+@in_virtual_time
 async def test_a_write_the_store_rejects_fails_the_job_at_once(
     corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
 ) -> None:
@@ -213,6 +222,7 @@ async def test_a_write_the_store_rejects_fails_the_job_at_once(
     assert result.leftovers == []
 
 
+@in_virtual_time
 async def test_an_engine_error_tied_to_a_worker_is_counted_and_ends_the_job(
     corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
 ) -> None:
@@ -254,6 +264,7 @@ class Spin(cmr.Job):
 """
 
 
+@in_virtual_time
 async def test_user_code_that_never_returns_is_stopped_by_its_time_limit(
     pool: Executor, tmp_path: Path
 ) -> None:
@@ -281,7 +292,25 @@ async def test_user_code_that_never_returns_is_stopped_by_its_time_limit(
     assert result.leftovers == []
 
 
-async def test_user_code_deaf_to_its_time_limit_is_killed(pool: Executor, tmp_path: Path) -> None:
+@pytest.fixture
+def own_pool() -> Iterator[CpuPool]:
+    """A pool of the test's own, killed at its end: the job may fail while a second attempt
+    of the deaf task has just started (its message came back after the restart), and a
+    worker that stops leaves what it waited on running, which in the session's pool would
+    spin until the session ends, and hang its shutdown."""
+    pool = cpu_pool(2)
+    try:
+        yield pool
+    finally:
+        pool.kill()
+        pool.shutdown()
+
+
+@in_virtual_time
+async def test_user_code_deaf_to_its_time_limit_is_killed(
+    own_pool: CpuPool, tmp_path: Path
+) -> None:
+    pool = own_pool
     job = tmp_path / "spin.py"
     job.write_text(SPINNING_JOB)
     src = tmp_path / "in.txt"
@@ -317,6 +346,7 @@ async def test_user_code_deaf_to_its_time_limit_is_killed(pool: Executor, tmp_pa
         ("task_timeout_s", -1, "--task-timeout"),
     ],
 )
+@in_virtual_time
 async def test_nonsense_settings_are_refused_at_submit(
     option: str, value: int, message: str, pool: Executor, tmp_path: Path
 ) -> None:
@@ -332,6 +362,7 @@ async def test_nonsense_settings_are_refused_at_submit(
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+@in_virtual_time
 async def test_a_task_that_kills_every_worker_fails_the_job(pool: Executor, tmp_path: Path) -> None:
     """A task whose workers die on it (out of memory, say) never raises: its restarts are
     counted, and the job fails once it has started too often. A supervisor replaces the
@@ -360,6 +391,7 @@ async def test_a_task_that_kills_every_worker_fails_the_job(pool: Executor, tmp_
 # 5. Two reduce slots of one worker could both own a partition.
 
 
+@in_virtual_time
 async def test_two_slots_of_one_worker_never_own_one_partition(
     corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
 ) -> None:
@@ -389,6 +421,7 @@ async def running_job(table: EmbeddedTable, job_id: str) -> None:
     )
 
 
+@in_virtual_time
 async def test_two_claims_by_one_worker_are_two_contenders() -> None:
     """The two slots' claims carry the same worker id; only one may own the partition."""
     table = EmbeddedTable()
@@ -406,6 +439,7 @@ async def test_two_claims_by_one_worker_are_two_contenders() -> None:
 # 7. Claims compared two machines' clocks.
 
 
+@in_virtual_time
 async def test_a_takeover_compares_no_clocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A contender whose wall clock runs an hour ahead must not take a live claim over: it
     watches the holder's beat on its own clock instead."""
@@ -451,6 +485,7 @@ class SlowSends:
         await self.inner.send(name, bodies)
 
 
+@in_virtual_time
 async def test_a_map_holds_a_bounded_number_of_batches_while_sending(
     pool: Executor, tmp_path: Path
 ) -> None:
@@ -495,6 +530,7 @@ async def test_a_map_holds_a_bounded_number_of_batches_while_sending(
 # A queue's retention ran out (or it was purged): task messages were lost for good.
 
 
+@in_virtual_time
 async def test_lost_task_messages_are_sent_again_from_the_plan(
     corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
 ) -> None:
@@ -512,6 +548,7 @@ async def test_lost_task_messages_are_sent_again_from_the_plan(
     assert result.record["tasks_resent"] == result.record["maps"] + REDUCERS
 
 
+@in_virtual_time
 async def test_a_job_whose_queues_were_deleted_fails_instead_of_waiting_forever(
     corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
 ) -> None:

@@ -12,15 +12,16 @@ from typing import Any
 
 import pytest
 
-from cmr import janitor
 from cmr.api import run_async
 from cmr.backends.base import Backend
 from cmr.backends.faults import FaultPlan
 from cmr.errors import UsageError
+from cmr.finalize import finalize
 from cmr.lifecycle import load_spec
 from cmr.records import JobSpec, job_pk
 from cmr.runtime import STEPS, Runtime, WorkerCrashed
 from cmr.testing import chaos_run, read_output, sequential
+from cmr.virtualtime import in_virtual_time
 from tests.engine.corpus import edge_cases
 
 TOPWORDS = "examples/topwords.py"
@@ -82,6 +83,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 
 
 @pytest.mark.parametrize(("step", "which"), CASES)
+@in_virtual_time
 async def test_a_pipeline_outlives_a_crash_at_any_step_of_either_step(
     step: str, which: int, corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
 ) -> None:
@@ -122,9 +124,10 @@ class FinalizeTwice:
             return
         self.done = True
         spec, _ = await load_spec(rt.backend, str(context["job"]))
-        assert await janitor.finalize(rt, spec)
+        assert await finalize(rt, spec)
 
 
+@in_virtual_time
 async def test_a_late_duplicate_hand_over_leaves_the_next_step_running(
     corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
 ) -> None:
@@ -141,6 +144,7 @@ async def test_a_late_duplicate_hand_over_leaves_the_next_step_running(
     assert result.leftovers == []
 
 
+@in_virtual_time
 async def test_a_forged_record_of_the_next_step_fails_the_step_naming_it(
     corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
 ) -> None:
@@ -162,6 +166,7 @@ async def test_a_forged_record_of_the_next_step_fails_the_step_naming_it(
     assert not (tmp_path / "out" / "_SUCCESS").exists()
 
 
+@in_virtual_time
 async def test_a_failed_pipeline_keeps_exactly_the_committed_outputs_of_the_step_before(
     pool: Executor, tmp_path: Path
 ) -> None:
@@ -182,6 +187,7 @@ async def test_a_failed_pipeline_keeps_exactly_the_committed_outputs_of_the_step
     assert len(kept) == 4 and len({k[:6] for k in kept}) == 4, result.leftovers
 
 
+@in_virtual_time
 async def test_total_order_in_a_pipeline_is_refused(tmp_path: Path) -> None:
     src = tmp_path / "in.txt"
     src.write_text("a\n")

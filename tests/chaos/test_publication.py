@@ -23,6 +23,7 @@ from cmr.publish import MANIFEST, Manifest
 from cmr.runtime import Runtime
 from cmr.settings import AwsSettings
 from cmr.testing import chaos_run, read_output, sequential
+from cmr.virtualtime import in_virtual_time
 from tests.engine.reference import counts_from_parts
 
 WORDCOUNT = "examples/wordcount.py"
@@ -55,6 +56,7 @@ def corpus(root: Path, word: str) -> Path:
 
 
 @pytest.mark.parametrize("step", ["publish.marked", "publish.copied"])
+@in_virtual_time
 async def test_a_paused_publisher_never_overwrites_a_later_jobs_output(
     step: str, pool: Executor, tmp_path: Path
 ) -> None:
@@ -162,6 +164,7 @@ def test_two_runs_into_one_output_have_one_winner(tmp_path: Path) -> None:
     assert counts_from_parts(out, 2) == expected  # the winner's parts, and nothing else
 
 
+@in_virtual_time
 async def test_overwrite_keeps_the_old_output_when_the_new_job_fails(tmp_path: Path) -> None:
     src = tmp_path / "in.txt"
     src.write_text("keep me\n")

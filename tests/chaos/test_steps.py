@@ -16,6 +16,7 @@ from cmr.backends.faults import FaultPlan
 from cmr.publish import Manifest
 from cmr.runtime import STEPS, Runtime, WorkerCrashed
 from cmr.testing import chaos_run, diff_outputs, read_output, sequential
+from cmr.virtualtime import in_virtual_time
 from tests.engine.corpus import edge_cases
 
 LEASE_S = 2
@@ -51,6 +52,7 @@ ONE_STEP = [s for s in STEPS if not s.startswith("pipeline.")]
 
 @pytest.mark.parametrize("action", ["crash", "pause"])
 @pytest.mark.parametrize("step", ONE_STEP)
+@in_virtual_time
 async def test_worker_stopped_at_a_step(
     step: str, action: str, corpus: tuple[Path, list[str]], pool: Executor, tmp_path: Path
 ) -> None:

@@ -16,6 +16,7 @@ import pytest
 from cmr.backends.faults import FaultPlan
 from cmr.runtime import STEPS, Runtime, WorkerCrashed
 from cmr.testing import chaos_run
+from cmr.virtualtime import in_virtual_time
 
 TERASORT = "examples/terasort.py"
 RECORD = 100
@@ -65,6 +66,7 @@ def sorted_output(out: Path) -> list[bytes]:
 
 
 @pytest.mark.parametrize("step", CRASH_AT)
+@in_virtual_time
 async def test_total_order_sort_outlives_a_crash_at_any_step(
     step: str, records: tuple[Path, list[bytes]], pool: Executor, tmp_path: Path
 ) -> None:

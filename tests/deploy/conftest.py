@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cmr.cli import app
+from tests.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "deploy" / "fleet.yaml"
@@ -45,12 +46,6 @@ def render_user_data(template: dict[str, Any], values: dict[str, str]) -> str:
         return values[name]
 
     return re.sub(r"\$\{([^}]+)\}", one, text)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

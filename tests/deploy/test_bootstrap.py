@@ -78,6 +78,9 @@ TEXT = [
 ]
 WORKER_USER = pwd.getpwuid(os.getuid()).pw_name  # the unit's User=, here: no useradd
 PACKAGE = "fleetjobs"  # the job package the instance may run from (JobsFrom)
+# One worker runs them all when the suite runs in parallel (--dist loadgroup): the wheel and
+# its lock (`built`) are made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("bootstrap")
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,17 @@ def test_user_data_installs_wheel_and_worker_serves_a_job(
                 built.wheel.read_bytes()
             )
             assert (root / "opt" / "cmr" / "venv" / "bin" / "cmr").exists()
+            # The lock carries the loadgen extra: the default JobsFrom, the load generator's
+            # job, imports on the instance (its histograms are not in a plain install).
+            imported = subprocess.run(
+                [root / "opt" / "cmr" / "venv" / "bin" / "python", "-c", "import cmr.loadgen.job"],
+                cwd=tmp_path,
+                env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert imported.returncode == 0, imported.stderr
             unit = (root / "etc" / "systemd" / "system" / "cmr-worker.service").read_text()
             assert "StandardOutput=journal+console" in unit and "Restart=on-failure" in unit
             assert f"User={WORKER_USER}\n" in unit and "NoNewPrivileges=yes" in unit

@@ -1,5 +1,5 @@
 """A reducer's spools written as the reducer writes them, for tests that call
-cmr.compute.run_reduce (or cmr.fixedsort) directly."""
+cmr.cpu.reducing.run_reduce (or cmr.cpu.fixedsort) directly."""
 
 from __future__ import annotations
 

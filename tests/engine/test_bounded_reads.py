@@ -29,11 +29,14 @@ from pathlib import Path
 import boto3
 import pytest
 
-from cmr import api, compute
+from cmr import api
 from cmr.api import open_backend
 from cmr.backends.base import Backend
-from cmr.backends.embedded import EmbeddedBlobs, file_url
+from cmr.backends.embedded import EmbeddedBlobs
 from cmr.backends.faults import FaultPlan
+from cmr.cpu.mapping import FileSlice, slice_bytes
+from cmr.cpu.results import InputGone
+from cmr.fileurls import file_url
 from cmr.formats import InputError
 from cmr.localcheck import identity
 from cmr.records import JobSpec, job_pk
@@ -306,9 +309,9 @@ def test_a_file_slice_reads_only_the_file_submitted(tmp_path: Path, swap: str) -
     else:
         with path.open("ab") as f:
             f.write(b"c" * 10)
-    piece = compute.FileSlice(str(path), 10, 30, "c.bin", check)
-    with pytest.raises(compute.InputGone) as caught:
-        compute._slice_bytes("c.bin", piece)
+    piece = FileSlice(str(path), 10, 30, "c.bin", check)
+    with pytest.raises(InputGone) as caught:
+        slice_bytes("c.bin", piece)
     what = {
         "link": "it is now a link to another file",
         "other file": "it is now another file",

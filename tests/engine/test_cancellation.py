@@ -156,7 +156,9 @@ async def test_a_worker_whose_send_failed_keeps_serving_and_logs_no_error(
 
     def wrap(be: Backend) -> Backend:
         queues.append(_FirstSendFails(be.queues))
-        return Backend(be.name, queues[-1], be.blobs, be.table, be.scratch)
+        return Backend(
+            be.name, queues[-1], be.blobs, be.table, be.scratch, local_blobs=be.local_blobs
+        )
 
     with structlog.testing.capture_logs() as logged:
         result = await chaos_run(

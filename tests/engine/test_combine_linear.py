@@ -13,9 +13,10 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from cmr import compute
 from cmr.api import run_on
 from cmr.backends.base import Backend
+from cmr.cpu.reducing import run_reduce
+from cmr.cpu.specs import ReduceSpec
 from cmr.job import JobRef
 
 VALUES = 400_000
@@ -67,8 +68,8 @@ def test_a_deduplicating_combiner_in_the_reduce_is_linear(tmp_path: Path) -> Non
     out = tmp_path / "part"
     ref = JobRef.parse(str(_job(tmp_path)))
     with tempfile.TemporaryDirectory(dir=tmp_path) as spill:
-        result = compute.run_reduce(
-            "combine-linear", ref, {}, [str(spool)], str(out), 512 << 20, spill
+        result = run_reduce(
+            ref, {}, [str(spool)], ReduceSpec("combine-linear", str(out), 512 << 20, spill)
         )
         assert os.listdir(spill) == []
     assert result.error == ""

@@ -1,4 +1,4 @@
-"""Fixed records sorted as arrays (cmr.fixedsort): a map task packs them as msgpack rows,
+"""Fixed records sorted as arrays (cmr.cpu.fixedsort): a map task packs them as msgpack rows,
 partitioned by the cut points; a reducer checks every row's layout and sorts them by key.
 Each must give byte for byte what the general path gives (every pair once, keys in bytes
 order, equal keys in arrival order), in memory, spilled, merged in passes; and spools of
@@ -17,7 +17,13 @@ from typing import Any
 import msgpack
 import pytest
 
-from cmr import compute, fixedsort, wire
+from cmr import wire
+from cmr.cpu import fixedsort
+from cmr.cpu.mapping import FileSlice, run_map
+from cmr.cpu.reducing import run_reduce
+from cmr.cpu.results import ReduceResult
+from cmr.cpu.runs import MERGE_FANIN
+from cmr.cpu.specs import MapSpec, ReduceSpec
 from cmr.job import JobRef
 
 from .spooling import spool_files
@@ -55,12 +61,12 @@ def _pairs(n: int, seed: int, value_len: int = RECORD - KEY) -> list[tuple[bytes
     ]
 
 
-def _reduce(tmp_path: Path, spools: list[str], memory: int) -> tuple[compute.ReduceResult, bytes]:
+def _reduce(tmp_path: Path, spools: list[str], memory: int) -> tuple[ReduceResult, bytes]:
     out = tmp_path / f"out-{memory}"
     spill = tmp_path / f"spill-{memory}"
     spill.mkdir()
-    result = compute.run_reduce(
-        "fixed-sort", _job(tmp_path), {}, spools, str(out), memory, str(spill)
+    result = run_reduce(
+        _job(tmp_path), {}, spools, ReduceSpec("fixed-sort", str(out), memory, str(spill))
     )
     assert result.error == ""
     assert os.listdir(spill) == []  # runs removed however the task ended
@@ -92,7 +98,7 @@ def test_rows_sort_as_the_general_path_sorts_them(
     assert result.records_out == 15_000
     assert (result.spills > 0) == spilled
     if min_run == 2 * 1024:
-        assert result.spills > compute.MERGE_FANIN
+        assert result.spills > MERGE_FANIN
     with open(tmp_path / "direct", "wb") as f:  # the path run_reduce took: this one
         assert fixedsort.sort_spools(spool_files(tmp_path, groups), memory, str(tmp_path), f, [])[0]
     assert (tmp_path / "direct").read_bytes() == out
@@ -120,9 +126,8 @@ def test_a_row_with_another_header_is_not_a_row(tmp_path: Path) -> None:
     with open(tmp_path / "out", "wb") as out, pytest.raises(fixedsort.NotRows):
         fixedsort.sort_spools(spools, 64 << 20, str(tmp_path), out, [])
     assert (tmp_path / "out").stat().st_size == 0  # nothing written before the check
-    result = compute.run_reduce(
-        "fixed-sort", _job(tmp_path), {}, spools, str(tmp_path / "out2"), 64 << 20, str(tmp_path)
-    )
+    spec = ReduceSpec("fixed-sort", str(tmp_path / "out2"), 64 << 20, str(tmp_path))
+    result = run_reduce(_job(tmp_path), {}, spools, spec)
     assert "Sort.reduce yielded ('AAAAAAAAAA'" in result.error  # the general path's diagnosis
 
 
@@ -154,12 +159,12 @@ def test_a_map_task_packs_rows_partitioned_in_input_order(
     tmp_path: Path, cuts: tuple[bytes, ...]
 ) -> None:
     data = [_records(7000, 1), _records(3000, 2)]
-    spec = compute.MapSpec(
+    spec = MapSpec(
         "fixed-map", 0, "a1", len(cuts) + 1, 256 * 1024, str(tmp_path),
         piece_bytes=64 * 1024,  # several pieces a chunk
         input_format=f"fixed:{RECORD}:{KEY}", cuts=cuts,
     )  # fmt: skip
-    result = compute.run_map(_job(tmp_path), {}, [("a", data[0]), ("b", data[1])], spec)
+    result = run_map(_job(tmp_path), {}, [("a", data[0]), ("b", data[1])], spec)
     assert result.error == ""
     assert result.records_in == 10_000
     got: dict[int, list[tuple[bytes, bytes]]] = {}
@@ -211,9 +216,8 @@ def test_a_spool_cut_inside_a_record_fails_the_task(tmp_path: Path) -> None:
     # Review: msgpack stops quietly at a record cut short; its pairs were lost, silently.
     spools = spool_files(tmp_path, [[(b"k%d" % i, b"v" * i) for i in range(50)]])
     Path(spools[0]).write_bytes(Path(spools[0]).read_bytes()[:-3])
-    result = compute.run_reduce(
-        "fixed-sort", _job(tmp_path), {}, spools, str(tmp_path / "out"), 64 << 20, str(tmp_path)
-    )
+    spec = ReduceSpec("fixed-sort", str(tmp_path / "out"), 64 << 20, str(tmp_path))
+    result = run_reduce(_job(tmp_path), {}, spools, spec)
     assert "a spool ends inside a record" in result.error
 
 
@@ -227,10 +231,10 @@ def test_a_jobs_own_partition_is_called_with_one_reducer(tmp_path: Path) -> None
         + "    def partition(self, key, n):\n"
         + "        raise ValueError('mine')\n"
     )
-    spec = compute.MapSpec(
+    spec = MapSpec(
         "fixed-own", 0, "a1", 1, 256 * 1024, str(tmp_path), input_format=f"fixed:{RECORD}:{KEY}"
     )
-    result = compute.run_map(JobRef.parse(f"{code}:Own"), {}, [("a", _records(10, 1))], spec)
+    result = run_map(JobRef.parse(f"{code}:Own"), {}, [("a", _records(10, 1))], spec)
     assert "ValueError: mine" in result.error
 
 
@@ -248,15 +252,15 @@ def test_a_slice_of_a_local_file_is_read_by_the_map_task(tmp_path: Path) -> None
     # Fixed records in local files reach the pool as slices, read there (not pickled).
     data = _records(500, 1)
     (tmp_path / "in.bin").write_bytes(b"x" * RECORD + data)
-    spec = compute.MapSpec(
+    spec = MapSpec(
         "fixed-slice", 0, "a1", 1, 256 * 1024, str(tmp_path), input_format=f"fixed:{RECORD}:{KEY}"
     )
-    whole = compute.FileSlice(str(tmp_path / "in.bin"), RECORD, RECORD + len(data))
-    result = compute.run_map(_job(tmp_path), {}, [("in.bin", whole)], spec)
+    whole = FileSlice(str(tmp_path / "in.bin"), RECORD, RECORD + len(data))
+    result = run_map(_job(tmp_path), {}, [("in.bin", whole)], spec)
     assert result.error == ""
     assert (result.records_in, result.bytes_in) == (500, len(data))
-    gone = compute.FileSlice(str(tmp_path / "gone.bin"), 0, RECORD)
-    result = compute.run_map(_job(tmp_path), {}, [("gone.bin", gone)], spec)
+    gone = FileSlice(str(tmp_path / "gone.bin"), 0, RECORD)
+    result = run_map(_job(tmp_path), {}, [("gone.bin", gone)], spec)
     assert "input gone.bin (" in result.error
     assert "cannot be read (No such file or directory)" in result.error
     assert result.permanent  # gone since the worker looked: no retry would read it

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from cmr.adapters import job_args
 from cmr.api import run_on
 from cmr.backends.base import Backend
 from cmr.errors import UsageError, WireError
-from cmr.mrjob import job_args
+from cmr.jobload import load_job
 from cmr.records import JobSpec
 from cmr.settings import AwsSettings
 
@@ -355,9 +356,10 @@ async def test_s3_inputs_globs_and_hidden_keys(
     }.items():
         await be.blobs.put(f"{b}/{key}", text.encode())
     write(tmp_path / "by_file.py", BY_FILE)
-    params, _ = job_args(str(tmp_path / "by_file.py"), "", [])
+    job = load_job(str(tmp_path / "by_file.py"))
+    params, _ = job_args(job, [])
     result = await run_on(
-        be, str(tmp_path / "by_file.py"), [f"{b}/logs/2026-11-*", f"{b}/other"],
+        be, job, [f"{b}/logs/2026-11-*", f"{b}/other"],
         str(tmp_path / "out"), reducers=1, workers=1, visibility_timeout=10, aws=settings,
         params=params,
     )  # fmt: skip

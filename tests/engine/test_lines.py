@@ -11,9 +11,13 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from cmr import compute, wire
+from cmr import wire
 from cmr.api import run_on
 from cmr.backends.base import Backend
+from cmr.cpu.instances import job_instance
+from cmr.cpu.mapping import run_map, universal_lines
+from cmr.cpu.results import MapResult
+from cmr.cpu.specs import MapSpec
 from cmr.errors import WireError
 from cmr.job import JobRef
 from cmr.records import JobSpec
@@ -85,10 +89,10 @@ async def test_lf_lines_keep_their_carriage_returns(embedded: Backend, tmp_path:
     assert result.record["records_in"] == 5
 
 
-def _map(tmp_path: Path, job: Path, lines: str) -> tuple[compute.MapResult, dict[str, int]]:
+def _map(tmp_path: Path, job: Path, lines: str) -> tuple[MapResult, dict[str, int]]:
     """One map task of ``job`` over DATA in a pool-less call, as a worker runs it for a job
     whose record says ``lines``."""
-    spec = compute.MapSpec(
+    spec = MapSpec(
         JOB_ID[lines],
         0,
         "a1",
@@ -98,7 +102,7 @@ def _map(tmp_path: Path, job: Path, lines: str) -> tuple[compute.MapResult, dict
         compress=False,
         lines=lines,
     )
-    result = compute.run_map(JobRef.parse(str(job)), {}, [("windows.txt", DATA)], spec)
+    result = run_map(JobRef.parse(str(job)), {}, [("windows.txt", DATA)], spec)
     assert result.error == ""
     counts: dict[str, int] = {}
     with open(result.spool, "rb") as f:
@@ -117,7 +121,7 @@ def test_the_job_records_lines_override_the_class(tmp_path: Path) -> None:
     assert counts == {"Paris": 3, "London": 1, "": 1, "Rome": 1}
     assert result.records_in == 6
     # The job's instance sees the submission's choice too (its own map_chunk may look).
-    inst = compute.job_instance(JOB_ID["universal"], JobRef.parse(str(job)), {})
+    inst = job_instance(JOB_ID["universal"], JobRef.parse(str(job)), {})
     assert inst.lines == "universal"
     result, counts = _map(tmp_path, job, "")
     assert counts["Paris\r"] == 2
@@ -152,8 +156,8 @@ def test_job_records_carry_lines(tmp_path: Path) -> None:
 
 def test_universal_lines_leave_lf_data_as_it_is() -> None:
     data = b"a\nb\n" * 1000
-    assert compute.universal_lines(data) is data  # no copy on the common path
-    assert compute.universal_lines(b"a\r\nb\rc\n\r\n") == b"a\nb\nc\n\n"
+    assert universal_lines(data) is data  # no copy on the common path
+    assert universal_lines(b"a\r\nb\rc\n\r\n") == b"a\nb\nc\n\n"
 
 
 def test_a_spool_dir_is_left_clean(tmp_path: Path) -> None:

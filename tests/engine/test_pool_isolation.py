@@ -13,7 +13,9 @@ from typing import Any
 
 import msgpack
 
-from cmr import compute
+from cmr.cpu.mapping import run_map
+from cmr.cpu.reducing import run_reduce
+from cmr.cpu.specs import MapSpec, ReduceSpec
 from cmr.job import JobRef
 from cmr.pool import CpuPool
 
@@ -58,11 +60,11 @@ def test_a_reduce_credits_its_own_job_and_keeps_its_own_instance(tmp_path: Path)
     pool = CpuPool(1)
     try:
         mapped = pool.submit(
-            compute.run_map,
+            run_map,
             ref,
             {},
             [("in", b"x\ny")],
-            compute.MapSpec("job-a", 0, "ab12", 1, 64 * 1024, str(spill)),
+            MapSpec("job-a", 0, "ab12", 1, 64 * 1024, str(spill)),
         ).result()
         assert mapped.error == ""
         outputs = {}
@@ -70,7 +72,7 @@ def test_a_reduce_credits_its_own_job_and_keeps_its_own_instance(tmp_path: Path)
             out = tmp_path / f"{job_id}.out"
             spool = _spool(tmp_path / f"{job_id}.spool", [(k, 1) for k in keys])
             result = pool.submit(
-                compute.run_reduce, job_id, ref, {}, [spool], str(out), 1 << 20, str(spill)
+                run_reduce, ref, {}, [spool], ReduceSpec(job_id, str(out), 1 << 20, str(spill))
             ).result()
             assert result.error == ""
             outputs[job_id] = out.read_text().splitlines()

@@ -195,7 +195,7 @@ async def test_each_worker_fetches_a_jobs_files_once(job: dict[str, Path], pool:
     def wrap(be: Backend) -> Backend:
         blobs = CountingBlobs(be.blobs)
         counted.append(blobs)
-        return Backend(be.name, be.queues, blobs, be.table, be.scratch)
+        return Backend(be.name, be.queues, blobs, be.table, be.scratch, local_blobs=be.local_blobs)
 
     result = await chaos_run(
         str(job["job"]), job["in"], job["out"], seed=1, pool=pool, plan=FaultPlan(seed=1),

@@ -1,4 +1,4 @@
-"""The reduce of a job without combine holds its pairs as a sorted list (cmr.compute's
+"""The reduce of a job without combine holds its pairs as a sorted list (cmr.cpu.runs'
 sorted-pairs path) while every key is of one plain kind (str, int or bytes), and groups in
 a dict as before once a key of another kind arrives; a step without map hands the shuffle
 whole blocks of records; raw output of bytes is written by C. Each must give what the
@@ -18,9 +18,11 @@ from typing import Any
 import msgpack
 import pytest
 
-from cmr import compute
 from cmr.api import run_on
 from cmr.backends.base import Backend
+from cmr.cpu.reducing import run_reduce
+from cmr.cpu.results import ReduceResult
+from cmr.cpu.specs import ReduceSpec
 from cmr.errors import JobFailed
 from cmr.job import JobRef
 from cmr.settings import WorkerSettings
@@ -106,16 +108,14 @@ class TextValues(cmr.Job):
 """
 
 
-def _reduce(
-    tmp_path: Path, spools: list[str], memory: int
-) -> tuple[compute.ReduceResult, list[Any]]:
+def _reduce(tmp_path: Path, spools: list[str], memory: int) -> tuple[ReduceResult, list[Any]]:
     job = tmp_path / "listing.py"
     job.write_text(LISTING)
     out = tmp_path / f"out-{memory}"
     spill = tmp_path / f"spill-{memory}"
     spill.mkdir()
     ref = JobRef.parse(str(job))
-    result = compute.run_reduce("sorted-reduce", ref, {}, spools, str(out), memory, str(spill))
+    result = run_reduce(ref, {}, spools, ReduceSpec("sorted-reduce", str(out), memory, str(spill)))
     assert os.listdir(spill) == []  # runs removed however the task ended
     lines = out.read_text().splitlines() if out.exists() else []
     return result, [json.loads(line) for line in lines]
@@ -251,7 +251,7 @@ def test_big_values_are_counted_before_a_block_is_held(tmp_path: Path) -> None:
     out = tmp_path / "out"
     ref = JobRef.parse(str(job))
     spools = spool_files(tmp_path, groups)
-    result = compute.run_reduce("big-values", ref, {}, spools, str(out), 4 << 20, str(spill))
+    result = run_reduce(ref, {}, spools, ReduceSpec("big-values", str(out), 4 << 20, str(spill)))
     assert result.error == ""
     assert result.spills >= 10
     unpacker = msgpack.Unpacker(raw=False, use_list=False, max_buffer_size=1 << 27)

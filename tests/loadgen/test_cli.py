@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from cmr.cli import app
+from cmr.cli.loadgen import loadgen_app
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ERROR_KEYS = {"throttled", "unavailable", "timeout", "conditional_failed", "other"}
@@ -40,10 +44,26 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
-def test_loadgen_is_a_subcommand_with_the_four_commands() -> None:
-    out = _ok("--help")
-    for command in ("jam", "sweep", "staleness", "cpq"):
-        assert command in out
+def test_loadgen_is_a_subcommand_with_the_four_commands(tmp_path: Path) -> None:
+    """``cmr loadgen`` as a user runs it, through the installed ``cmr`` script in a process
+    of its own: a brief jam runs as a cmr job on the embedded backend against the simulated
+    store and reports every operation; and the four commands are the subcommand's."""
+    cmr = Path(sys.executable).with_name("cmr")
+    proc = subprocess.run(
+        [str(cmr), "loadgen", "jam", "--target", "sim", "--tasks", "2", "--readers", "2",
+         "--writers", "2", "--items", "5", "--ops", "40", "--json", "jam.json"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = _load(tmp_path / "jam.json")
+    assert (data["target"], data["tasks"]) == ("sim", 2)
+    series = {(o["op"], o["mode"]): o for o in data["ops"]}
+    assert set(series) == {("get", "eventual"), ("put", "plain")}
+    assert sum(o["count"] for o in data["ops"]) == 40
+    assert all(o["ok"] == o["count"] for o in data["ops"])  # the simulated store never fails
+    assert "get eventual" in proc.stdout and "put plain" in proc.stdout  # the table
+    commands = set(typer.main.get_group(loadgen_app).commands)
+    assert commands == {"jam", "sweep", "staleness", "cpq"}
 
 
 def test_jam_writes_the_contract_json_a_table_and_box_plots(tmp_path: Path) -> None:

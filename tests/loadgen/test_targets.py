@@ -27,7 +27,8 @@ from cmr.loadgen.targets import (
     make_target,
     prepare,
 )
-from tests.loadgen.conftest import Answer, ScriptedServer, free_port
+from tests.loadgen.conftest import Answer, ScriptedServer
+from tests.stack import free_port
 
 
 def task_for(target: str, resources: dict[str, str], **kw: Any) -> LoadTask:
@@ -172,17 +173,35 @@ def _domains(url: str) -> list[str]:
     return list(client.list_domains().get("DomainNames", []))
 
 
+def _attributes(url: str, domain: str, item: str) -> dict[str, str]:
+    import boto3
+
+    client = boto3.client("sdb", endpoint_url=url, region_name="us-east-1")
+    got = client.get_attributes(DomainName=domain, ItemName=item, ConsistentRead=True)
+    return {a["Name"]: a["Value"] for a in got.get("Attributes", [])}
+
+
 async def test_simpledb_standard_endpoint_variable_wins(
-    simpledb: str, monkeypatch: pytest.MonkeyPatch
+    simpledb: str, scripted_server: ScriptedServer, monkeypatch: pytest.MonkeyPatch, opened: Any
 ) -> None:
     """AWS_ENDPOINT_URL_SIMPLEDB (botocore's own name) wins over cmr's AWS_ENDPOINT_URL_SDB
-    alias: the domain is made, and deleted, where the standard variable points."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL_SDB", f"http://127.0.0.1:{free_port()}")  # nothing
+    alias for every client the load generator makes: the domain is made, written, read and
+    deleted where the standard variable points, and the server the alias names hears
+    nothing (not even a first try)."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SDB", scripted_server.url)
+    scripted_server.script = [Answer(500)]
     prepared = await prepare("simpledb", {})
     domain = prepared.resources["domain"]
-    assert domain in _domains(simpledb)
-    await cleanup(prepared)
+    try:
+        assert domain in _domains(simpledb)
+        t = await opened(make_target(task_for("simpledb", prepared.resources)))
+        await t.put("item", 7)
+        assert (await t.get("item", consistent=True)).value == 7
+        assert _attributes(simpledb, domain, "item")  # the target wrote it there
+    finally:
+        await cleanup(prepared)
     assert domain not in _domains(simpledb)
+    assert scripted_server.requests == 0
 
 
 async def test_simpledb_alias_is_used_when_the_standard_variable_is_unset(

@@ -32,6 +32,7 @@ from cmr.backends.aws.errors import translated as _translated
 from cmr.backends.aws.owner import DENIED_CODES, expect_owner, not_owned
 from cmr.backends.aws.reach import PROBE_SECONDS, preflight
 from cmr.backends.base import REMOTE, Backend
+from cmr.backends.embedded.blobs import EmbeddedBlobs
 from cmr.errors import BackendError, BlobMissing, Unreachable, UsageError
 from cmr.settings import AwsSettings
 
@@ -260,4 +261,5 @@ async def open_aws(settings: AwsSettings) -> AsyncIterator[Backend]:
             table=AwsTable(clients["dynamodb"], settings.table),
             scratch=f"s3://{settings.bucket}/cmr",
             capabilities=REMOTE,
+            local_blobs=EmbeddedBlobs(),  # local outputs: inspected, and fetched into
         )

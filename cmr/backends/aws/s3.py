@@ -8,7 +8,7 @@ import io
 import os
 import secrets
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -76,43 +76,23 @@ class AwsBlobs:
             with _translate("s3", src):
                 await self._s3.copy_object(Bucket=db, Key=dk, CopySource={"Bucket": sb, "Key": sk})
             return
-        # Past 5 GiB CopyObject refuses: copy in parts, still inside S3.
-        with _translate("s3", dst):
-            upload_id = (await self._s3.create_multipart_upload(Bucket=db, Key=dk))["UploadId"]
-        etags: dict[int, str] = {}
-        gate = asyncio.Semaphore(PARTS_IN_FLIGHT)
 
-        async def part(number: int) -> None:
+        async def part(upload_id: str, number: int) -> str:
             start = (number - 1) * COPY_PART_BYTES
             end = min(size, start + COPY_PART_BYTES) - 1
-            async with gate:
-                with _translate("s3", src):
-                    got = await self._s3.upload_part_copy(
-                        Bucket=db,
-                        Key=dk,
-                        UploadId=upload_id,
-                        PartNumber=number,
-                        CopySource={"Bucket": sb, "Key": sk},
-                        CopySourceRange=f"bytes={start}-{end}",
-                    )
-            etags[number] = got["CopyPartResult"]["ETag"]
-
-        try:
-            parts = (size + COPY_PART_BYTES - 1) // COPY_PART_BYTES
-            await _all(part(n) for n in range(1, parts + 1))
-            with _translate("s3", dst):
-                await self._s3.complete_multipart_upload(
+            with _translate("s3", src):
+                got = await self._s3.upload_part_copy(
                     Bucket=db,
                     Key=dk,
                     UploadId=upload_id,
-                    MultipartUpload={
-                        "Parts": [{"ETag": etags[n], "PartNumber": n} for n in sorted(etags)]
-                    },
+                    PartNumber=number,
+                    CopySource={"Bucket": sb, "Key": sk},
+                    CopySourceRange=f"bytes={start}-{end}",
                 )
-        except BaseException:
-            with suppress(ClientError, BotoCoreError):
-                await self._s3.abort_multipart_upload(Bucket=db, Key=dk, UploadId=upload_id)
-            raise
+            return str(got["CopyPartResult"]["ETag"])
+
+        # Past 5 GiB CopyObject refuses: copy in parts, still inside S3.
+        await self._multipart(dst, (size + COPY_PART_BYTES - 1) // COPY_PART_BYTES, part)
 
     async def get_range(self, url: str, start: int, end: int) -> bytes:
         bucket, key = _split(url)
@@ -191,31 +171,46 @@ class AwsBlobs:
         if size <= PART_BYTES:
             await self.put(url, await asyncio.to_thread(Path(path).read_bytes))
             return
-        with _translate("s3", url):
-            upload_id = (await self._s3.create_multipart_upload(Bucket=bucket, Key=key))["UploadId"]
-        gate = asyncio.Semaphore(PARTS_IN_FLIGHT)
-        etags: dict[int, str] = {}
 
         def read(offset: int) -> bytes:
             with open(path, "rb") as f:
                 f.seek(offset)
                 return f.read(PART_BYTES)
 
-        async def part(number: int) -> None:
+        async def part(upload_id: str, number: int) -> str:
+            chunk = await asyncio.to_thread(read, (number - 1) * PART_BYTES)
+            with _translate("s3", url):
+                got = await self._s3.upload_part(
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=io.BytesIO(chunk),
+                )
+            return str(got["ETag"])
+
+        await self._multipart(url, (size + PART_BYTES - 1) // PART_BYTES, part)
+
+    async def _multipart(
+        self, url: str, parts: int, part: Callable[[str, int], Awaitable[str]]
+    ) -> None:
+        """One multipart upload to ``url`` (a file's, or a copy's): ``part(upload_id, n)``
+        sends part n (from 1) and returns its ETag, PARTS_IN_FLIGHT at a time (each holds
+        its part in memory, or a copy in flight); then the parts are put together. Any
+        failure aborts the upload: parts of an unfinished one are stored (and billed) until
+        it is aborted."""
+        bucket, key = _split(url)
+        with _translate("s3", url):
+            upload_id = (await self._s3.create_multipart_upload(Bucket=bucket, Key=key))["UploadId"]
+        gate = asyncio.Semaphore(PARTS_IN_FLIGHT)
+        etags: dict[int, str] = {}
+
+        async def one(number: int) -> None:
             async with gate:
-                chunk = await asyncio.to_thread(read, (number - 1) * PART_BYTES)
-                with _translate("s3", url):
-                    got = await self._s3.upload_part(
-                        Bucket=bucket,
-                        Key=key,
-                        UploadId=upload_id,
-                        PartNumber=number,
-                        Body=io.BytesIO(chunk),
-                    )
-                etags[number] = got["ETag"]
+                etags[number] = await part(upload_id, number)
 
         try:
-            await _all(part(n) for n in range(1, (size + PART_BYTES - 1) // PART_BYTES + 1))
+            await _all(one(n) for n in range(1, parts + 1))
             with _translate("s3", url):
                 await self._s3.complete_multipart_upload(
                     Bucket=bucket,
@@ -226,7 +221,6 @@ class AwsBlobs:
                     },
                 )
         except BaseException:
-            # Parts of an unfinished upload are stored (and billed) until it is aborted.
             with suppress(ClientError, BotoCoreError):
                 await self._s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
             raise

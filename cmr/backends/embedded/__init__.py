@@ -23,8 +23,6 @@ from cmr.backends.embedded.blobs import (
     INLINE_READ_BYTES,
     EmbeddedBlobs,
     _into_dir,
-    file_path,
-    file_url,
     prefix_path,
 )
 from cmr.backends.embedded.queues import MAX_MESSAGE_BYTES, SQS_BODY_LIMIT, Clock, EmbeddedQueues
@@ -36,6 +34,7 @@ from cmr.backends.embedded.table import (
     item_bytes,
 )
 from cmr.backends.middleware import Counting, wrap
+from cmr.fileurls import file_url
 
 __all__ = [
     "INLINE_READ_BYTES",
@@ -49,8 +48,6 @@ __all__ = [
     "EmbeddedTable",
     "_into_dir",
     "embedded_backend",
-    "file_path",
-    "file_url",
     "holds",
     "item_bytes",
     "prefix_path",
@@ -73,6 +70,7 @@ def embedded_backend(
         table if table is not None else EmbeddedTable(),
         file_url(scratch),
         capabilities=EMBEDDED,
+        local_blobs=EmbeddedBlobs(),  # its own: the client's look at a local output is no request
     )
     return wrap(services, Counting())
 

@@ -6,7 +6,6 @@ import asyncio
 import builtins
 import errno
 import fcntl
-import functools
 import hashlib
 import os
 import secrets
@@ -15,12 +14,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import unquote, urlparse
 
 from cmr.backends.base import (
     BlobInfo,
 )
-from cmr.errors import BlobMissing, ConditionFailed, UsageError
+from cmr.errors import BlobMissing, ConditionFailed
+from cmr.fileurls import file_path, file_url
 
 INLINE_READ_BYTES = 256 * 1024  # reads this small run on the event loop itself
 COPY_CHUNK = 1 << 30  # bytes per sendfile call
@@ -39,26 +38,10 @@ def _new_file_mode() -> int:
 FILE_MODE = _new_file_mode()
 
 
-@functools.lru_cache(maxsize=4096)
-def file_path(url: str) -> Path:
-    """The local path of a ``file://`` URL (plain paths are accepted too). Cached: a map
-    task over many small files asks for each several times, and parsing costs ~10 µs."""
-    if url.startswith("file://"):
-        # surrogateescape: a file name that is not UTF-8 round-trips to the same bytes.
-        return Path(unquote(urlparse(url).path, errors="surrogateescape"))
-    if "://" in url:
-        raise UsageError(f"{url!r}: the embedded backend stores blobs in local files (file://)")
-    return Path(url)
-
-
 def prefix_path(url: str) -> str:
     """A URL prefix as a local path string, keeping a trailing slash."""
     path = str(file_path(url))
     return path + "/" if url.endswith("/") and not path.endswith("/") else path
-
-
-def file_url(path: str | Path) -> str:
-    return Path(path).absolute().as_uri()
 
 
 _T = TypeVar("_T")

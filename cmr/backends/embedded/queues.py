@@ -8,12 +8,12 @@ import builtins
 import contextlib
 import heapq
 import itertools
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from cmr.backends.base import Received
+from cmr.clock import monotonic
 from cmr.errors import QueueGone, UsageError
 
 Clock = Callable[[], float]
@@ -43,9 +43,13 @@ class _Queue:
 
 
 class EmbeddedQueues:
+    """Queues in memory. Visibility is measured by ``clock``: by default the running
+    event loop's (cmr.clock), so the queues keep the time of the workers that use them,
+    virtual time included (cmr.virtualtime)."""
+
     max_message_bytes = MAX_MESSAGE_BYTES
 
-    def __init__(self, clock: Clock = time.monotonic) -> None:
+    def __init__(self, clock: Clock = monotonic) -> None:
         self._clock = clock
         self._queues: dict[str, _Queue] = {}
         self._ids = itertools.count()

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from cmr.errors import UsageError
 from cmr.loadgen.spec import Retries
-from cmr.loadgen.targets.base import _failed
+from cmr.loadgen.targets.base import Condition, _failed
 
 
 def retry_config(retries: Retries) -> dict[str, Any]:
@@ -103,6 +103,23 @@ class _AwsTarget:
         except Exception as exc:
             raise _failed(exc, self.service) from exc
         return response
+
+
+class KeyedTarget(_AwsTarget):
+    """The AWS key-value targets (DynamoDB, SimpleDB): strong reads, conditional writes, and
+    the version this target last saw per key, which a ``version`` condition names."""
+
+    resource: ClassVar[str]  # what holds the keys: "table", "domain"
+    consistent_reads = True
+    conditional_writes = True
+
+    def __init__(
+        self, resources: Mapping[str, str], *, condition: Condition = "absent", **options: Any
+    ) -> None:
+        super().__init__(resources, **options)
+        self.store = _need(resources, self.resource, self.name)  # the table's or domain's name
+        self.condition: Condition = condition
+        self._versions: dict[str, int] = {}  # the version this target last saw per key
 
 
 def _s3_config() -> dict[str, Any]:

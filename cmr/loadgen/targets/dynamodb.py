@@ -5,32 +5,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cmr.loadgen.targets.aws import _AwsTarget, _need
+from cmr.loadgen.targets.aws import KeyedTarget
 from cmr.loadgen.targets.base import (
     KEY,
     NEVER,
     VALUE,
     VERSION,
-    Condition,
     OpFailed,
     Reply,
     _retries_of,
 )
 
 
-class DynamoDBTarget(_AwsTarget):
+class DynamoDBTarget(KeyedTarget):
     service = "dynamodb"
     name = "dynamodb"
-    consistent_reads = True
-    conditional_writes = True
-
-    def __init__(
-        self, resources: Mapping[str, str], *, condition: Condition = "absent", **options: Any
-    ) -> None:
-        super().__init__(resources, **options)
-        self.table = _need(resources, "table", self.name)
-        self.condition: Condition = condition
-        self._versions: dict[str, int] = {}  # the version this target last saw per key
+    resource = "table"
 
     def _remember(self, key: str, item: Mapping[str, Any] | None) -> int | None:
         if not item:
@@ -41,7 +31,7 @@ class DynamoDBTarget(_AwsTarget):
 
     async def get(self, key: str, consistent: bool = False) -> Reply:
         got = await self._call(
-            "get_item", TableName=self.table, Key={KEY: {"S": key}}, ConsistentRead=consistent
+            "get_item", TableName=self.store, Key={KEY: {"S": key}}, ConsistentRead=consistent
         )
         return Reply(self._remember(key, got.get("Item")), _retries_of(got))
 
@@ -72,7 +62,7 @@ class DynamoDBTarget(_AwsTarget):
         if kwargs:
             kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
         try:
-            got = await self._call("put_item", TableName=self.table, Item=item, **kwargs)
+            got = await self._call("put_item", TableName=self.store, Item=item, **kwargs)
         except OpFailed as exc:
             if exc.kind == "conditional_failed":
                 self._remember(key, exc.response.get("Item"))

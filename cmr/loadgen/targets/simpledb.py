@@ -2,39 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from cmr.loadgen.targets.aws import _AwsTarget, _need
+from cmr.loadgen.targets.aws import KeyedTarget
 from cmr.loadgen.targets.base import (
     NEVER,
     VALUE,
     VERSION,
-    Condition,
     Reply,
     _int,
     _retries_of,
 )
 
 
-class SimpleDBTarget(_AwsTarget):
+class SimpleDBTarget(KeyedTarget):
     service = "sdb"
     name = "simpledb"
-    consistent_reads = True
-    conditional_writes = True
-
-    def __init__(
-        self, resources: Mapping[str, str], *, condition: Condition = "absent", **options: Any
-    ) -> None:
-        super().__init__(resources, **options)
-        self.domain = _need(resources, "domain", self.name)
-        self.condition: Condition = condition
-        self._versions: dict[str, int] = {}
+    resource = "domain"
 
     async def get(self, key: str, consistent: bool = False) -> Reply:
         got = await self._call(
             "get_attributes",
-            DomainName=self.domain,
+            DomainName=self.store,
             ItemName=key,
             AttributeNames=[VALUE, VERSION],
             ConsistentRead=consistent,
@@ -56,7 +45,7 @@ class SimpleDBTarget(_AwsTarget):
             kwargs["Expected"] = {"Name": VERSION, "Value": str(seen), "Exists": True}
         got = await self._call(
             "put_attributes",
-            DomainName=self.domain,
+            DomainName=self.store,
             ItemName=key,
             Attributes=[
                 {"Name": VALUE, "Value": str(value), "Replace": True},

@@ -26,14 +26,14 @@ from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
-from cmr.compute import merge_in_passes
+from cmr.cpu.runs import merge_in_passes
 from cmr.partition import RangePartitioner
 
 # What sorting holds per record beyond its bytes: a key copy, argsort's int64 index and its
 # scratch (timsort's, up to half the indexes), and slack; small records cost mostly this.
 SORT_OVERHEAD = 8 + 8 + 16
 MIN_RUN = 1 << 20  # bytes of rows sorted at once at least, however small the budget
-MIN_BLOCK = 16 * 1024  # bytes of a run read at once at least (cmr.compute's read_size floor)
+MIN_BLOCK = 16 * 1024  # bytes of a run read at once at least (cmr.cpu.reducing's read_size floor)
 MAP_PIECE_RECORDS = 1 << 18  # records a map task partitions at once at most
 
 

@@ -1,0 +1,318 @@
+"""The map half of a task: read the chunks (or the file slices) handed over, run the step's
+map over pieces of lines or over records, and send what it yields, combined when the job
+combines, to the shuffle (:mod:`cmr.cpu.shuffle`). What user code yields is checked as
+cheaply as the hot loops allow: one type test per pair, and a diagnosis of the pair only
+once handling it failed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cmr import counters, formats, taskprogress, usercode
+from cmr.cpu.instances import hook, job_instance, job_step, mapper_name
+from cmr.cpu.results import InputGone, MapResult, reported, take_counters
+from cmr.cpu.runs import PAIR_BLOCK
+from cmr.cpu.shuffle import (
+    COMBINE_KEYS,
+    REDUCE_COMBINE_AT,
+    Block,
+    Combiner,
+    Shuffle,
+    partitioner,
+    unpackable,
+)
+from cmr.cpu.specs import MapSpec, map_max_record
+from cmr.job import Job, JobRef, Step
+from cmr.localcheck import InputChanged, open_checked
+from cmr.plan import Check
+
+if TYPE_CHECKING:  # imported where used: numpy costs every process ~0.2 s to import
+    from cmr.cpu import fixedsort
+
+
+@dataclass(frozen=True)
+class FileSlice:
+    """Bytes [start, end) of a local file, read by the pool process that maps them rather
+    than sent to it: fixed records on a backend whose blobs are local files (2 GB of
+    TeraSort input cost ~7 CPU s pickled through the pool's pipes)."""
+
+    path: str
+    start: int
+    end: int
+    name: str = ""  # the input's name (in errors)
+    check: Check | None = None  # the file's identity at submit (cmr.localcheck); None: none
+
+    def read(self) -> bytes:
+        """The slice's bytes, of the file submitted (InputChanged: another is there now)."""
+        fd = open_checked(self.path, self.name, self.check)
+        with open(fd, "rb") as f:
+            f.seek(self.start)
+            return f.read(self.end - self.start)
+
+
+def slice_bytes(name: str, piece: FileSlice) -> bytes:
+    """A slice's bytes; InputGone when the file went or changed since the job was
+    submitted."""
+    try:
+        return piece.read()
+    except InputChanged as exc:
+        raise InputGone(str(exc)) from None
+    except OSError as exc:
+        raise InputGone(
+            f"input {name} ({piece.path}) cannot be read ({exc.strerror}): it was deleted or "
+            "moved after the job was submitted"
+        ) from None
+
+
+def run_map(
+    ref: JobRef,
+    params: dict[str, str],
+    given: list[tuple[str, bytes | FileSlice]],
+    spec: MapSpec,
+) -> MapResult:
+    result = MapResult(records_in=0)
+    fd, path = tempfile.mkstemp(prefix="map-", suffix=".spool", dir=spec.spool_dir)
+    with (
+        taskprogress.running(spec.job),
+        counters.collecting() as counted,
+        reported(result, spec.limit_s, f"map task {spec.task}"),
+    ):
+        chunks = [(n, slice_bytes(n, d) if isinstance(d, FileSlice) else d) for n, d in given]
+        result.bytes_in = sum(len(d) for _, d in chunks)
+        _map_into(ref, params, chunks, spec, fd, result)
+        result.spool = path
+    take_counters(counted, result)
+    if result.error:
+        os.unlink(path)
+    return result
+
+
+def _map_into(
+    ref: JobRef,
+    params: dict[str, str],
+    chunks: list[tuple[str, bytes]],
+    spec: MapSpec,
+    fd: int,
+    result: MapResult,
+) -> None:
+    job = job_instance(spec.job, ref, params, spec.lines, spec.files_dir).for_task()
+    job._cmr_map_task(spec.step, chunks[0][0] if chunks else "")
+    step, step_name = job_step(job, spec.step)
+    universal = (spec.lines or job.lines) == "universal"
+    fmt = formats.parse_input(spec.input_format or "lines")
+    mapper = mapper_name(job, step, step_name, fmt.name == "lines")
+    with os.fdopen(fd, "wb") as out:
+        shuffle = Shuffle(spec, out)
+        part = partitioner(job, spec.partitions, spec.cuts)
+        n = spec.partitions
+        combiner = (
+            Combiner(step.combine, f"{step_name}.combine")
+            if step.combine is not None and spec.combine
+            else None
+        )
+        groups: dict[Any, list[Any]] = {}
+        grouped = groups.get  # per pair: one lookup saved (groups is cleared, never replaced)
+        # What was being handled when something failed: the culprit is diagnosed from it.
+        pair, source = None, usercode.NOTHING
+        try:
+            hook(step.map_init)
+            if combiner is not None:
+                hook(step.combine_init)
+            columns, packed = None, None
+            if (
+                fmt.name == "fixed"
+                and step.map is None
+                and combiner is None
+                and spec.compress
+                # a job's own partition() is called for every record, as the general path does
+                and (spec.cuts is not None or type(job).partition is Job.partition)
+            ):
+                from cmr.cpu import fixedsort  # numpy: imported only where records are sorted
+
+                columns = fixedsort.Cuts.of(part, n, fmt.key_len, fmt.record_len, shuffle.floor)
+                packed = fixedsort.Packed
+            for source in map_calls(step, fmt, chunks, spec, result, universal, columns):
+                if type(source) is packed:
+                    for p, rows, count in source.parts():
+                        shuffle.add_rows(p, rows, count, source.layout.width)
+                    continue
+                if type(source) is Block and combiner is None:
+                    try:
+                        shuffle.add_block(source, part)
+                    except (TypeError, ValueError, OverflowError):
+                        pair = unpackable(source)  # what the diagnosis below names
+                        raise
+                    continue
+                pair = None
+                for pair in source:
+                    if type(pair) is tuple:
+                        key, value = pair
+                    else:  # a str of 2 would unpack as a pair
+                        key, value = usercode.as_pair(pair, mapper, source)
+                    if combiner is None:
+                        shuffle.add(part(key, n), key, value)
+                        continue
+                    try:
+                        vals = grouped(key)
+                    except TypeError:  # a list key: grouped as the tuple it arrives as
+                        key = usercode.key_of(key, mapper)
+                        vals = grouped(key)
+                    if vals is None:
+                        groups[key] = [value]
+                        if len(groups) >= COMBINE_KEYS:
+                            _flush(combiner, groups, shuffle, part, mapper)
+                            groups.clear()
+                    else:
+                        vals.append(value)
+                        if len(vals) >= REDUCE_COMBINE_AT and combiner.due(key, len(vals)):
+                            groups[key] = combiner.values(key, vals)
+        except (TypeError, ValueError, OverflowError) as exc:
+            if usercode.culprit(exc) is not None:
+                raise  # the user's code raised it: reported as such
+            if usercode.innermost_code(exc) is Job.map_chunk.__code__:
+                # Job.map_chunk's `yield from self.map(...)`: map returned no iterable.
+                method = f"{type(job).__name__}.map"
+                raise usercode.not_pairs(method, usercode.NOTHING, exc) from exc
+            raise usercode.bad_output(mapper, pair, exc, source) from exc
+        if combiner is not None:
+            _flush(combiner, groups, shuffle, part, mapper)
+            _emit_final(step.combine_final, f"{step_name}.combine_final", shuffle, part)
+        shuffle.close()
+    result.batches, result.records = shuffle.batches, shuffle.records
+
+
+def _flush(
+    combiner: Combiner,
+    groups: dict[Any, list[Any]],
+    shuffle: Shuffle,
+    part: Callable[[Any, int], int],
+    mapper: str,
+) -> None:
+    """Send the combined groups to the shuffle."""
+    n = shuffle.spec.partitions
+    pair = None
+    try:
+        for pair in combiner.flushed(groups):
+            shuffle.add(part(pair[0], n), pair[0], pair[1])
+    except (TypeError, ValueError, OverflowError) as exc:
+        if usercode.culprit(exc) is not None:
+            raise
+        raise usercode.bad_output(f"{mapper} (or {combiner.method})", pair, exc) from exc
+
+
+def _emit_final(
+    final_hook: Callable[[], Any] | None,
+    method: str,
+    shuffle: Shuffle,
+    part: Callable[[Any, int], int],
+) -> None:
+    """The pairs a final hook yields (combine_final), sent as they are."""
+    final = hook(final_hook)
+    n = shuffle.spec.partitions
+    for pair in final if final is not None else ():
+        key, value = pair if type(pair) is tuple else usercode.as_pair(pair, method, final)
+        shuffle.add(part(key, n), key, value)
+
+
+def map_calls(
+    step: Step,
+    fmt: formats.InputFormat,
+    chunks: list[tuple[str, bytes]],
+    spec: MapSpec,
+    result: MapResult,
+    universal: bool,
+    columns: fixedsort.Cuts | None = None,
+) -> Iterator[Any]:
+    """What the step's map returns for each piece of lines (``map_chunk``) or each record
+    (``map``) of the chunks, counting the records read; then what ``map_final`` returns.
+    A step without map passes its records on as pairs; fixed records, uncompressed, as
+    arrays of packed rows (fixedsort.Packed) when ``columns`` holds the cut points."""
+    codecs = spec.codecs or ("",) * len(chunks)
+    starts = spec.starts or (0,) * len(chunks)
+    # The largest record a compressed input or a whole file may decode to (the worker read
+    # plain lines to the same bound: cmr.split.read_split).
+    max_record = map_max_record(spec.piece_bytes)
+    if fmt.name == "lines":
+        map_piece = piece_mapper(step)
+        for (name, given), codec in zip(chunks, codecs, strict=True):
+            if codec:
+                c = formats.Chunk(name, given, codec, 0, max_record)
+                for piece in formats.line_pieces(c, spec.piece_bytes, universal):
+                    result.records_in += piece.count(b"\n") + 1
+                    yield map_piece(name, piece)
+                continue
+            chunk = universal_lines(given) if universal else given
+            # The last line's newline ends it; it opens no new (empty) line.
+            data = chunk[:-1] if chunk.endswith(b"\n") else chunk
+            result.records_in += data.count(b"\n") + 1 if chunk else 0
+            if not chunk:
+                continue
+            for piece in _pieces(data, spec.piece_bytes):
+                yield map_piece(name, piece)
+    else:
+        map_record = step.map
+        for (name, data), codec, start in zip(chunks, codecs, starts, strict=True):
+            if columns is not None and not codec and len(data) % fmt.record_len == 0:
+                per = columns.layout.piece_records(spec.piece_bytes) * fmt.record_len
+                view = memoryview(data)
+                for at in range(0, len(data), per):
+                    span = view[at : at + per]
+                    result.records_in += len(span) // fmt.record_len
+                    yield columns.partitioned(span)
+                continue
+            read = formats.Chunk(name, data, codec, start, max_record)
+            records = formats.records(fmt, read, spec.piece_bytes)
+            if map_record is None:
+                # No map: the records are the pairs, handed over in blocks (the shuffle
+                # takes a block at once: Shuffle.add_block).
+                while block := Block(itertools.islice(records, PAIR_BLOCK)):
+                    result.records_in += len(block)
+                    yield block
+                continue
+            for key, value in records:
+                result.records_in += 1
+                yield map_record(key, value)
+    final = hook(step.map_final)
+    if final is not None:
+        yield final
+
+
+def _pieces(data: bytes, size: int) -> Iterator[bytes]:
+    """data (lines joined by \\n) as pieces of whole lines of about ``size`` bytes, each
+    without its last newline: what map_chunk sees of the whole, in bounded bites (a user's
+    map_chunk may hold many times its input in objects)."""
+    start = 0
+    while (nl := data.find(b"\n", start + size)) >= 0:
+        yield data[start:nl]
+        start = nl + 1
+    yield data[start:] if start else data  # no copy when one piece is all of it
+
+
+def piece_mapper(step: Step) -> Callable[[str, bytes], Any]:
+    """How a step maps a piece of whole lines: map_chunk at once, else map line by line (or
+    each line as a pair (source, line), for a step without map)."""
+    if step.map_chunk is not None:
+        return step.map_chunk
+    map_line = step.map
+
+    def by_line(name: str, piece: bytes) -> Iterator[Any]:
+        for line in piece.decode("utf-8", "replace").split("\n"):
+            if map_line is None:
+                yield name, line
+            else:
+                yield from map_line(name, line)
+
+    return by_line
+
+
+def universal_lines(data: bytes) -> bytes:
+    """``data`` with "\r\n" and lone "\r" line endings made "\n" (Job.lines "universal")."""
+    if b"\r" not in data:
+        return data
+    return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
