@@ -46,5 +46,9 @@ step "ruff and mypy"
 # `-n 0` among the arguments runs it in one. --dist loadgroup keeps each xdist_group on one
 # worker (expensive shared set-up); tests marked `alone` run while no other does (tests/alone.py).
 workers="${CMR_TEST_WORKERS:-4}"
+# Compiled modules are kept (__pycache__, ignored by git): else each of the suite's thousands
+# of Python processes (workers, pools, `cmr` commands) compiles cmr from source again, and
+# each pytest worker rewrites every test module's asserts again.
+unset PYTHONDONTWRITEBYTECODE
 step "pytest -n $workers $*"
 .venv/bin/python -m pytest -q -n "$workers" --dist loadgroup "$@"

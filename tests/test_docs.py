@@ -28,8 +28,8 @@ from tests.stack import stack_env
 
 # One worker runs them all when the suite runs in parallel (scripts/test.sh: --dist
 # loadgroup): the fresh copy and its quick start (a .venv set up by scripts/setup.sh) are
-# made once, not once per worker.
-pytestmark = pytest.mark.xdist_group("docs")
+# made once, not once per worker. That set-up alone takes a minute: the full suite's.
+pytestmark = [pytest.mark.xdist_group("docs"), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted((REPO / "docs").glob("*.md"))

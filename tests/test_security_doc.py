@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "security.md"
 CAPABILITIES = (
@@ -58,6 +60,7 @@ def test_every_capability_has_a_row_backed_by_tests() -> None:
         assert ids, f"the row {name!r} names no test"
 
 
+@pytest.mark.slow
 def test_every_test_the_table_names_exists() -> None:
     ids = {i for named in rows().values() for i in named}
     have = collected({i.split("::", 1)[0] for i in ids})

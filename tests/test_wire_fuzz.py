@@ -40,6 +40,7 @@ FUZZ = settings(
 )
 
 
+@pytest.mark.slow
 def test_every_corpus_input_is_total_fast_and_small() -> None:
     """Each of the issue's hostile inputs, decoded alone in a fresh process: a value for
     the valid ones, exactly one WireError with a short text for the rest; under 2 s and
@@ -86,6 +87,7 @@ def _body(name: str) -> bytes:
 
 @FUZZ
 @given(st.sampled_from(MESSAGE_CASES), st.data())
+@pytest.mark.slow
 def test_mutated_hostile_bodies_are_rejected_or_valid(name: str, data: st.DataObject) -> None:
     buf = bytearray(_body(name))
     for _ in range(data.draw(st.integers(1, 8))):
@@ -148,6 +150,7 @@ def hostile_documents(draw: st.DrawFn) -> bytes:
 
 @FUZZ
 @given(hostile_documents())
+@pytest.mark.slow
 def test_documents_with_hostile_fields_are_validated(body: bytes) -> None:
     msg = total(wire.decode, body)
     if msg is not None:
@@ -180,6 +183,7 @@ plans = st.builds(
 
 @FUZZ
 @given(plans)
+@pytest.mark.slow
 def test_valid_plans_round_trip(plan: Plan) -> None:
     data = plan.to_bytes()
     assert Plan.from_bytes(data, Plan.digest(data)) == plan
@@ -193,6 +197,7 @@ def test_valid_plans_round_trip(plan: Plan) -> None:
         st.lists(st.lists(nested, max_size=4), max_size=4),
     )
 )
+@pytest.mark.slow
 def test_any_document_as_a_plan_is_validated(doc: dict[str, Any]) -> None:
     blob = wire.compress(msgpack.packb(doc, use_bin_type=True))
     plan = total(wire_corpus.decode_plan, blob)
@@ -226,6 +231,7 @@ commit_items = st.fixed_dictionaries(
 
 @FUZZ
 @given(commit_items)
+@pytest.mark.slow
 def test_any_commit_record_gives_a_commit_or_a_wire_error(item: dict[str, Any]) -> None:
     commit = total(MapCommit.from_item, item)
     if commit is not None:

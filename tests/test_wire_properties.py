@@ -84,6 +84,7 @@ def test_arbitrary_bytes_decode_or_are_rejected(body: bytes) -> None:
 
 @settings(max_examples=300)
 @given(msgpack_data)
+@pytest.mark.slow
 def test_any_msgpack_document_in_a_valid_frame_is_validated(doc: object) -> None:
     decodes_cleanly(wire.MAGIC + wire.compress(msgpack.packb(doc, use_bin_type=True)))
 
@@ -95,6 +96,7 @@ def test_any_msgpack_document_in_a_valid_frame_is_validated(doc: object) -> None
         msgpack_data,
     )
 )
+@pytest.mark.slow
 def test_documents_shaped_like_ours_are_validated(doc: dict[str, object]) -> None:
     for kind in ("map", "reduce", "batch"):
         decodes_cleanly(wire.MAGIC + wire.compress(wire.pack({**doc, "k": kind})))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,8 @@ from cmr.cpu.specs import MapSpec, map_max_record
 from cmr.job import Job, JobRef, Step
 from cmr.localcheck import InputChanged, open_checked
 from cmr.plan import Check
+
+_DICT_ITEMS = type({0: 0}.items())  # a dict's items (map_chunk returning a Counter's)
 
 if TYPE_CHECKING:  # imported where used: numpy costs every process ~0.2 s to import
     from cmr.cpu import fixedsort
@@ -137,7 +139,15 @@ def _map_into(
 
                 columns = fixedsort.Cuts.of(part, n, fmt.key_len, fmt.record_len, shuffle.floor)
                 packed = fixedsort.Packed
-            for source in map_calls(step, fmt, chunks, spec, result, universal, columns):
+            last = [False]
+            calls = map_calls(step, fmt, chunks, spec, result, universal, columns, last)
+            for source in calls:
+                if last[0] and combiner is not None and not groups and type(source) is _DICT_ITEMS:
+                    # The task's one source of pairs, a dict's items (map_chunk's Counter):
+                    # its keys are distinct, so combining would send each pair as it came,
+                    # in this order: sent so, with no grouping.
+                    _send(shuffle, source, part, f"{mapper} (or {combiner.method})")
+                    continue
                 if type(source) is packed:
                     for p, rows, count in source.parts():
                         shuffle.add_rows(p, rows, count, source.layout.width)
@@ -195,15 +205,22 @@ def _flush(
     mapper: str,
 ) -> None:
     """Send the combined groups to the shuffle."""
-    n = shuffle.spec.partitions
-    pair = None
+    _send(shuffle, combiner.flushed(groups), part, f"{mapper} (or {combiner.method})")
+
+
+def _send(
+    shuffle: Shuffle,
+    pairs: Iterable[tuple[Any, Any]],
+    part: Callable[[Any, int], int],
+    method: str,
+) -> None:
+    """Pairs to the shuffle; a pair that cannot go is the fault of ``method``'s output."""
     try:
-        for pair in combiner.flushed(groups):
-            shuffle.add(part(pair[0], n), pair[0], pair[1])
+        shuffle.add_pairs(pairs, part)
     except (TypeError, ValueError, OverflowError) as exc:
         if usercode.culprit(exc) is not None:
             raise
-        raise usercode.bad_output(f"{mapper} (or {combiner.method})", pair, exc) from exc
+        raise usercode.bad_output(method, shuffle.last_pair, exc) from exc
 
 
 def _emit_final(
@@ -228,11 +245,14 @@ def map_calls(
     result: MapResult,
     universal: bool,
     columns: fixedsort.Cuts | None = None,
+    last: list[bool] | None = None,
 ) -> Iterator[Any]:
     """What the step's map returns for each piece of lines (``map_chunk``) or each record
     (``map``) of the chunks, counting the records read; then what ``map_final`` returns.
     A step without map passes its records on as pairs; fixed records, uncompressed, as
-    arrays of packed rows (fixedsort.Packed) when ``columns`` holds the cut points."""
+    arrays of packed rows (fixedsort.Packed) when ``columns`` holds the cut points.
+    ``last[0]`` is set before the task's last source of lines is yielded, when nothing
+    (no map_final) comes after it."""
     codecs = spec.codecs or ("",) * len(chunks)
     starts = spec.starts or (0,) * len(chunks)
     # The largest record a compressed input or a whole file may decode to (the worker read
@@ -240,21 +260,15 @@ def map_calls(
     max_record = map_max_record(spec.piece_bytes)
     if fmt.name == "lines":
         map_piece = piece_mapper(step)
-        for (name, given), codec in zip(chunks, codecs, strict=True):
-            if codec:
-                c = formats.Chunk(name, given, codec, 0, max_record)
-                for piece in formats.line_pieces(c, spec.piece_bytes, universal):
-                    result.records_in += piece.count(b"\n") + 1
-                    yield map_piece(name, piece)
-                continue
-            chunk = universal_lines(given) if universal else given
-            # The last line's newline ends it; it opens no new (empty) line.
-            data = chunk[:-1] if chunk.endswith(b"\n") else chunk
-            result.records_in += data.count(b"\n") + 1 if chunk else 0
-            if not chunk:
-                continue
-            for piece in _pieces(data, spec.piece_bytes):
-                yield map_piece(name, piece)
+        # One piece read ahead (our own code, never the user's) tells which is the last.
+        pieces = _line_pieces(chunks, codecs, spec.piece_bytes, result, universal, max_record)
+        upcoming = next(pieces, None)
+        while upcoming is not None:
+            name, piece = upcoming
+            upcoming = next(pieces, None)
+            if upcoming is None and last is not None and step.map_final is None:
+                last[0] = True
+            yield map_piece(name, piece)
     else:
         map_record = step.map
         for (name, data), codec, start in zip(chunks, codecs, starts, strict=True):
@@ -281,6 +295,33 @@ def map_calls(
     final = hook(step.map_final)
     if final is not None:
         yield final
+
+
+def _line_pieces(
+    chunks: list[tuple[str, bytes]],
+    codecs: tuple[str, ...],
+    size: int,
+    result: MapResult,
+    universal: bool,
+    max_record: int,
+) -> Iterator[tuple[str, bytes]]:
+    """Each chunk's lines as pieces of about ``size`` bytes (decompressed first), with the
+    name of the chunk's input, counting the lines read."""
+    for (name, given), codec in zip(chunks, codecs, strict=True):
+        if codec:
+            c = formats.Chunk(name, given, codec, 0, max_record)
+            for piece in formats.line_pieces(c, size, universal):
+                result.records_in += piece.count(b"\n") + 1
+                yield name, piece
+            continue
+        chunk = universal_lines(given) if universal else given
+        # The last line's newline ends it; it opens no new (empty) line.
+        data = chunk[:-1] if chunk.endswith(b"\n") else chunk
+        result.records_in += data.count(b"\n") + 1 if chunk else 0
+        if not chunk:
+            continue
+        for piece in _pieces(data, size):
+            yield name, piece
 
 
 def _pieces(data: bytes, size: int) -> Iterator[bytes]:

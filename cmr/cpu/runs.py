@@ -18,9 +18,10 @@ import msgpack
 
 from cmr import wire
 from cmr.cpu.order import PLAIN_KEYS, ValueOrder, sort_key, sorted_keys
+from cmr.cpu.shuffle import REDUCE_COMBINE_AT, Combiner
 from cmr.errors import WireError
 
-# The sorted-pairs path (no combine): a pair's tuple and list slot, and two object headers
+# The sorted-pairs path: a pair's tuple and list slot, and two object headers
 # its packed bytes do not show (an int packs to 1 byte and is a 28-byte object).
 PAIR_COST = 64 + 2 * 40
 PAIR_BLOCK = 4096  # pairs read from a spool at a time (C loops do the rest)
@@ -83,13 +84,17 @@ def sorted_pairs(
     memory_bytes: int,
     spill_dir: str,
     runs: list[str],
+    combiner: Combiner | None = None,
 ) -> tuple[list[tuple[Any, Any]], Iterator[tuple[list[tuple[Any, Any]], int]] | None]:
     """Pairs whose keys are all of one plain kind (str, int or bytes), held as a list and
     sorted by key in C (stable: each key's values keep their arrival order), spilling sorted
-    runs past the budget: the reduce of a job without combine, ~5x cheaper per pair than
-    grouping in a dict. Returns the pairs held, sorted, and None; or, at the first block
-    whose keys are of another kind or of a second kind, the pairs held so far (unsorted)
-    and the blocks left, for the general path to take over."""
+    runs past the budget: ~5x cheaper per pair than grouping in a dict. With a combiner,
+    the held pairs are combined (each key's, once it holds REDUCE_COMBINE_AT values) when
+    they reach the budget, and spilled only if that did not halve them: combining bounds
+    memory, never the output (a word count's reducer, whose keys hold a few values each,
+    never combines). Returns the pairs held, sorted, and None; or, at the first block whose
+    keys are of another kind or of a second kind, the pairs held so far (unsorted) and the
+    blocks left, for the general path to take over."""
     pairs: list[tuple[Any, Any]] = []
     kinds: set[type] = set()
     held = 0
@@ -107,10 +112,30 @@ def sorted_pairs(
         held += _block_cost(block, packed)
         if held >= memory_bytes:
             pairs.sort(key=_first)
+            if combiner is not None:
+                fewer = _combined(pairs, combiner)
+                if len(fewer) * 2 <= len(pairs):
+                    held = held * len(fewer) // len(pairs)
+                    pairs = fewer
+                    continue
+                combiner = None  # combining does not shrink these pairs: no pass again
             runs.append(write_pairs_run(pairs, spill_dir))
             pairs, held = [], 0
     pairs.sort(key=_first)
     return pairs, None
+
+
+def _combined(pairs: list[tuple[Any, Any]], combiner: Combiner) -> list[tuple[Any, Any]]:
+    """Pairs sorted by key with the values of each key that holds REDUCE_COMBINE_AT of them
+    or more replaced by what combine makes of them (its pairs' values, under the key)."""
+    out: list[tuple[Any, Any]] = []
+    for key, group in itertools.groupby(pairs, _first):
+        run = list(group)
+        if len(run) < REDUCE_COMBINE_AT:
+            out += run
+        else:
+            out += [(key, v) for _, v in combiner.pairs(key, list(map(_second, run)))]
+    return out
 
 
 def write_pairs_run(pairs: list[tuple[Any, Any]], spill_dir: str) -> str:

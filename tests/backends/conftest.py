@@ -35,6 +35,27 @@ def aws_names() -> Iterator[AwsNames]:
         remove_test_resources(names.bucket, names.table, names.queue_prefix)
 
 
+# On the local stack, these run in the full suite only (marked slow): a matrix of cases, or a
+# large object, each seconds there; the everyday subset runs them embedded, and the stack's
+# other conformance tests.
+SLOW_ON_THE_STACK = {
+    "test_condition",
+    "test_get_range",
+    "test_list_many",
+    "test_update_with_only_a_condition",
+    "test_item_over_the_size_limit_is_rejected",
+    "test_upload_download_multipart",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        params = getattr(item, "callspec", None)
+        on_stack = params is not None and params.params.get("backend_name") == "aws"
+        if on_stack and getattr(item, "originalname", "") in SLOW_ON_THE_STACK:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(params=["embedded", "aws"])
 def backend_name(request: pytest.FixtureRequest) -> str:
     if request.param == "aws":

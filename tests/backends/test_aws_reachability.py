@@ -161,6 +161,7 @@ def store(names: AwsNames) -> str:
 # ------------------------------------------------------------------------------ down
 
 
+@pytest.mark.alone
 def test_nothing_listening_is_said_at_once_before_botocore_loads(tmp_path: Path) -> None:
     endpoint = closed_port()
     env = {
@@ -242,6 +243,7 @@ def test_the_endpoints_are_botocores() -> None:
 # ------------------------------------------------------------------------------ slow
 
 
+@pytest.mark.alone
 async def test_a_server_that_accepts_no_connection_is_slow_by_the_deadline() -> None:
     from cmr.backends.aws import reach
 
@@ -254,6 +256,8 @@ async def test_a_server_that_accepts_no_connection_is_slow_by_the_deadline() -> 
 
 @pytest.mark.usefixtures("aws_stack")
 @pytest.mark.parametrize("at", ["connect", "answer"])
+@pytest.mark.alone
+@pytest.mark.slow
 def test_a_brief_stall_does_not_fail_a_submit(at: str, tmp_path: Path, aws_names: AwsNames) -> None:
     # 4 s: longer than the old single 3 s connect (or 5 s read here), well within the bound
     seconds = 4.0 if at == "connect" else 6.0
@@ -270,6 +274,8 @@ def test_a_brief_stall_does_not_fail_a_submit(at: str, tmp_path: Path, aws_names
 
 
 @pytest.mark.usefixtures("aws_stack")
+@pytest.mark.alone
+@pytest.mark.slow
 def test_a_store_that_never_answers_is_slow_within_the_bound(
     tmp_path: Path, aws_names: AwsNames
 ) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from benchmarks.fleetsim.job import FleetJob, make_input
 from benchmarks.fleetsim.latency import Latency, with_latency
 from benchmarks.fleetsim.meter import Meter, key_kind
@@ -60,6 +62,7 @@ async def test_wrapper_delays_and_counts_every_call(tmp_path: Path) -> None:
     assert base.queues.calls["sqs.SendMessageBatch"] == 2  # the inner backend saw them too
 
 
+@pytest.mark.alone
 async def test_four_workers_run_the_map_phase_faster_than_one(tmp_path: Path) -> None:
     maps, reducers = 16, 2
     data = tmp_path / "in"

@@ -74,6 +74,7 @@ def test_compare_finds_wrong_missing_and_repeated_words(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- corpora
 
 
+@pytest.mark.slow
 def test_growth_corpus_vocabulary_grows_with_size(tmp_path: Path) -> None:
     small = growth.growth_corpus(0.2, 3, 2, tmp_path)
     large = growth.growth_corpus(0.4, 3, 2, tmp_path)
@@ -89,6 +90,7 @@ def test_growth_corpus_vocabulary_grows_with_size(tmp_path: Path) -> None:
     assert len(words[1]) - len(words[0]) >= once[1] - once[0]
 
 
+@pytest.mark.slow
 def test_small_files_hold_the_same_bytes_as_one_file(tmp_path: Path) -> None:
     one, many = smallfiles.corpora(0.3, 37, 5, tmp_path)
     pieces = sorted(p for p in many.rglob("*") if p.is_file())
@@ -164,6 +166,7 @@ def test_a_reducer_within_its_budget_does_not_spill(
 # -------------------------------------------------------------------- the whole thing
 
 
+@pytest.mark.slow
 def test_growth_benchmark_runs_small_sizes_exactly(tmp_path: Path) -> None:
     out = tmp_path / "growth.json"
     cmd = [sys.executable, str(REPO / "benchmarks" / "growth.py"), "--sizes", "1,2"]

@@ -233,6 +233,7 @@ def reversed_records(src: Path, dst: Path) -> None:
     dst.write_bytes(b"".join(reversed(records)))
 
 
+@pytest.mark.slow
 def test_hadoop_teravalidate_tells_sorted_from_unsorted(tmp_path: Path) -> None:
     env = hadoop.Env(tmp_path / "scratch", 2, 600, hadoop_here(), (ACCESS_DEBUG, *QUICK_JVM))
 
@@ -284,6 +285,7 @@ def test_hadoop_teravalidate_tells_sorted_from_unsorted(tmp_path: Path) -> None:
         assert "IllegalAccessException" not in text, log
 
 
+@pytest.mark.slow
 async def test_cmr_terasort_passes_hadoops_teravalidate(tmp_path: Path) -> None:
     """examples/terasort.py over TeraGen's records (several map tasks, 3 reducers, keys
     sampled at submit): TeraValidate finds its parts, in order, sorted, with the checksum of

@@ -327,6 +327,7 @@ def bench(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict
     return result
 
 
+@pytest.mark.slow
 def test_benchmark_reports_peak_memory_for_every_row(tmp_path: Path) -> None:
     result = bench(tmp_path, "--size-mb", "1", "--backends", "embedded", "--peers", "none")
     rows = {r["name"]: r for r in result["rows"]}

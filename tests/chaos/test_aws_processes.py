@@ -37,7 +37,7 @@ from tests.engine.corpus import edge_cases
 from tests.engine.reference import counts_from_parts, word_count
 from tests.stack import stack_backend
 
-pytestmark = pytest.mark.usefixtures("aws_stack")
+pytestmark = [pytest.mark.usefixtures("aws_stack"), pytest.mark.slow]  # real processes, leases
 
 JOB = "examples/wordcount.py"
 REDUCERS = 4

@@ -50,7 +50,8 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, li
 
 @pytest.mark.parametrize(
     "seeds",
-    _seeds(),
+    # The everyday subset (-m "not slow") runs the first batch; the full suite every one.
+    [pytest.param(s, marks=pytest.mark.slow if i else ()) for i, s in enumerate(_seeds())],
     ids=lambda s: f"{'clientless-' if s[0] >= CLIENTLESS_FROM else ''}seeds{s[0]}-{s[-1]}",
 )
 @in_virtual_time

@@ -46,6 +46,7 @@ from cmr.api import open_backend
 from cmr.backends.base import Backend
 from cmr.records import job_pk
 from cmr.settings import AwsSettings
+from tests.everyday import spread
 from tests.procs import Peaks, stopped
 from tests.stack import remove_test_resources
 
@@ -521,7 +522,7 @@ def attacked(
         return w, w.finish(), w.text()
 
 
-@pytest.mark.parametrize("name", list(ATTACKS))
+@pytest.mark.parametrize("name", spread(list(ATTACKS), list(ATTACKS), every=10))  # everyday: 2
 async def test_a_stranger_writing_the_bucket_or_the_table(
     name: str, store: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:

@@ -79,8 +79,8 @@ TEXT = [
 WORKER_USER = pwd.getpwuid(os.getuid()).pw_name  # the unit's User=, here: no useradd
 PACKAGE = "fleetjobs"  # the job package the instance may run from (JobsFrom)
 # One worker runs them all when the suite runs in parallel (--dist loadgroup): the wheel and
-# its lock (`built`) are made once, not once per worker.
-pytestmark = pytest.mark.xdist_group("bootstrap")
+# its lock (`built`) are made once, not once per worker. Each boots a worker: the full suite's.
+pytestmark = [pytest.mark.xdist_group("bootstrap"), pytest.mark.slow]
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ def s3_front(aws_stack: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iter
         yield front
 
 
+@pytest.mark.slow
 def test_up_status_down_on_localstack(s3_front: Front, monkeypatch: pytest.MonkeyPatch) -> None:
     missing = missing_services()
     if missing:

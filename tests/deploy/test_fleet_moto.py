@@ -84,6 +84,7 @@ NOTHING: dict[str, list[str]] = {
 }
 
 
+@pytest.mark.slow
 def test_up_scale_status_logs_down(moto_env: dict[str, str]) -> None:
     tag = uuid.uuid4().hex[:8]
     stack, bucket, table, prefix = f"fleet-{tag}", f"cmr-fleet-{tag}", f"cmr-{tag}", f"cmr{tag}-"
@@ -204,6 +205,7 @@ def test_up_scale_status_logs_down(moto_env: dict[str, str]) -> None:
     assert leftovers(stack, bucket, table) == NOTHING
 
 
+@pytest.mark.slow
 def test_down_keep_data_keeps_bucket_and_table(moto_env: dict[str, str]) -> None:
     tag = uuid.uuid4().hex[:8]
     stack, bucket, table = f"fleet-{tag}", f"cmr-fleet-{tag}", f"cmr-{tag}"
@@ -231,6 +233,7 @@ def test_down_keep_data_keeps_bucket_and_table(moto_env: dict[str, str]) -> None
     assert leftovers(stack, bucket, table) == NOTHING
 
 
+@pytest.mark.slow
 def test_scale_beyond_max_is_refused(moto_env: dict[str, str]) -> None:
     tag = uuid.uuid4().hex[:8]
     stack = f"fleet-{tag}"

@@ -46,6 +46,7 @@ def half_made(stack: str, outputs: dict[str, str]) -> None:
 
 
 @pytest.mark.usefixtures("moto_env")
+@pytest.mark.slow
 def test_status_of_a_stack_without_outputs() -> None:
     stack = f"fleet-half-{uuid.uuid4().hex[:8]}"
     half_made(stack, {})

@@ -127,6 +127,7 @@ def user_data(template: dict[str, Any]) -> str:
     return text
 
 
+@pytest.mark.slow
 def test_cfn_lint_passes() -> None:
     exe = shutil.which("cfn-lint", path=str(Path(sys.executable).parent)) or shutil.which(
         "cfn-lint"
@@ -142,6 +143,7 @@ def test_cfn_lint_is_pinned() -> None:
     assert re.search(r"^cfn-lint==\d+\.\d+\.\d+ \\\n\s+--hash=sha256:[0-9a-f]{64}", pins, re.M)
 
 
+@pytest.mark.slow
 def test_policy_grants_only_the_three_resources(template: dict[str, Any]) -> None:
     granted: dict[str, set[str]] = {}
     for st in statements(template):
@@ -200,6 +202,7 @@ def role_allows(template: dict[str, Any], action: str, arn: str) -> bool:
     return any(matches(st) for st in statements(template, "Allow"))
 
 
+@pytest.mark.slow
 def test_the_role_cannot_write_fleet(template: dict[str, Any]) -> None:
     """The wheel and the lock every instance installs are out of a worker's reach; the
     objects a worker does write (scratch under cmr/, job outputs) are not."""
@@ -221,6 +224,7 @@ def test_the_role_cannot_write_fleet(template: dict[str, Any]) -> None:
     assert not role_allows(template, "sqs:ListQueues", "arn:aws:sqs:us-east-1:123456789012:cmr-x")
 
 
+@pytest.mark.slow
 def test_only_wildcards_are_the_queue_prefix_and_the_objects(template: dict[str, Any]) -> None:
     for st in statements(template) + statements(template, "Deny"):
         for resource in as_list(st["Resource"]):
@@ -230,6 +234,7 @@ def test_only_wildcards_are_the_queue_prefix_and_the_objects(template: dict[str,
             assert stars in ([], [len(arn) - 1]), arn
 
 
+@pytest.mark.slow
 def test_idle_fleet_scales_to_zero_without_instance_permissions(
     template: dict[str, Any],
 ) -> None:

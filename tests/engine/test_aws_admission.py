@@ -36,6 +36,7 @@ def _worker(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 async def test_a_job_pointed_at_another_buckets_object_is_refused(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:

@@ -34,6 +34,7 @@ async def assert_cleaned(be: Backend, settings: AwsSettings, job_id: str) -> Non
     assert [i["sk"] for i in await be.table.query(job_pk(job_id))] == ["job"]
 
 
+@pytest.mark.slow
 async def test_wordcount_with_three_worker_processes(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:
@@ -96,6 +97,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]
     )
 
 
+@pytest.mark.slow
 async def test_external_fleet_serves_a_submitted_job_and_exits_when_idle(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:
@@ -133,6 +135,7 @@ async def test_external_fleet_serves_a_submitted_job_and_exits_when_idle(
     await assert_cleaned(be, settings, result.job_id)
 
 
+@pytest.mark.slow
 async def test_failing_map_fails_the_job_and_cleans_up(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:
@@ -209,6 +212,7 @@ def test_cli_reports_an_endpoint_that_is_down(aws_stack: dict[str, str], tmp_pat
     assert "Traceback" not in err + out
 
 
+@pytest.mark.slow
 def test_cmr_status_shows_a_failed_jobs_traceback_and_counters(
     aws_stack: dict[str, str], tmp_path: Path
 ) -> None:
@@ -261,6 +265,7 @@ def test_cmr_status_shows_a_failed_jobs_traceback_and_counters(
         remove_test_resources(f"cmr-st-{tag}", f"cmr-st-{tag}", f"cmrs-{tag}-")
 
 
+@pytest.mark.slow
 async def test_many_small_files_and_more_reducers_than_keys(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:
@@ -284,6 +289,7 @@ async def test_many_small_files_and_more_reducers_than_keys(
     await assert_cleaned(be, settings, result.job_id)
 
 
+@pytest.mark.slow
 async def test_client_reports_when_all_its_worker_processes_are_gone(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:

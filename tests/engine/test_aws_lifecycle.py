@@ -66,6 +66,7 @@ async def read_s3_output(be: Backend, output: str) -> tuple[Manifest, dict[str, 
     return manifest, counts
 
 
+@pytest.mark.slow
 async def test_detached_job_survives_a_worker_killed_while_publishing(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:
@@ -117,6 +118,7 @@ async def test_detached_job_survives_a_worker_killed_while_publishing(
     assert objects == {output + "_SUCCESS", *(output + p.name for p in manifest.parts)}
 
 
+@pytest.mark.slow
 async def test_wait_exits_non_zero_unless_the_job_succeeded(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:
@@ -147,6 +149,7 @@ async def test_wait_exits_non_zero_unless_the_job_succeeded(
     assert status_json(s, job_id)["state"] == "failed"
 
 
+@pytest.mark.slow
 async def test_ctrl_c_on_an_aws_run_cancels_its_job(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:
@@ -176,6 +179,7 @@ async def test_ctrl_c_on_an_aws_run_cancels_its_job(
     assert not (tmp_path / "out" / "_SUCCESS").exists()
 
 
+@pytest.mark.slow
 async def test_an_s3_output_follows_the_rules_of_a_directory(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:
@@ -200,6 +204,7 @@ async def test_an_s3_output_follows_the_rules_of_a_directory(
     assert objects == {output + "_SUCCESS", *(output + p.name for p in manifest.parts)}
 
 
+@pytest.mark.slow
 async def test_a_second_job_into_a_busy_s3_output_is_refused(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:
@@ -231,6 +236,7 @@ async def test_job_queues_keep_messages_fourteen_days(
     await be.queues.delete(f"{s.queue_prefix}retention")
 
 
+@pytest.mark.slow
 async def test_a_worker_refuses_a_job_whose_code_is_outside_jobs_from(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:

@@ -34,6 +34,7 @@ HEADER = "import cmr\nclass J(cmr.Job):\n    def map(self, k, line):\n"
     ],
     ids=["reduce raises", "map yields a str"],
 )
+@pytest.mark.slow
 async def test_a_deterministic_user_error_fails_the_job_in_seconds(
     aws: tuple[Backend, AwsSettings], tmp_path: Path, body: str, expected: str
 ) -> None:

@@ -166,6 +166,7 @@ def _spool_bytes(top: Path) -> int:
 
 
 @pytest.mark.usefixtures("aws_stack")
+@pytest.mark.slow
 def test_a_side_file_grown_after_submit_is_never_fetched_past_its_size(tmp_path: Path) -> None:
     """Submit with --file stop.txt (9 bytes), put 64 MiB at its key, run a worker: its spool
     never holds more than a few MiB (its spills: none here), and the job fails naming the

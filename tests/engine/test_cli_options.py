@@ -88,6 +88,7 @@ def _cmr(
     )
 
 
+@pytest.mark.slow
 def test_brackets_in_errors_and_paths_are_printed_as_they_are(tmp_path: Path) -> None:
     """Rich markup used to eat `words[i]` from a failed job's traceback and crash on `[/x]`
     (a MarkupError traceback instead of the one `error:` line)."""

@@ -134,6 +134,7 @@ def test_an_unexpected_errors_text_prints_as_text(capsys: pytest.CaptureFixture[
 
 
 @pytest.mark.usefixtures("aws_stack")
+@pytest.mark.slow
 async def test_status_shows_a_hostile_error_reason_from_the_table_as_text(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:

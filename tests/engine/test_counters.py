@@ -243,6 +243,7 @@ def test_increment_counter_says_what_is_wrong(args: tuple[Any, ...], message: st
 
 
 @pytest.mark.usefixtures("aws_stack")
+@pytest.mark.slow
 def test_status_shows_the_counters(
     corpus: tuple[str, Path, list[str], Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

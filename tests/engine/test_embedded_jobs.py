@@ -17,7 +17,11 @@ from .reference import counts_from_parts, index_from_parts, inverted_index, word
 WORDCOUNT = "examples/wordcount.py"
 
 
-@pytest.mark.parametrize(("split_bytes", "reducers"), [(13, 3), (100, 1), (4096, 5), (None, 2)])
+@pytest.mark.parametrize(
+    ("split_bytes", "reducers"),
+    # 13-byte splits: some 3,600 map tasks
+    [pytest.param(13, 3, marks=pytest.mark.slow), (100, 1), (4096, 5), (None, 2)],
+)
 async def test_wordcount_edge_cases_match_sequential(
     embedded: Backend, tmp_path: Path, split_bytes: int | None, reducers: int
 ) -> None:
@@ -54,6 +58,7 @@ async def test_more_reducers_than_keys_gives_empty_parts(embedded: Backend, tmp_
     assert sum(1 for p in (tmp_path / "out").iterdir() if p.stat().st_size == 0) == 17
 
 
+@pytest.mark.slow
 async def test_inverted_index_matches_sequential(embedded: Backend, tmp_path: Path) -> None:
     data = edge_cases(tmp_path / "in")
     await run_on(
@@ -246,6 +251,7 @@ async def test_a_dying_pool_process_stops_the_run_with_a_clear_error(
         await run_on(embedded, str(job), str(src), str(tmp_path / "out"), reducers=1)
 
 
+@pytest.mark.slow
 async def test_splits_follow_the_workers_memory_budget(embedded: Backend, tmp_path: Path) -> None:
     """A budget of 8 MiB caps splits at 4 MiB (budget / 8, at least 4 MiB): with one map
     slot, 24 MB of input becomes 6 map tasks, where the default budget makes it 4 (input /

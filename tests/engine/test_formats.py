@@ -104,6 +104,7 @@ def csv_data(n: int) -> bytes:
     return buf.getvalue().encode()
 
 
+@pytest.mark.slow
 async def test_each_input_format_matches_a_sequential_reading(
     embedded: Backend, tmp_path: Path
 ) -> None:
@@ -247,6 +248,7 @@ async def test_compressed_files_read_with_their_format(
     assert canon(pairs_of(result.parts)) == canon(expected)
 
 
+@pytest.mark.slow
 async def test_fixed_records_straddling_naive_splits_are_read_once_each(
     embedded: Backend, tmp_path: Path
 ) -> None:
@@ -488,6 +490,7 @@ async def test_format_names_are_checked_once_with_the_valid_ones(
 
 
 @pytest.mark.usefixtures("aws_stack")
+@pytest.mark.slow
 async def test_formats_on_the_local_stack(aws: tuple[Backend, AwsSettings], tmp_path: Path) -> None:
     be, settings = aws
     root = tmp_path / "in"
@@ -512,6 +515,7 @@ async def test_formats_on_the_local_stack(aws: tuple[Backend, AwsSettings], tmp_
 
 
 @pytest.mark.usefixtures("aws_stack")
+@pytest.mark.slow
 async def test_names_and_compressed_csv_on_the_local_stack(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:

@@ -127,6 +127,7 @@ async def test_a_file_given_twice_is_read_twice_as_hadoop_does(
     assert pairs(tmp_path / "out") == {"kiwi": 2}
 
 
+@pytest.mark.slow
 def test_the_output_inside_any_input_is_refused(tmp_path: Path) -> None:
     two_dirs(tmp_path)
     done = cmr(tmp_path, WORDCOUNT, "-i", "A", "-i", "B", "-o", "A/out")
@@ -137,6 +138,7 @@ def test_the_output_inside_any_input_is_refused(tmp_path: Path) -> None:
     assert "the input A/x.txt lies inside the output A" in done.stderr
 
 
+@pytest.mark.slow
 def test_mrjob_gets_each_files_own_uri_with_several_inputs(tmp_path: Path) -> None:
     two_dirs(tmp_path)
     write(tmp_path / "c.txt", "cherry\n")
@@ -151,6 +153,7 @@ def test_mrjob_gets_each_files_own_uri_with_several_inputs(tmp_path: Path) -> No
     }
 
 
+@pytest.mark.slow
 def test_mrjob_gets_its_one_files_uri(tmp_path: Path) -> None:
     write(tmp_path / "c.txt", "cherry\n")
     job = write(tmp_path / "by_file.py", BY_FILE)
@@ -162,6 +165,7 @@ def test_mrjob_gets_its_one_files_uri(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------ globs
 
 
+@pytest.mark.slow
 def test_a_glob_reads_its_matches(tmp_path: Path) -> None:
     write(tmp_path / "logs" / "2026-11-01.txt", "nov\n")
     write(tmp_path / "logs" / "2026-11-02.txt", "nov\n")
@@ -209,6 +213,7 @@ def teragen(where: Path, records: int = 30) -> None:
     write(where / "._SUCCESS.crc", b"crc12345")
 
 
+@pytest.mark.slow
 def test_terasort_reads_a_teragen_directory(tmp_path: Path) -> None:
     teragen(tmp_path / "teragen")
     done = cmr(tmp_path, TERASORT, "-i", "teragen", "-o", "sorted")
@@ -253,6 +258,7 @@ def test_a_directory_of_hidden_files_only_says_so(tmp_path: Path) -> None:
     assert "holds no files but hidden ones" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_cmr_output_read_as_input_is_read_as_its_manifest_says(tmp_path: Path) -> None:
     write(tmp_path / "in" / "w.txt", "fig fig\n")
     assert cmr(tmp_path, WORDCOUNT, "-i", "in", "-o", "out").returncode == 0
@@ -340,6 +346,7 @@ def test_no_input_is_refused() -> None:
 @pytest.mark.usefixtures("aws_stack")
 @pytest.mark.timeout(120)
 @pytest.mark.filterwarnings("ignore:'pipes' is deprecated:DeprecationWarning")  # mrjob's
+@pytest.mark.slow
 async def test_s3_inputs_globs_and_hidden_keys(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:
@@ -377,6 +384,7 @@ async def test_s3_inputs_globs_and_hidden_keys(
 
 @pytest.mark.usefixtures("aws_stack")
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 async def test_local_inputs_staged_for_aws_keep_apart_and_skip_hidden(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:

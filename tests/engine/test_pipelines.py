@@ -26,6 +26,7 @@ def lines_of(out: Path, parts: int) -> list[str]:
     return [line for part in read_output(out, parts) for line in part.splitlines()]
 
 
+@pytest.mark.slow
 async def test_top_words_two_steps_match_a_sequential_run(
     embedded: Backend, tmp_path: Path
 ) -> None:
@@ -75,6 +76,7 @@ async def test_three_steps_with_map_only_identity_map_and_hooks(
     assert tasks == [f'["len", 0]\t{step2["maps"]}']
 
 
+@pytest.mark.slow
 async def test_one_step_then_the_rest_equals_the_whole_run(
     embedded: Backend, tmp_path: Path
 ) -> None:
@@ -124,6 +126,7 @@ async def test_a_failing_step_fails_the_pipeline_naming_the_step(
     assert first["next"] == f"{pipeline}-s2"
 
 
+@pytest.mark.slow
 def test_a_pipeline_on_the_local_stack_as_a_user_runs_it(
     aws_stack: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -78,6 +78,7 @@ def settings(**kw: object) -> WorkerSettings:
     return WorkerSettings(poll_s=0.1, processes=2, **kw)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 async def test_2009_style_output_equals_default(tmp_path: Path) -> None:
     data = corpus(tmp_path / "in")
     outs, sent = {}, {}
@@ -105,6 +106,7 @@ async def test_2009_style_output_equals_default(tmp_path: Path) -> None:
     assert not any(b[len(wire.MAGIC) :].startswith(wire.ZSTD_FRAME) for b in sent["2009"])
 
 
+@pytest.mark.slow
 async def test_2009_style_batches_are_small_plain_and_uncombined(tmp_path: Path) -> None:
     data = corpus(tmp_path / "in")
     words = sum(word_count(data).values())

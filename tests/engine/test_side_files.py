@@ -90,6 +90,7 @@ async def test_files_read_in_setup_and_map_embedded(job: dict[str, Path]) -> Non
 
 
 @pytest.mark.usefixtures("aws_stack")
+@pytest.mark.slow
 async def test_files_read_in_setup_and_map_on_the_local_stack(
     aws: tuple[Backend, AwsSettings], job: dict[str, Path]
 ) -> None:
@@ -103,6 +104,7 @@ async def test_files_read_in_setup_and_map_on_the_local_stack(
     assert await be.blobs.list(sidefiles.side_files_url(be.scratch, result.job_id)) == []
 
 
+@pytest.mark.slow
 def test_cli_file_with_a_name(job: dict[str, Path]) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "cmr", "run", str(job["job"]), "--input", str(job["in"]),

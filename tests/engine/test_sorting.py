@@ -289,6 +289,7 @@ async def test_sampling_reports_the_maps_error_at_submit(embedded: Backend, tmp_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_cli_total_order_and_its_one_error_line(tmp_path: Path) -> None:
     job = _job(tmp_path, TOTAL.format(keys=list(range(100)), flag=False, reducers=1))
     src = _lines(tmp_path, 1000)
@@ -408,6 +409,7 @@ def test_forged_cut_points_are_refused(cuts: list[Any], partitions: int, said: s
 
 @pytest.mark.usefixtures("aws_stack")
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 async def test_total_order_on_the_local_stack(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:

@@ -140,6 +140,7 @@ def _embedded_run(tmp_path: Path) -> tuple[str, Path]:
     return job, out
 
 
+@pytest.mark.slow
 def test_status_after_the_readmes_embedded_run(tmp_path: Path) -> None:
     job, out = _embedded_run(tmp_path)
     proc = cmr("status")
@@ -214,6 +215,7 @@ def test_a_table_never_cuts_an_id(terminal: bool, width: int) -> None:
 
 
 @pytest.mark.usefixtures("aws_stack")
+@pytest.mark.slow
 def test_status_looks_in_the_store_of_the_last_run(tmp_path: Path) -> None:
     tag = uuid.uuid4().hex[:8]
     store = f"aws://cmr-ls-{tag}/cmr-ls-{tag}?prefix=cmrls-{tag}-"

@@ -215,6 +215,7 @@ def _cmr(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.usefixtures("aws_stack")
+@pytest.mark.slow
 async def test_topwords_step_output_replaced_by_a_bomb_on_the_stack(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:

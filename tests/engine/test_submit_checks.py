@@ -429,6 +429,7 @@ async def test_map_gets_the_exact_input_name_on_the_embedded_backend(
 
 @pytest.mark.usefixtures("aws_stack")
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 async def test_map_gets_the_same_input_name_on_the_aws_backend(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:

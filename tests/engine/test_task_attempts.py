@@ -151,6 +151,7 @@ def _cmr(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_a_failing_job_is_one_error_line_and_the_users_traceback_attempts_with_v(
     tmp_path: Path,
 ) -> None:
@@ -182,6 +183,7 @@ def test_a_failing_job_is_one_error_line_and_the_users_traceback_attempts_with_v
     ],
     ids=["map", "reduce"],
 )
+@pytest.mark.slow
 def test_on_aws_max_task_attempts_bounds_raises_and_status_shows_the_retries(
     aws_stack: dict[str, str], tmp_path: Path, source: str, attempts: int, what: str
 ) -> None:

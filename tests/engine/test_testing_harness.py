@@ -27,6 +27,7 @@ import zstandard
 from cmr import api
 from cmr.errors import UsageError
 from cmr.testing import chaos_run, diff_outputs, read_output, sequential
+from cmr.virtualtime import in_virtual_time
 
 JOBS = '''
 import json
@@ -323,6 +324,7 @@ async def compare(
 # --- the reproductions: they failed before sequential honoured the job's features ---------
 
 
+@in_virtual_time
 async def test_a_csv_job_is_read_as_csv(jobs: Path, tmp_path: Path) -> None:
     # Before: `TypeError: string indices must be integers` (map was handed CSV lines).
     data = write(tmp_path / "in", {"a.csv": cities(), "b.csv": cities()})
@@ -331,6 +333,7 @@ async def test_a_csv_job_is_read_as_csv(jobs: Path, tmp_path: Path) -> None:
     assert sorted("".join(expected).splitlines()) == sorted(f"{c}\t{n}" for c, n in sums.items())
 
 
+@in_virtual_time
 async def test_sort_values_reach_reduce_sorted(jobs: Path, tmp_path: Path) -> None:
     # Before: values in input order, where a run sorts them: a false difference.
     data = write(tmp_path / "in", {"a": unsorted_values(200, 1), "b/c": unsorted_values(90, 2)})
@@ -340,6 +343,7 @@ async def test_sort_values_reach_reduce_sorted(jobs: Path, tmp_path: Path) -> No
         assert values == sorted(values)
 
 
+@in_virtual_time
 async def test_value_order_is_a_secondary_sort(jobs: Path, tmp_path: Path) -> None:
     data = write(tmp_path / "in", {"a": unsorted_values(300, 3)})
     expected, _ = await compare(job(jobs, "Secondary"), data, tmp_path)
@@ -348,6 +352,7 @@ async def test_value_order_is_a_secondary_sort(jobs: Path, tmp_path: Path) -> No
         assert values == sorted(values, key=lambda v: (-len(v), v))
 
 
+@in_virtual_time
 async def test_chaos_finds_no_difference_for_sorted_values(
     jobs: Path, tmp_path: Path, pool: Executor
 ) -> None:
@@ -359,6 +364,7 @@ async def test_chaos_finds_no_difference_for_sorted_values(
     assert diff_outputs(expected, read_output(tmp_path / "out", REDUCERS)) == []
 
 
+@in_virtual_time
 async def test_chaos_finds_no_difference_for_a_csv_job(
     jobs: Path, tmp_path: Path, pool: Executor
 ) -> None:
@@ -403,6 +409,7 @@ COMPRESS: dict[str, Callable[[bytes], bytes]] = {
 
 
 @pytest.mark.parametrize("fmt", sorted(INPUTS))
+@in_virtual_time
 async def test_each_input_format(jobs: Path, tmp_path: Path, fmt: str) -> None:
     data = write(tmp_path / "in", INPUTS[fmt])
     await compare(job(jobs, "Records"), data, tmp_path, input_format=fmt)
@@ -413,6 +420,7 @@ async def test_each_input_format(jobs: Path, tmp_path: Path, fmt: str) -> None:
     [("gzip", f) for f in ("lines", "csv", "fixed:10:3", "jsonlines")]
     + [("bz2", "lines"), ("zstd", "jsonlines")],
 )
+@in_virtual_time
 async def test_compressed_input(jobs: Path, tmp_path: Path, codec: str, fmt: str) -> None:
     plain = INPUTS[fmt]
     files = {f"{n}.z": COMPRESS[codec](d) for n, d in plain.items()}
@@ -421,6 +429,8 @@ async def test_compressed_input(jobs: Path, tmp_path: Path, codec: str, fmt: str
     await compare(job(jobs, "Records"), data, tmp_path, input_format=fmt)
 
 
+@in_virtual_time
+@pytest.mark.slow
 async def test_line_endings(jobs: Path, tmp_path: Path) -> None:
     data = write(
         tmp_path / "in",
@@ -438,6 +448,7 @@ async def test_line_endings(jobs: Path, tmp_path: Path) -> None:
     assert sequential(job(jobs, "UniversalRecords"), data, REDUCERS, lines="lf") == lf
 
 
+@in_virtual_time
 async def test_an_output_read_as_pairs_input(jobs: Path, tmp_path: Path) -> None:
     # A cmr output as input: only the parts its manifest lists, and never the manifest.
     data = write(tmp_path / "in", {"a": text(200, 1)})
@@ -447,6 +458,7 @@ async def test_an_output_read_as_pairs_input(jobs: Path, tmp_path: Path) -> None
     await compare(job(jobs, "Records"), out, tmp_path, input_format="pairs")
 
 
+@in_virtual_time
 async def test_several_inputs_globs_and_hidden_files(jobs: Path, tmp_path: Path) -> None:
     # Names below the inputs' common directory; _ and . files are not input; a file named
     # twice is read twice.
@@ -479,6 +491,7 @@ class MRByFile(MRJob):
 
 
 @pytest.mark.filterwarnings("ignore:'pipes' is deprecated:DeprecationWarning")  # mrjob's
+@pytest.mark.slow
 def test_an_mrjob_job_as_cmr_run_runs_it(tmp_path: Path) -> None:
     pytest.importorskip("mrjob")
     job_file = tmp_path / "mr_by_file.py"
@@ -497,6 +510,7 @@ def test_an_mrjob_job_as_cmr_run_runs_it(tmp_path: Path) -> None:
     assert (data / "d" / "b.txt").as_uri() in "".join(expected)
 
 
+@in_virtual_time
 async def test_empty_input_runs_no_map_task(jobs: Path, tmp_path: Path) -> None:
     data = write(tmp_path / "in", {"empty": b""})
     expected, _ = await compare(job(jobs, "Hooks"), data, tmp_path)
@@ -506,6 +520,7 @@ async def test_empty_input_runs_no_map_task(jobs: Path, tmp_path: Path) -> None:
 # --- keys, values, hooks, partitions, side files, counters -------------------------------
 
 
+@in_virtual_time
 async def test_key_order_of_every_kind(jobs: Path, tmp_path: Path) -> None:
     tokens = ["i3", "i-1", "f2.5", "f-0.5", "snan", "sB", "sa", "b\x01", "bz", "la", "lb"]
     tokens += ["T", "F", "N", "i10", "f1e300", "s"]
@@ -515,12 +530,14 @@ async def test_key_order_of_every_kind(jobs: Path, tmp_path: Path) -> None:
     await compare(job(jobs, "Mixed"), data, tmp_path, reducers=2)
 
 
+@in_virtual_time
 async def test_hooks_and_a_custom_partition(jobs: Path, tmp_path: Path) -> None:
     data = write(tmp_path / "in", {"a": text(300, 2), "b": text(100, 3)})
     await compare(job(jobs, "Hooks"), data, tmp_path)
     await compare(job(jobs, "Parity"), data, tmp_path)
 
 
+@in_virtual_time
 async def test_side_files(jobs: Path, tmp_path: Path) -> None:
     data = write(tmp_path / "in", {"a": text(200, 4)})
     extra = [f"{jobs.parent / 'extra.txt'}#extra.txt"]
@@ -530,6 +547,7 @@ async def test_side_files(jobs: Path, tmp_path: Path) -> None:
         sequential(job(jobs, "Side"), data, REDUCERS)
 
 
+@in_virtual_time
 async def test_counters(jobs: Path, tmp_path: Path) -> None:
     data = write(tmp_path / "in", {"a": text(300, 5), "b": text(50, 6)})
     counted: dict[str, dict[str, int]] = {}
@@ -543,6 +561,8 @@ async def test_counters(jobs: Path, tmp_path: Path) -> None:
 # --- pipelines, total order, output formats --------------------------------------------
 
 
+@in_virtual_time
+@pytest.mark.slow
 async def test_a_pipeline_and_its_steps(jobs: Path, tmp_path: Path) -> None:
     data = write(tmp_path / "in", {"a": text(300, 7), "b": text(80, 8)})
     whole, _ = await compare(job(jobs, "Pipeline"), data, tmp_path, reducers=None)
@@ -556,6 +576,8 @@ async def test_a_pipeline_and_its_steps(jobs: Path, tmp_path: Path) -> None:
     await compare(job(jobs, "Pipeline"), data, tmp_path, reducers=2)  # --reducers wins
 
 
+@in_virtual_time
+@pytest.mark.slow
 async def test_total_order(jobs: Path, tmp_path: Path) -> None:
     data = write(tmp_path / "in", {"a": text(400, 9), "b": text(300, 10)})
     parts, _ = await compare(job(jobs, "TotalCounts"), data, tmp_path)
@@ -577,11 +599,14 @@ def test_total_order_past_the_sample_is_refused(jobs: Path, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("fmt", ["text", "jsonlines", "pairs"])
+@in_virtual_time
 async def test_output_formats(jobs: Path, tmp_path: Path, fmt: str) -> None:
     data = write(tmp_path / "in", {"a": text(200, 11)})
     await compare(job(jobs, "Counts"), data, tmp_path, output_format=fmt)
 
 
+@in_virtual_time
+@pytest.mark.slow
 async def test_raw_output_and_bytes_lines(jobs: Path, tmp_path: Path) -> None:
     data = write(tmp_path / "in", {"a": text(200, 12)})
     raw, _ = await compare(job(jobs, "RawOut"), data, tmp_path)

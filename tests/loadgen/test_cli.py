@@ -66,6 +66,8 @@ def test_loadgen_is_a_subcommand_with_the_four_commands(tmp_path: Path) -> None:
     assert commands == {"jam", "sweep", "staleness", "cpq"}
 
 
+@pytest.mark.slow
+@pytest.mark.alone
 def test_jam_writes_the_contract_json_a_table_and_box_plots(tmp_path: Path) -> None:
     out = _ok(
         "jam", "--target", "sim", "--tasks", "2", "--readers", "4", "--writers", "4",
@@ -97,6 +99,7 @@ def test_jam_writes_the_contract_json_a_table_and_box_plots(tmp_path: Path) -> N
     _png(tmp_path / "figs" / "jam-latency.png")
 
 
+@pytest.mark.slow
 def test_sweep_runs_each_point_with_the_same_ops(tmp_path: Path) -> None:
     out = _ok(
         "sweep", "--target", "sim", "--concurrency", "1,4", "--ops", "200", "--items", "1,10",
@@ -120,6 +123,7 @@ def test_sweep_runs_each_point_with_the_same_ops(tmp_path: Path) -> None:
     _png(tmp_path / "sweep-total-time.png")
 
 
+@pytest.mark.slow
 def test_staleness_reports_freshness_by_lag(tmp_path: Path) -> None:
     out = _ok(
         "staleness", "--target", "sim", "--duration", "3", "--write-interval-ms", "500",
@@ -143,6 +147,8 @@ def test_staleness_reports_freshness_by_lag(tmp_path: Path) -> None:
     _png(tmp_path / "staleness-freshness.png")
 
 
+@pytest.mark.slow
+@pytest.mark.alone
 def test_cpq_stale_fraction_falls_with_p(tmp_path: Path) -> None:
     out = _ok(
         "cpq", "--target", "sim", "--p", "0,1", "--duration", "3", "--write-interval-ms", "500",

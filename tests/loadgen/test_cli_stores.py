@@ -25,6 +25,10 @@ from cmr.loadgen import report
 from cmr.watch import Progress
 from tests.stack import DYNAMODB_URL, LOCALSTACK_URL, remove_test_resources
 
+# Load runs of seconds each against the local stack's stores: the full suite's (the
+# everyday subset keeps the simulated store's, tests/loadgen/test_cli.py).
+pytestmark = pytest.mark.slow
+
 ERROR_KEYS = {"throttled", "unavailable", "timeout", "conditional_failed", "other"}
 LATENCY_KEYS = {"min", "q1", "median", "q3", "p95", "p99", "p999", "max", "mean", "sd",
                 "outliers_pct"}  # fmt: skip
@@ -156,6 +160,7 @@ def test_jam_against_each_store(store: tuple[str, str | None], tmp_path: Path) -
     assert not _exists(target, name, sdb_url)
 
 
+@pytest.mark.alone
 def test_jam_with_the_engine_on_the_local_stack(
     aws_stack: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -207,6 +212,7 @@ def test_staleness_against_keyed_stores(store: tuple[str, str | None], tmp_path:
     assert not _exists(target, name, sdb_url)
 
 
+@pytest.mark.alone
 def test_cpq_against_dynamodb(aws_stack: dict[str, str], tmp_path: Path) -> None:
     name = _name()
     out = _ok(

@@ -338,6 +338,7 @@ def histories(draw: st.DrawFn) -> list[Write | Read]:
 
 @settings(max_examples=400, deadline=None)
 @given(histories())
+@pytest.mark.slow
 def test_gamma_matches_brute_force(history: list[Write | Read]) -> None:
     assert gamma(history) == brute_gamma(history)
     assert gamma(history) == max(gamma_per_value(history).values())

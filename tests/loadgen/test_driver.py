@@ -55,6 +55,7 @@ async def test_closed_loop_runs_exactly_the_ops_and_splits_modes() -> None:
     assert m.cpu_us > 0 and m.wall_us > 0
 
 
+@pytest.mark.alone
 async def test_closed_loop_stops_at_the_duration() -> None:
     m = await run_task(jam(readers=2, writers=1, duration_s=0.3))
     assert 0.3 <= m.elapsed_s < 1.0
@@ -72,6 +73,7 @@ async def test_jamming_finds_the_capacity() -> None:
     assert m.count(outcome="ok") <= 200 * (0.1 + m.elapsed_s) + 5
 
 
+@pytest.mark.alone
 async def test_open_loop_within_capacity_is_on_time() -> None:
     sim = {"read_median_ms": 20.0, "read_sigma": 0.0}
     m = await run_task(jam(readers=2, writers=0, duration_s=0.5, rate=40.0, sim=sim))
@@ -82,6 +84,7 @@ async def test_open_loop_within_capacity_is_on_time() -> None:
     assert lat["min"] >= 20 and lat["median"] < 2 * 20
 
 
+@pytest.mark.alone
 async def test_open_loop_beyond_capacity_measures_from_the_intended_start() -> None:
     """Two operators and 50 ms calls serve 40 ops/s; at 200 ops/s the backlog grows, so
     latencies from the intended start grow far past the 50 ms service time (the
@@ -103,6 +106,8 @@ async def test_open_loop_counts_intended_ops() -> None:
     assert m.count() + m.dropped == 50
 
 
+@pytest.mark.slow
+@pytest.mark.alone
 async def test_staleness_on_sim_reproduces_seed_004() -> None:
     """Eventual reads are fresh 1/3 of the time until the secondaries apply (~500 ms), then
     always; consistent reads always. Wide tolerances: test_sim validates the analysis."""
@@ -212,6 +217,7 @@ async def test_merge_is_associative_and_commutative_and_survives_the_wire() -> N
     assert Measurement().merge(merged).to_wire() == left
 
 
+@pytest.mark.slow
 async def test_jam_report_has_exactly_the_issue_shape() -> None:
     a, b, _ = await three_measurements()
     report = jam_report(a.merge(b), "sim", 2, 1.5)
@@ -269,6 +275,8 @@ def test_generator_saturation_rule() -> None:
 
 
 @pytest.mark.usefixtures("aws_stack")
+@pytest.mark.slow
+@pytest.mark.alone
 async def test_staleness_on_the_local_dynamodb() -> None:
     """The local DynamoDB (moto) is one copy: every read is fresh, whatever its mode."""
     prepared = await prepare("dynamodb", {})

@@ -35,6 +35,7 @@ def sim_task(i: int, **kw: object) -> LoadTask:
     return LoadTask(**{**base, **kw})  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 async def test_run_load_merges_two_tasks_on_the_embedded_backend() -> None:
     tasks = [sim_task(0), sim_task(1, consistent_ratio=1.0)]
     m = await run_load(tasks)
@@ -83,6 +84,7 @@ def test_visibility_outlasts_the_longest_task() -> None:
 
 
 @pytest.mark.usefixtures("aws_stack")
+@pytest.mark.slow
 async def test_run_load_against_the_local_dynamodb() -> None:
     """The CLI's sequence: prepare the table, run the load job, clean up."""
     prepared = await prepare("dynamodb", {})

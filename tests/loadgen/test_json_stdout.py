@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_jam_prints_its_json_alone_on_stdout(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "cmr", "loadgen", "jam", "--target", "sim", "--tasks", "1",

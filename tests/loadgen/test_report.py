@@ -229,6 +229,7 @@ def test_plots_write_sane_pngs(draw: Any, data: dict[str, Any], name: str, tmp_p
     assert 400 <= width <= 2000 and 300 <= height <= 1200
 
 
+@pytest.mark.slow
 def test_plots_of_empty_reports_still_draw(tmp_path: Path) -> None:
     for draw, data in (
         (plots.latency_boxplots, {"target": "sim", "ops": []}),

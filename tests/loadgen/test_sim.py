@@ -121,6 +121,7 @@ def default_trace() -> Trace:
     return run_virtual(staleness_run(SimConfig(seed=2011), duration_s=60, consistent_readers=4))
 
 
+@pytest.mark.slow
 def test_eventual_reads_reproduce_table_1() -> None:
     # Seed 004 Table 1 (lag from the write's start): [0, 450) 33.40%, [500, 1000) 99.78%.
     # The model: a secondary has the value only ~500 ms after the write, so 1/3 before.
@@ -181,6 +182,7 @@ def test_gamma_is_zero_for_consistent_reads_and_bounds_eventual_staleness() -> N
     assert worst_lag >= 0.45  # stale reads last to the end of Table 1's [0, 450) window
 
 
+@pytest.mark.slow
 def test_cpq_stale_fraction_falls_linearly_in_p() -> None:
     # Seed 003: each read picks strong with probability p. The stale fraction is then
     # (1 - p) x the all-eventual one; p = 1 is linearizable.

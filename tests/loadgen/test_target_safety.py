@@ -91,6 +91,7 @@ def _tables() -> set[str]:
 # a pre-existing target is used as-is --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_pre_existing_table_keeps_its_items_and_is_not_deleted(
     user_table: str, tmp_path: Path
 ) -> None:
@@ -110,6 +111,7 @@ def test_a_pre_existing_table_keeps_its_items_and_is_not_deleted(
     assert f"table {user_table}: exists" in err
 
 
+@pytest.mark.slow
 def test_a_staleness_run_cleans_only_its_own_keys_from_a_pre_existing_table(
     user_table: str, tmp_path: Path
 ) -> None:
@@ -145,6 +147,7 @@ def test_a_table_of_another_shape_is_refused_before_the_load(
         ddb.delete_table(TableName=name)
 
 
+@pytest.mark.slow
 def test_a_pre_existing_bucket_keeps_its_objects_and_is_not_deleted(
     aws_stack: dict[str, str], tmp_path: Path
 ) -> None:
@@ -187,6 +190,7 @@ def _drain(sqs: Any, url: str) -> list[str]:
     return bodies
 
 
+@pytest.mark.slow
 def test_a_pre_existing_queue_keeps_its_messages_and_is_not_deleted(
     aws_stack: dict[str, str], tmp_path: Path
 ) -> None:
@@ -211,6 +215,7 @@ def test_a_pre_existing_queue_keeps_its_messages_and_is_not_deleted(
 # what it creates it removes, and says so beforehand ------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_created_table_is_stated_and_removed(aws_stack: dict[str, str], tmp_path: Path) -> None:
     name = _name()
     err = _ok(
@@ -258,6 +263,7 @@ def test_cmr_own_bucket_and_queues_are_refused_as_targets(
     assert code == 1 and "cmr's own" in err and "--allow-cmr-store" in err
 
 
+@pytest.mark.slow
 def test_cmr_own_table_is_used_as_is_when_allowed(user_table: str, tmp_path: Path) -> None:
     before = _items(user_table)
     _ok(
@@ -413,6 +419,7 @@ def remote_dynamodb(aws_stack: dict[str, str], monkeypatch: pytest.MonkeyPatch) 
         relay.close()
 
 
+@pytest.mark.slow
 def test_yes_loads_a_non_local_target_and_states_it(remote_dynamodb: str, tmp_path: Path) -> None:
     name = _name()
     err = _ok(
@@ -472,6 +479,7 @@ def _on_a_terminal(args: list[str], answer: str) -> tuple[int, str]:
         os.close(leader)
 
 
+@pytest.mark.slow
 def test_a_terminal_is_asked_and_no_means_nothing_is_created(
     remote_dynamodb: str, tmp_path: Path
 ) -> None:

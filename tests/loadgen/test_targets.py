@@ -60,6 +60,7 @@ async def failure(call: Any) -> OpFailed:
 
 
 @pytest.mark.usefixtures("aws_stack")
+@pytest.mark.slow
 async def test_dynamodb_reads_writes_and_both_condition_styles(opened: Any) -> None:
     prepared = await prepare("dynamodb", {})
     resources = prepared.resources
@@ -97,6 +98,7 @@ async def test_dynamodb_missing_table_is_other(opened: Any) -> None:
 
 
 @pytest.mark.usefixtures("aws_stack")
+@pytest.mark.slow
 async def test_s3_plain_reads_and_writes(opened: Any) -> None:
     prepared = await prepare("s3", {})
     resources = prepared.resources
@@ -150,6 +152,7 @@ async def test_simpledb_on_moto(opened: Any) -> None:
 
 
 @pytest.mark.usefixtures("simpledb")
+@pytest.mark.slow
 async def test_moto_ignores_simpledb_expected(opened: Any) -> None:
     """moto 5.2 accepts Expected but never checks it, so conditional failures cannot be seen
     on SimpleDB locally; this pins that limit (it fails once moto implements Expected)."""
@@ -455,6 +458,7 @@ async def test_cleanup_leaves_a_resource_that_is_no_longer_the_one_it_created(
 
 @pytest.mark.usefixtures("aws_stack")
 @pytest.mark.parametrize("target", ["dynamodb", "s3", "sqs"])
+@pytest.mark.slow
 async def test_an_existing_resource_is_used_as_is_and_kept(target: str) -> None:
     made = await prepare(target, {})
     try:

@@ -22,6 +22,7 @@ import pytest
 
 from cmr.backends.base import Backend
 from cmr.settings import AwsSettings
+from tests.everyday import spread
 
 # benchmarks/peers.py, imported by name: mypy would take benchmarks/peers/ (the runners'
 # directory) for it.
@@ -211,7 +212,7 @@ def parts(out: Path) -> Counter[str]:
     return found
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", spread(CASES, lambda c: c.id, every=5))  # the everyday: two
 def test_example_on_embedded_equals_inline(
     case: Case, mrjob_python: Path, inline: Inline, tmp_path: Path
 ) -> None:
@@ -225,6 +226,7 @@ def test_example_on_embedded_equals_inline(
 
 @pytest.mark.usefixtures("aws_stack")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.slow
 def test_example_on_local_stack_equals_inline(
     case: Case,
     mrjob_python: Path,
@@ -241,6 +243,7 @@ def test_example_on_local_stack_equals_inline(
     assert_same(case, parts(tmp_path / "out"), expected)
 
 
+@pytest.mark.slow
 def test_a_failing_job_fails_on_both(mrjob_python: Path, tmp_path: Path) -> None:
     """mr_boom: mapper_init raises; mrjob fails, and so does cmr, naming it."""
     case = Case("mr_boom")
@@ -281,7 +284,9 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize(("example", "args", "message"), REFUSED, ids=[r[0] for r in REFUSED])
+@pytest.mark.parametrize(
+    ("example", "args", "message"), spread(REFUSED, [r[0] for r in REFUSED], 5)
+)
 def test_what_needs_hadoop_spark_or_eval_is_refused(
     example: str, args: tuple[str, ...], message: str, tmp_path: Path
 ) -> None:
@@ -409,6 +414,7 @@ def run_many(job: Path, root: Path, out: Path) -> Counter[str]:
     return parts(out)
 
 
+@pytest.mark.slow
 def test_mr_wc_counts_each_line_once_when_a_process_runs_several_tasks(
     mrjob_python: Path, many_tasks: Path, tmp_path: Path
 ) -> None:
@@ -428,6 +434,7 @@ def test_mr_wc_counts_each_line_once_when_a_process_runs_several_tasks(
     assert_same(case, run_many(EXAMPLES / "mr_wc.py", many_tasks, tmp_path / "out"), expected)
 
 
+@pytest.mark.slow
 def test_every_task_gets_a_fresh_instance(many_tasks: Path, tmp_path: Path) -> None:
     got: dict[str, list[Any]] = {}
     for line in run_many(JOBS / "mr_task_state.py", many_tasks, tmp_path / "out").elements():

@@ -54,6 +54,7 @@ def cmr(
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_file_arg_opened_in_load_args(mrjob_python: Path, words: Path, tmp_path: Path) -> None:
     """The client makes the job from the path given (relative to where cmr runs), each
     task from the file's name in the side files' directory; was refused at submit with
@@ -68,6 +69,7 @@ def test_a_file_arg_opened_in_load_args(mrjob_python: Path, words: Path, tmp_pat
     assert ex.parts(tmp_path / "out") == expected
 
 
+@pytest.mark.slow
 def test_mapper_init_sees_the_input_file(mrjob_python: Path, words: Path, tmp_path: Path) -> None:
     """jobconf_from_env('mapreduce.map.input.file') in mapper_init: the URI of the file the
     task maps first (was None); mapper sees each file's as it moves on, in a task that reads
@@ -119,6 +121,7 @@ REDUCES = [
 
 
 @pytest.mark.parametrize(("job", "opts", "parts"), REDUCES)
+@pytest.mark.slow
 def test_a_one_step_jobs_jobconf_reducers(
     job: str,
     opts: tuple[str, ...],
