@@ -9,7 +9,7 @@ import pytest
 
 from tests.stack import DYNAMODB_SERVER, stack_env, stack_up
 
-pytest_plugins = ("tests.alone",)  # the `alone` marker, under pytest-xdist
+pytest_plugins = ("tests.alone", "tests.everyday")  # parallel runs; the everyday subset
 
 # Where the local stack's DynamoDB server (moto) lacks a semantic that cmr relies on from real
 # DynamoDB, the test keeps asserting it, on the embedded backend as written and on the stack as

@@ -26,3 +26,29 @@ def spread(
         )
         for i, (v, name) in enumerate(zip(values, names, strict=True))
     ]
+
+
+# Parametrized tests of many cases of one kind, named here rather than in their own files:
+# the everyday subset runs every n-th of their cases (in collection order), the full suite all.
+SPREAD = {
+    "tests/engine/test_user_errors.py::test_user_code_mistakes_name_the_method": 5,
+    "tests/engine/test_submit_checks.py::test_a_bad_run_option_is_one_error_line_naming_it": 3,
+    "tests/engine/test_submit_checks.py::test_a_bad_worker_option_is_refused_by_its_flag": 3,
+    "tests/engine/test_sorted_reduce.py::test_a_step_without_map_or_reduce_sorts_every_record": 3,
+    "tests/engine/test_fixedsort.py::test_rows_sort_as_the_general_path_sorts_them": 3,
+    "tests/engine/test_sorting.py::test_total_order_parts_concatenate_sorted": 2,
+    "tests/engine/test_sorting.py::test_values_reach_reduce_sorted": 2,
+    "tests/engine/test_testing_harness.py::test_each_input_format": 3,
+    "tests/engine/test_testing_harness.py::test_compressed_input": 3,
+    "tests/benchmarks/test_peers_harness.py::test_byte_range_runners_count_like_the_baseline": 3,
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    seen: dict[str, int] = {}
+    for item in items:
+        test = item.nodeid.split("[", 1)[0]
+        if test in SPREAD:
+            seen[test] = n = seen.get(test, -1) + 1
+            if n % SPREAD[test]:
+                item.add_marker(pytest.mark.slow)

@@ -33,7 +33,7 @@ def test_hours_of_sleep_take_milliseconds() -> None:
 
     began = time.monotonic()
     slept, dated = run(sleep_hours())
-    assert time.monotonic() - began < 1.0
+    assert time.monotonic() - began < 5  # milliseconds, on a machine not starved
     assert slept == pytest.approx(24 * HOUR, abs=0.5)
     assert dated == pytest.approx(24 * HOUR, abs=0.5)  # records are dated in the same time
 
@@ -75,7 +75,7 @@ async def _lease_kept_while(work: asyncio.Future[object]) -> tuple[float, int]:
 async def test_a_thread_at_work_holds_the_clock_to_real_time() -> None:
     took, expired = await _lease_kept_while(asyncio.ensure_future(asyncio.to_thread(time.sleep, 1)))
     assert expired == 0
-    assert 0.9 < took < 5  # the real second, not a jump to the lease's end
+    assert 0.9 < took < 9  # the real second (and the machine's delays), not the lease's 10
 
 
 @in_virtual_time
@@ -129,7 +129,7 @@ def test_a_pause_past_the_lease_loses_it(tmp_path: Path) -> None:
     waited, got = run(pause_past_the_lease())
     assert got == [b"task"]
     assert waited == pytest.approx(2.0, abs=0.05)
-    assert time.monotonic() - began < 1.0
+    assert time.monotonic() - began < 5  # milliseconds, on a machine not starved
 
 
 def test_on_asyncio_s_own_loop_the_clock_is_the_real_one() -> None:

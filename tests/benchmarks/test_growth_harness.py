@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,15 +126,21 @@ def _reduce(
 ) -> tuple[ReduceResult, list[int], Counter[str], int]:
     spools, want, size = _spools(tmp_path, keys)
     seen: list[int] = []  # sizes of the sorted runs written to disk, observed as files
-    write_run = runs.write_run
 
-    def observed(groups: dict[Any, list[Any]], spill_dir: str, *rest: Any) -> str:
-        path = write_run(groups, spill_dir, *rest)
-        assert os.path.dirname(path) == str(tmp_path / "spill")
-        seen.append(os.path.getsize(path))
-        return path
+    def observing(write: Callable[..., str]) -> Callable[..., str]:
+        def observed(*args: Any) -> str:
+            path = write(*args)
+            assert os.path.dirname(path) == str(tmp_path / "spill")
+            seen.append(os.path.getsize(path))
+            return path
 
-    monkeypatch.setattr(reducing, "write_run", observed)  # the name reducing calls
+        return observed
+
+    # Runs are written grouped (write_run) or as sorted pairs (write_pairs_run, the path of
+    # plain keys): every name the reduce calls them by is observed.
+    for module in (reducing, runs):
+        for name in ("write_run", "write_pairs_run"):
+            monkeypatch.setattr(module, name, observing(getattr(runs, name)))
     (tmp_path / "spill").mkdir()
     out = tmp_path / "out"
     spec = ReduceSpec("growth", str(out), budget, str(tmp_path / "spill"))

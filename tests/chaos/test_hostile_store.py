@@ -522,7 +522,7 @@ def attacked(
         return w, w.finish(), w.text()
 
 
-@pytest.mark.parametrize("name", spread(list(ATTACKS), list(ATTACKS), every=10))  # everyday: 2
+@pytest.mark.parametrize("name", spread(list(ATTACKS), list(ATTACKS), every=20))  # everyday: 1
 async def test_a_stranger_writing_the_bucket_or_the_table(
     name: str, store: tuple[Backend, AwsSettings], tmp_path: Path
 ) -> None:

@@ -307,6 +307,7 @@ def own_pool() -> Iterator[CpuPool]:
 
 
 @in_virtual_time
+@pytest.mark.slow
 async def test_user_code_deaf_to_its_time_limit_is_killed(
     own_pool: CpuPool, tmp_path: Path
 ) -> None:

@@ -360,6 +360,7 @@ def worker_actions() -> set[str]:
     return actions
 
 
+@pytest.mark.slow
 def test_the_role_is_exactly_what_the_worker_calls(template: dict[str, Any]) -> None:
     """Derived from the code: every action the worker needs is granted, and nothing else
     (no sqs:ListQueues: the submitter lists a job's queues; a worker creates queues only for

@@ -43,6 +43,7 @@ from cmr.records import JobSpec, job_pk
 from cmr.settings import AwsSettings
 from cmr.split import LOOKAHEAD, read_split
 from cmr.testing import chaos_run
+from cmr.virtualtime import in_virtual_time
 from cmr.wire import Range
 from tests.procs import Peaks
 from tests.stack import remove_test_resources
@@ -256,6 +257,7 @@ def pool() -> Iterator[Executor]:
 
 
 @pytest.mark.parametrize("fmt", ["fixed:10:2", "lines"])
+@in_virtual_time
 async def test_a_link_swapped_into_the_input_after_submit_is_never_read(
     tmp_path: Path, pool: Executor, fmt: str
 ) -> None:

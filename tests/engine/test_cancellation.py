@@ -28,6 +28,7 @@ from cmr.errors import QueueGone, Unreachable
 from cmr.runtime import Runtime
 from cmr.settings import WorkerSettings
 from cmr.testing import StepChaos, chaos_run
+from cmr.virtualtime import in_virtual_time
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -147,6 +148,7 @@ def pool() -> Iterator[Executor]:
         yield p
 
 
+@in_virtual_time
 async def test_a_worker_whose_send_failed_keeps_serving_and_logs_no_error(
     pool: Executor, tmp_path: Path
 ) -> None:

@@ -24,6 +24,7 @@ from cmr.errors import JobFailed, WireError
 from cmr.records import MapCommit, job_pk, reduce_sk
 from cmr.runtime import Runtime, WorkerCrashed
 from cmr.testing import chaos_run, diff_outputs, read_output, sequential
+from cmr.virtualtime import in_virtual_time
 from tests.engine.corpus import edge_cases
 from tests.stack import remove_test_resources
 
@@ -120,6 +121,7 @@ class CrashOnce:
     ["map.partly_sent", "map.committed", "reduce.draining", "reduce.output_written",
      "reduce.committed"],
 )  # fmt: skip
+@in_virtual_time
 async def test_a_crashed_attempt_never_counts_and_a_winner_counts_once(
     step: str, corpus: tuple[str, Path, list[str], Any], pool: Executor, tmp_path: Path
 ) -> None:
@@ -139,6 +141,7 @@ async def test_a_crashed_attempt_never_counts_and_a_winner_counts_once(
     assert result.record["counters"] == totals
 
 
+@in_virtual_time
 async def test_duplicate_deliveries_and_losing_attempts_never_count(
     corpus: tuple[str, Path, list[str], Any], pool: Executor, tmp_path: Path
 ) -> None:
@@ -154,6 +157,7 @@ async def test_duplicate_deliveries_and_losing_attempts_never_count(
     assert result.record["counters"] == totals
 
 
+@in_virtual_time
 async def test_a_forged_counter_record_fails_the_job_before_it_publishes(
     corpus: tuple[str, Path, list[str], Any], pool: Executor, tmp_path: Path
 ) -> None:

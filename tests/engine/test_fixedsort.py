@@ -25,6 +25,7 @@ from cmr.cpu.results import ReduceResult
 from cmr.cpu.runs import MERGE_FANIN
 from cmr.cpu.specs import MapSpec, ReduceSpec
 from cmr.job import JobRef
+from cmr.virtualtime import in_virtual_time
 
 from .spooling import spool_files
 
@@ -267,6 +268,7 @@ def test_a_slice_of_a_local_file_is_read_by_the_map_task(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("action", ["deleted", "directory"])
+@in_virtual_time
 async def test_fixed_input_gone_mid_job_fails_it_at_once(tmp_path: Path, action: str) -> None:
     # Review: slices read by the pool turned a vanished input into a retried failure (4-15
     # attempts, no URL named); as the blob path does, the job fails at once, naming it.

@@ -19,6 +19,7 @@ from cmr.plan import Plan, plan_url
 from cmr.pool import cpu_pool
 from cmr.records import JobSpec, JobState, job_pk
 from cmr.runtime import Runtime
+from cmr.virtualtime import in_virtual_time
 
 from .tampering import topwords_tampered
 
@@ -74,6 +75,7 @@ def pool() -> Iterator[Executor]:
         ({}, "this step did not end naming it"),
     ],
 )
+@in_virtual_time
 async def test_a_forged_next_step_fails_the_step_and_is_never_served(
     changes: dict[str, Any], reason: str, pool: Executor, tmp_path: Path
 ) -> None:

@@ -25,6 +25,7 @@ from cmr.errors import JobFailed, UsageError
 from cmr.lifecycle import load_spec
 from cmr.runtime import Runtime
 from cmr.testing import chaos_run, diff_outputs, read_output, sequential
+from cmr.virtualtime import in_virtual_time
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDCOUNT = str(ROOT / "examples" / "wordcount.py")
@@ -297,6 +298,7 @@ async def test_fixed_records_of_the_wrong_layout_fail_clearly(
 # ---- (d) forged shuffle batches from a queue reader and writer -------------------------
 
 
+@in_virtual_time
 async def test_forged_batches_with_a_real_attempt_never_reach_the_output(
     pool: Executor, tmp_path: Path, data: Path
 ) -> None:

@@ -23,6 +23,7 @@ from cmr.errors import UsageError, WireError
 from cmr.records import JobSpec
 from cmr.settings import AwsSettings
 from cmr.testing import chaos_run
+from cmr.virtualtime import in_virtual_time
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -173,6 +174,7 @@ class CountingBlobs:
 
 
 @pytest.mark.parametrize("tamper", ["other size", "same size"])
+@in_virtual_time
 async def test_a_file_changed_after_submit_fails_the_job_naming_it(
     job: dict[str, Path], pool: Executor, tamper: str
 ) -> None:
@@ -191,6 +193,7 @@ async def test_a_file_changed_after_submit_fails_the_job_naming_it(
     assert result.leftovers == []
 
 
+@in_virtual_time
 async def test_each_worker_fetches_a_jobs_files_once(job: dict[str, Path], pool: Executor) -> None:
     counted: list[CountingBlobs] = []
 

@@ -31,6 +31,7 @@ from cmr.pool import cpu_pool
 from cmr.records import JobState, job_pk, reduce_sk
 from cmr.runtime import Runtime
 from cmr.settings import AwsSettings
+from cmr.virtualtime import in_virtual_time
 from tests.procs import Peaks, stopped
 
 from .corpus import edge_cases
@@ -90,6 +91,7 @@ def pool() -> Iterator[Executor]:
 
 
 @pytest.mark.parametrize("how", ["bomb", "same_size", "wrong_digest"])
+@in_virtual_time
 async def test_a_replaced_step_output_fails_the_next_step(
     how: str, pool: Executor, tmp_path: Path
 ) -> None:
@@ -109,6 +111,7 @@ async def test_a_replaced_step_output_fails_the_next_step(
     assert all(f"{result.job_id}/out/p" in x for x in result.leftovers), result.leftovers
 
 
+@in_virtual_time
 async def test_a_commit_record_without_a_digest_is_refused(pool: Executor, tmp_path: Path) -> None:
     """A commit record of before digests (or a stranger's without one) is malformed: the
     step fails instead of handing over a part nobody can check."""

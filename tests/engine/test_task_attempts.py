@@ -21,6 +21,7 @@ from cmr.backends.base import Backend
 from cmr.backends.faults import FaultPlan
 from cmr.errors import JobFailed
 from cmr.testing import StepChaos, chaos_run
+from cmr.virtualtime import in_virtual_time
 from tests.stack import remove_test_resources
 
 # Every run of map (or reduce) appends a line to the file named by the `runs` param, so a test
@@ -119,6 +120,7 @@ async def test_a_reduce_that_raises_runs_exactly_max_task_attempts_times(
     assert _runs(runs) == attempts
 
 
+@in_virtual_time
 async def test_raises_never_count_against_the_bound_on_starts_that_never_end(
     pool: Executor, tmp_path: Path
 ) -> None:

@@ -132,6 +132,7 @@ def test_eventual_reads_reproduce_table_1() -> None:
     assert_rate_at_least(fresh, n, 0.98, "eventual reads fresh in [550, 1000) ms")
 
 
+@pytest.mark.slow
 def test_consistent_reads_are_always_fresh() -> None:
     # seed 004: "With consistent read, the probability is 100% from about 0ms onwards"
     bins = freshness(default_trace().writes, default_trace().reads)["consistent"]
@@ -156,6 +157,7 @@ def test_successive_eventual_reads_reproduce_table_2() -> None:
     assert mono == {"pairs": n, "violations": table["fresh_stale"]}
 
 
+@pytest.mark.slow
 def test_gamma_is_zero_for_consistent_reads_and_bounds_eventual_staleness() -> None:
     trace = default_trace()
     consistent = [r for r in trace.reads if r.consistent]

@@ -212,7 +212,7 @@ def parts(out: Path) -> Counter[str]:
     return found
 
 
-@pytest.mark.parametrize("case", spread(CASES, lambda c: c.id, every=5))  # the everyday: two
+@pytest.mark.parametrize("case", spread(CASES, lambda c: c.id, every=10))  # everyday: one
 def test_example_on_embedded_equals_inline(
     case: Case, mrjob_python: Path, inline: Inline, tmp_path: Path
 ) -> None:

@@ -20,9 +20,9 @@ TROUBLESHOOTING = Path(__file__).resolve().parents[2] / "docs" / "troubleshootin
 FRAME = re.compile(r'^\s*File "([^"]+)", line \d+')
 
 
-# Each case is a `cmr` process of its own: the everyday subset runs one in six of them, spread
-# over every section of cases.py; the full suite all.
-@pytest.mark.parametrize("case", spread(CASES, [c.id for c in CASES], every=6))
+# Each case is a `cmr` process of its own: the everyday subset runs one in twelve of them,
+# spread over the sections of cases.py; the full suite all.
+@pytest.mark.parametrize("case", spread(CASES, [c.id for c in CASES], every=12))
 def test_a_mistake_gets_a_clear_answer_at_once(
     case: Case, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
