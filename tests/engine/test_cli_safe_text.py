@@ -8,7 +8,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,16 +45,9 @@ def test_safe_text_shows_controls_as_escapes_and_is_never_markup(raw: str, shown
     assert safe_text(raw).spans == []  # no style came from the text itself
 
 
-@pytest.fixture(autouse=True)
-def _logs_restored() -> Iterator[None]:
-    # `cmr run` under CliRunner points structlog at the runner's stderr, closed once it
-    # returns: the tests after these must not log into it.
-    was, saved = structlog.is_configured(), structlog.get_config()
-    yield
-    if was:
-        structlog.configure(**saved)
-    else:
-        structlog.reset_defaults()
+# `cmr run` and `cmr.run` configure structlog (under CliRunner, onto its stderr): restored
+# after each test (tests/engine/conftest.py).
+pytestmark = pytest.mark.usefixtures("logs_restored")
 
 
 def _cli(*args: str) -> tuple[int, str]:

@@ -18,7 +18,6 @@ from types import FrameType
 from typing import Any
 
 import pytest
-import structlog
 from typer.testing import CliRunner
 
 from cmr import api, job
@@ -50,16 +49,9 @@ class Counted(cmr.Job):
 """
 
 
-@pytest.fixture(autouse=True)
-def _logs_restored() -> Iterator[None]:
-    # `cmr run` and `cmr.run` configure structlog (under CliRunner, onto its stderr, closed
-    # once it returns): the tests after these must not log into it.
-    was, saved = structlog.is_configured(), structlog.get_config()
-    yield
-    if was:
-        structlog.configure(**saved)
-    else:
-        structlog.reset_defaults()
+# `cmr run` and `cmr.run` configure structlog (under CliRunner, onto its stderr): restored
+# after each test (tests/engine/conftest.py).
+pytestmark = pytest.mark.usefixtures("logs_restored")
 
 
 @contextlib.contextmanager
