@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-import psutil
+try:
+    import psutil
+except ModuleNotFoundError as e:  # the word-count setup (scripts/setup.sh) does not install it
+    raise SystemExit(
+        "benchmarks/peers.py samples peak memory with psutil, which is not installed here: "
+        "run scripts/setup.sh dev (the development tools) and try again"
+    ) from e
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = HERE / "peers"

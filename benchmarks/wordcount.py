@@ -33,7 +33,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 from rich.console import Console
@@ -45,14 +46,24 @@ from cmr.api import cpu_pool, open_backend, run_on
 from cmr.settings import AwsSettings, WorkerSettings
 from cmr.worker import Worker
 
-if __package__:  # imported as benchmarks.wordcount (the tests)
+if TYPE_CHECKING:
     from benchmarks import peers
-else:  # run as a script: benchmarks/ is on sys.path
-    import peers  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 JOB = f"{REPO / 'examples' / 'wordcount.py'}:WordCount"
+
+
+def load_peers() -> ModuleType:
+    """benchmarks/peers.py, imported only by what measures peers or peak memory: it needs
+    psutil (scripts/setup.sh dev), which the word-count setup the small benchmarks that import
+    this module (smallfiles, growth) run in does not install."""
+    if __package__:  # imported as benchmarks.wordcount (the tests)
+        from benchmarks import peers
+    else:  # run as a script: benchmarks/ is on sys.path
+        import peers  # type: ignore[no-redef]
+    return peers
+
 
 # The line-aligned byte-range cutter of the peers that read ranges themselves, for the
 # baseline here too: benchmarks/peers/byte_ranges.py (standard library only, so it runs in
@@ -291,7 +302,7 @@ def trial_cmr(
     row = Row(f"cmr {kind} w={workers}")
     out = HERE / "out" / f"{path.name}-{kind}-w{workers}"
     try:
-        with peers.PeakRss(os.getpid()) as peak:  # this process and the workers it starts
+        with load_peers().PeakRss(os.getpid()) as peak:  # this process and the workers it starts
             result, wall, cpu = timed(
                 cmr_run,
                 kind,
@@ -342,7 +353,7 @@ def trial_peer(
     row = Row(peer_name(peer), setup_s=setup_s, note=peer.method.format(workers=workers))
     out = HERE / "out" / f"{path.name}-peer-{peer.name}"
     scratch = HERE / "out" / f".scratch-{peer.name}"
-    run = peers.run(peer, files, out, workers=workers, timeout=timeout, scratch=scratch)
+    run = load_peers().run(peer, files, out, workers=workers, timeout=timeout, scratch=scratch)
     row.peak_mb, row.start_mb = run.peak_mb, run.start_mb
     if run.failure or run.seconds is None:
         row.note = f"{run.failure} (log: {scratch / 'output.txt'})"
@@ -425,6 +436,7 @@ def write_results(path: Path, fields: dict[str, Any], *, date: str | None = None
 
 
 def main() -> int:
+    peers = load_peers()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=float, default=200)
     ap.add_argument("--path", type=Path, help="count these files instead of a generated corpus")

@@ -491,9 +491,14 @@ async def test_sigstop_the_owner_past_its_lease(
                 done = watch.committed(sk)
                 return done is not None and done["owner"] != owner
 
+            # Bounded by the job's own timeout, not a shorter one: the partition is
+            # committed only once every map is, and under a loaded suite (CI: three test
+            # processes beside these three workers on two cores) the remaining maps alone
+            # took over 60 s.
             await watch.until(
                 f"{sk} {resume} by another worker",
                 taken_over if resume == "taken_over" else committed_by_other,
+                within=JOB_TIMEOUT_S,
             )
             print(f"{resume} {time.monotonic() - stopped:.1f} s after SIGSTOP")
             fleet.signal(victim, signal.SIGCONT)
