@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Protocol
 
 from cmr.errors import JobCodeError, UsageError
@@ -55,6 +54,10 @@ class JobAdapter(Protocol):
 @functools.cache
 def installed() -> tuple[JobAdapter, ...]:
     """The adapters installed (their entry points by name), loaded once per process."""
+    # Imported here, not at the top: importlib.metadata (email parsing included) costs
+    # every cmr process ~0.1 s to import, and only a job file that defines no cmr.Job asks.
+    from importlib.metadata import entry_points
+
     found: list[JobAdapter] = []
     for ep in sorted(entry_points(group=GROUP), key=lambda ep: ep.name):
         try:

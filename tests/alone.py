@@ -13,6 +13,9 @@ keep arriving. The ``alone`` tests are one xdist group, so one worker runs them 
 the other, keeping the lock between them: the others drain once, not once per test. The
 lock spans set-up and tear-down, fixtures included. Without xdist nothing is locked: tests
 run one at a time anyway.
+
+An ``alone`` test is also ``slow``: while it runs every other worker waits, which costs the
+everyday subset (``-m "not slow"``) more than its own seconds; the full suite runs them.
 """
 
 from __future__ import annotations
@@ -49,9 +52,11 @@ def _files(item: pytest.Item) -> tuple[Path, Path]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # tryfirst: before pytest's own -m deselection, which must see the slow mark added here.
     for item in items:
         if _alone(item):
             item.add_marker(pytest.mark.xdist_group(ALONE))
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(tryfirst=True)

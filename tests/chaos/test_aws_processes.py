@@ -56,7 +56,7 @@ async def aws(aws_stack: dict[str, str]) -> AsyncIterator[tuple[Backend, AwsSett
         yield made
 
 
-def make_corpus(root: Path, megabytes: float = 4.0, seed: int = 11) -> Path:
+def make_corpus(root: Path, megabytes: float = 2.0, seed: int = 11) -> Path:
     """edge_cases plus a few MB of Zipf-ish text over a large vocabulary, so that a job has
     dozens of map tasks and hundreds of batches: its phases last seconds, not instants."""
     edge_cases(root)
