@@ -439,9 +439,20 @@ async def submit(
     scratch = job_scratch(backend.scratch, job_id)
     try:
         return await _submit(
-            backend, job, sources, local, output, options, job_id, place, queue_prefix,
-            parallelism, split_bytes, memory_bytes, side,
-        )  # fmt: skip
+            backend,
+            job,
+            output,
+            options,
+            job_id=job_id,
+            sources=sources,
+            local=local,
+            place=place,
+            side=side,
+            queue_prefix=queue_prefix,
+            parallelism=parallelism,
+            split_bytes=split_bytes,
+            memory_bytes=memory_bytes,
+        )
     except BaseException:
         # Interrupted or failed half-way: what was made for the job must not linger, and a
         # job that was recorded after all (its answer lost) is ended, not pulled from under.
@@ -473,18 +484,22 @@ async def _delete_queue(backend: Backend, name: str) -> None:
 async def _submit(
     backend: Backend,
     job: LoadedJob,
-    sources: tuple[str, ...],
-    local: list[list[LocalInput] | None],
     output: str,
     options: JobOptions,
+    *,
     job_id: str,
+    sources: tuple[str, ...],
+    local: list[list[LocalInput] | None],
     place: OutputPlace,
+    side: list[sidefiles.Given],
     queue_prefix: str,
     parallelism: int,
     split_bytes: int | None,
     memory_bytes: int | None,
-    side: list[sidefiles.Given],
 ) -> JobSpec:
+    """The submission once everything checkable before work started passed (``submit``):
+    what it found is passed by name (the job's id, its sources, their local files, the
+    output's place, the side files), as are the sizing hints."""
     listing = await list_inputs(backend, sources, local, job_id)
     options = _with_input_uri(job.cls, options, listing)
     inputs = listing.inputs
