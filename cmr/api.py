@@ -285,13 +285,32 @@ async def _run_in_process(
                 if not waiter.cancelled() and waiter.done():
                     # The workers stop by themselves once the job (succeeded or failed) is
                     # cleaned up: its output place holds only what it should when we return.
-                    await asyncio.wait(tasks, timeout=SETTLE_S)
+                    await _settle(fleet, tasks)
         finally:
             waiter.cancel()
             for w in fleet:
                 w.done.set()
             await asyncio.gather(*tasks, waiter, return_exceptions=True)
             pool.kill()  # what still runs there was abandoned with its worker
+
+
+async def _settle(fleet: list[Worker], tasks: list[asyncio.Task[None]]) -> None:
+    """Wait up to SETTLE_S for the workers to stop on their own once the job ended. The one
+    that cleaned the job up stops first; each stop pokes the others, which would otherwise
+    see the job gone only at their next refresh (a run of two workers ended 5 s late)."""
+    pending = set(tasks)
+    deadline = asyncio.get_running_loop().time() + SETTLE_S
+    while pending:
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            return
+        stopped, pending = await asyncio.wait(
+            pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+        )
+        if not stopped:
+            return
+        for w in fleet:
+            w.poke()
 
 
 async def _run_with_processes(

@@ -398,6 +398,11 @@ class Worker:
                 nap = min(nap, min(self._specs[j].visibility_s for j in self._watched) / 2)
             await self._nap(nap)
 
+    def poke(self) -> None:
+        """Refresh the jobs now rather than at the next period (JOB_REFRESH_S): a job we
+        serve may have ended (``cmr run``'s workers are told when one of them stopped)."""
+        self._poke.set()
+
     async def _nap(self, seconds: float) -> None:
         """Sleep until the next refresh: ``seconds``, or less when we stop or are poked."""
         waits = [asyncio.ensure_future(e.wait()) for e in (self.done, self._poke)]
