@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from cmr.errors import UsageError
+from cmr.logs import inert
 from cmr.settings import Store
-from cmr.text import inert
 from cmr.wire import is_job_id
 
 FILE_NAME = "last-run.json"

@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.text import Text
 
 from cmr.errors import UsageError
+from cmr.logs import inert
 from cmr.settings import AwsSettings, BackendName, Store
-from cmr.text import inert
 
 err = Console(stderr=True, soft_wrap=True)  # an error message must stay greppable
 out = Console()

@@ -16,7 +16,7 @@ from cmr.fleet.cost import PRICES, hourly_cost, load_prices
 from cmr.fleet.lookups import fleet_instances, idle_alarm, running_jobs
 from cmr.fleet.params import DEFAULTS, store_url
 from cmr.fleet.stack import Aws, describe_stack, find_group, group_name, stack_outputs, stack_params
-from cmr.text import inert
+from cmr.logs import inert
 
 # The outputs `cmr fleet up` leaves on a stack it made; one without them was left
 # half-created (a failed `up` whose rollback was disabled, or still in progress).
