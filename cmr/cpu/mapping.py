@@ -24,6 +24,7 @@ from cmr.cpu.shuffle import (
     Block,
     Combiner,
     Shuffle,
+    Values,
     partitioner,
     unpackable,
 )
@@ -33,6 +34,7 @@ from cmr.localcheck import InputChanged, open_checked
 from cmr.plan import Check
 
 _DICT_ITEMS = type({0: 0}.items())  # a dict's items (map_chunk returning a Counter's)
+_NONE = object()  # no value held for a key yet
 
 if TYPE_CHECKING:  # imported where used: numpy costs every process ~0.2 s to import
     from cmr.cpu import fixedsort
@@ -118,7 +120,8 @@ def _map_into(
             if step.combine is not None and spec.combine
             else None
         )
-        groups: dict[Any, list[Any]] = {}
+        # A key's first value alone, its values once it has more (Combiner.flushed).
+        groups: dict[Any, Any] = {}
         grouped = groups.get  # per pair: one lookup saved (groups is cleared, never replaced)
         # What was being handled when something failed: the culprit is diagnosed from it.
         pair, source = None, usercode.NOTHING
@@ -169,19 +172,21 @@ def _map_into(
                         shuffle.add(part(key, n), key, value)
                         continue
                     try:
-                        vals = grouped(key)
+                        vals = grouped(key, _NONE)
                     except TypeError:  # a list key: grouped as the tuple it arrives as
                         key = usercode.key_of(key, mapper)
-                        vals = grouped(key)
-                    if vals is None:
-                        groups[key] = [value]
+                        vals = grouped(key, _NONE)
+                    if vals is _NONE:
+                        groups[key] = value  # alone: most keys of a task never get another
                         if len(groups) >= COMBINE_KEYS:
                             _flush(combiner, groups, shuffle, part, mapper)
                             groups.clear()
-                    else:
+                    elif type(vals) is Values:
                         vals.append(value)
                         if len(vals) >= REDUCE_COMBINE_AT and combiner.due(key, len(vals)):
-                            groups[key] = combiner.values(key, vals)
+                            groups[key] = Values(combiner.values(key, vals))
+                    else:
+                        groups[key] = Values((vals, value))
         except (TypeError, ValueError, OverflowError) as exc:
             if usercode.culprit(exc) is not None:
                 raise  # the user's code raised it: reported as such
@@ -199,7 +204,7 @@ def _map_into(
 
 def _flush(
     combiner: Combiner,
-    groups: dict[Any, list[Any]],
+    groups: dict[Any, Any],
     shuffle: Shuffle,
     part: Callable[[Any, int], int],
     mapper: str,

@@ -209,7 +209,10 @@ class Shuffle:
             too_dense = len(raw) > wire.decoded_limit(len(body), wire.MAX_BATCH_PAIRS)
             if (len(body) > s.max_message_bytes or too_dense) and len(parts) > 1:
                 half = len(parts) // 2
-                left = sum(1 for _ in wire.iter_pairs(b"".join(parts[:half])))
+                if n == len(parts):  # a pair a part (add's): no need to count them
+                    left = half
+                else:
+                    left = sum(1 for _ in wire.iter_pairs(b"".join(parts[:half])))
                 self._emit(p, parts[:half], left, spilled=False)
                 self._emit(p, parts[half:], n - left, spilled=False)
                 if s.compress:
@@ -230,6 +233,12 @@ class Shuffle:
     def close(self) -> None:
         for p in range(self.spec.partitions):
             self.flush(p)
+
+
+class Values(list[Any]):
+    """A key's values in a map task's groups once it has more than one (its first is held
+    alone, as most keys never get a second: a list per key cost a tenth of a small-files
+    task)."""
 
 
 class Combiner:
@@ -272,10 +281,14 @@ class Combiner:
         """The groups were flushed or spilled: every key starts afresh."""
         self.next_at.clear()
 
-    def flushed(self, groups: dict[Any, list[Any]]) -> Iterator[tuple[Any, Any]]:
+    def flushed(self, groups: dict[Any, Any]) -> Iterator[tuple[Any, Any]]:
+        """A map task's groups, combined: each key holds its value alone, or its Values
+        (combined if more than one)."""
         self.forget()
         for key, values in groups.items():
-            if len(values) == 1:
+            if type(values) is not Values:
+                yield key, values
+            elif len(values) == 1:
                 yield key, values[0]
             else:
                 yield from self.pairs(key, values)
