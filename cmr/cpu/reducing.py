@@ -171,7 +171,9 @@ def _grouped(
             runs.append(write_pairs_run(pairs, spill_dir))
         if groups:
             runs.append(write_run(groups, spill_dir, order))
-        groups, pairs = {}, []
+        # Let go of what is written now (arrival too, the same pairs): the merge's read
+        # buffers below are sized on the budget being free again.
+        groups, pairs, arrival = {}, [], []
         result.spills = len(runs)
         # Each open run holds a read buffer: merge at most MERGE_FANIN at once, so the
         # buffers stay within the budget however many runs the partition needed.

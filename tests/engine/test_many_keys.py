@@ -26,7 +26,7 @@ from cmr.cpu.instances import job_instance, job_step
 from cmr.cpu.mapping import run_map
 from cmr.cpu.reducing import run_reduce, write_output
 from cmr.cpu.results import ReduceResult
-from cmr.cpu.runs import BUCKET_SORT_MIN, sort_pairs
+from cmr.cpu.runs import BUCKET_SORT_MIN, _many_prefixes, sort_pairs
 from cmr.cpu.shuffle import Shuffle, partitioner
 from cmr.cpu.specs import REDUCE_MEMORY_MIN, MapSpec, ReduceSpec
 from cmr.job import Job, JobRef
@@ -301,6 +301,22 @@ def test_many_pairs_sort_as_one_stable_sort_would(kind: type) -> None:
     assert sort_pairs(list(pairs)) == want
     small = pairs[:1_000]
     assert sort_pairs(list(small)) == sorted(small, key=lambda kv: kv[0])
+
+
+def test_keys_of_a_large_alphabet_sort_as_one_stable_sort_would() -> None:
+    # Words of 3,000 CJK characters have nearly as many two-character prefixes as keys: one
+    # sort, not a bucket of a few pairs each (sort_pairs samples the prefixes first).
+    rnd = random.Random(9)
+    keys = [
+        "".join(chr(0x4E00 + rnd.randrange(3_000)) for _ in range(rnd.randint(1, 4)))
+        for _ in range(20_000)
+    ]
+    pairs: list[tuple[Any, Any]] = [(rnd.choice(keys), i) for i in range(BUCKET_SORT_MIN + 5_000)]
+    assert _many_prefixes(pairs)
+    assert sort_pairs(list(pairs)) == sorted(pairs, key=lambda kv: kv[0])
+    latin = [(k.encode("unicode_escape").decode()[:4] + k, v) for k, v in pairs]
+    assert not _many_prefixes(latin)  # "\\u4e.." keys: a handful of prefixes, bucketed
+    assert sort_pairs(list(latin)) == sorted(latin, key=lambda kv: kv[0])
 
 
 def test_past_its_budget_a_reducer_combines_before_it_spills(tmp_path: Path) -> None:
