@@ -32,20 +32,12 @@ def stable_partition(key: Any, partitions: int) -> int:
 
 
 class StablePartitioner:
-    """``stable_partition`` as the partition() of a job that keeps Job's, with ``many``: the
-    partitions of a list of keys, a str key's computed inline (a word count's: a call per
-    key saved)."""
+    """``stable_partition`` as the partition() of a job that keeps Job's: a type that
+    Shuffle.add_pairs recognises, and then computes a str key's partition inline (a word
+    count's: a call per key saved)."""
 
     def __call__(self, key: Any, partitions: int) -> int:
         return stable_partition(key, partitions)
-
-    def many(self, keys: list[Any], partitions: int) -> list[int]:
-        return [
-            zlib.crc32(k.encode("utf-8", "surrogatepass")) % partitions
-            if type(k) is str
-            else stable_partition(k, partitions)
-            for k in keys
-        ]
 
 
 # Total order (``Job.total_order``): the submitter samples the keys and stores cut points in
