@@ -151,6 +151,13 @@ def _map_into(
                     # in this order: sent so, with no grouping.
                     _send(shuffle, source, part, f"{mapper} (or {combiner.method})")
                     continue
+                if combiner is not None and not groups and type(source) is _DICT_ITEMS:
+                    # A dict's items with more to come (a split that ends a sliver into
+                    # the next file, 5 of real text's 8 tasks): its keys are distinct and
+                    # hashable, each held alone as its value, so no loop of ours is needed
+                    # (~0.2 s of such a task's ~1.6 s).
+                    _take_distinct(source, groups, combiner, shuffle, part, mapper)
+                    continue
                 if type(source) is packed:
                     for p, rows, count in source.parts():
                         shuffle.add_rows(p, rows, count, source.layout.width)
@@ -211,6 +218,29 @@ def _flush(
 ) -> None:
     """Send the combined groups to the shuffle."""
     _send(shuffle, combiner.flushed(groups), part, f"{mapper} (or {combiner.method})")
+
+
+def _take_distinct(
+    items: Any,
+    groups: dict[Any, Any],
+    combiner: Combiner,
+    shuffle: Shuffle,
+    part: Callable[[Any, int], int],
+    mapper: str,
+) -> None:
+    """A dict's items, into empty groups, as the pair-by-pair loop takes them: each key
+    held alone with its value (its keys are distinct and hashable), and the groups flushed
+    each time they reach COMBINE_KEYS keys. Those flushed would go out as they came: they
+    are sent so, never held; the rest (fewer) are held by C."""
+    pairs = iter(items)
+    left = len(items)
+    while left >= COMBINE_KEYS:
+        combiner.forget()  # what a flush of the groups does first
+        _send(
+            shuffle, itertools.islice(pairs, COMBINE_KEYS), part, f"{mapper} (or {combiner.method})"
+        )
+        left -= COMBINE_KEYS
+    groups.update(pairs)
 
 
 def _send(

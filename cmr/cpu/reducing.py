@@ -38,7 +38,6 @@ from cmr.job import Job, JobRef, Step
 # (measured on CPython 3.11: ~195 B for a new 9-character key, ~31 B per added int):
 KEY_COST = 136  # a new key: its dict slot and a one-element list
 VALUE_COST = 8  # one more value of a key: a list slot
-_LINE_VALUES = (int, str)  # values whose text (Job.format's) is f"{value}"
 LINES_JOINED = 4096  # output lines written at once
 _first = operator.itemgetter(0)  # a pair's key, by C
 _second = operator.itemgetter(1)  # a pair's value
@@ -235,25 +234,25 @@ def write_output(
             for pair in itertools.islice(held, done, None):
                 write(*pair)
             result.records_out += len(held)
-            keyed = iter(())
+            keyed, held = iter(()), None
         if output_format == "text" and type(job).format is Job.format:
             # Job.format's lines of a str key and an int or str value made here, as
             # f"{key}\t{value}" (what format() makes of them), and written in blocks: a
             # word count writes a line per key, and the calls were half its writing.
+            # The pairs held are grouped here, as keyed would group them, with no
+            # generator of ours resumed per key (~18% of this loop on 400,000 keys).
             lines: list[bytes] = []
             add_line = lines.append
-            for key, values in keyed:
-                source = reduce(key, values)
+            grouped = held is not None
+            for key, values in itertools.groupby(held, _first) if held is not None else keyed:
+                source = reduce(key, map(_second, values) if grouped else values)
                 pair = None
                 for pair in source:
-                    if (
-                        type(pair) is tuple
-                        and len(pair) == 2
-                        and type(pair[0]) is str
-                        and type(pair[1]) in _LINE_VALUES
-                    ):
-                        add_line(f"{pair[0]}\t{pair[1]}\n".encode())
-                        continue
+                    if type(pair) is tuple and len(pair) == 2:
+                        k, v = pair
+                        if type(k) is str and (type(v) is int or type(v) is str):
+                            add_line(f"{k}\t{v}\n".encode())
+                            continue
                     _write_lines(out, lines, result)  # what came before, then this pair
                     k, v = pair if type(pair) is tuple else usercode.as_pair(pair, reducer, source)
                     write(k, v)

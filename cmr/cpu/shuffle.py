@@ -113,19 +113,23 @@ class Shuffle:
                 return
             pack, big = self.packer.pack, self.spec.max_message_bytes // 2
             buffers, sizes, counts, target = self.buffers, self.sizes, self.counts, self.target
-            stable = type(part) is StablePartitioner
+            stable, crc32 = type(part) is StablePartitioner, zlib.crc32
             for pair in pairs:
                 key = pair[0]
                 if stable and type(key) is str:  # stable_partition's sum, without its calls
-                    p = zlib.crc32(key.encode("utf-8", "surrogatepass")) % n
+                    try:
+                        p = crc32(key.encode()) % n  # strict UTF-8's bytes are the same
+                    except UnicodeEncodeError:  # but for a lone surrogate
+                        p = crc32(key.encode("utf-8", "surrogatepass")) % n
                 else:
                     p = part(key, n)
                 data = pack(pair)
-                if len(data) > big:  # a pair of its own blob, or one refused: add() knows
+                size = len(data)
+                if size > big:  # a pair of its own blob, or one refused: add() knows
                     self.add(p, key, pair[1])
                     continue
                 buffers[p].append(data)  # _hold's work (flush() replaces buffers[p])
-                sizes[p] += len(data)
+                sizes[p] += size
                 counts[p] += 1
                 if sizes[p] >= target[p]:
                     self.flush(p)
@@ -283,15 +287,30 @@ class Combiner:
 
     def flushed(self, groups: dict[Any, Any]) -> Iterator[tuple[Any, Any]]:
         """A map task's groups, combined: each key holds its value alone, or its Values
-        (combined if more than one)."""
+        (combined if more than one). The runs of keys holding a value alone are passed on
+        as the dict's own items, by C (most keys of real text: no yield of ours each); each
+        key's combine is called where its pairs come, as they are taken."""
         self.forget()
-        for key, values in groups.items():
-            if type(values) is not Values:
-                yield key, values
-            elif len(values) == 1:
-                yield key, values[0]
-            else:
-                yield from self.pairs(key, values)
+        items = iter(groups.items())
+        grown = itertools.compress(
+            itertools.count(),
+            map(operator.is_, map(type, groups.values()), itertools.repeat(Values)),
+        )
+        return itertools.chain.from_iterable(self._runs(items, grown))
+
+    def _runs(
+        self, items: Iterator[tuple[Any, Any]], grown: Iterator[int]
+    ) -> Iterator[Iterable[tuple[Any, Any]]]:
+        """Pieces of ``items``: runs of pairs as they are, and the pairs of each key at a
+        position of ``grown`` (holding Values), combined."""
+        at = 0
+        for i in grown:
+            if i > at:
+                yield itertools.islice(items, i - at)
+            key, values = next(items)
+            yield ((key, values[0]),) if len(values) == 1 else self.pairs(key, values)
+            at = i + 1
+        yield items
 
 
 def partitioner(

@@ -3,7 +3,10 @@ map task): the shuffle takes a task's pairs in one call (Shuffle.add_pairs), a m
 lone dict of counts goes to it ungrouped, a map task holds a key's first value alone, the
 reducer of a combiner job sorts its pairs (combining only past its budget; many str or
 bytes keys sorted in buckets of their first two characters), and the text lines of str
-keys are made inline. Each must give exactly what the general path gives: the same
+keys are made inline; a dict of counts that is not a task's last source (a split ending a
+sliver into the next file) goes into the groups by C; the groups are flushed as runs of
+the dict's own items around the keys that grew Values; the output loop groups held pairs
+itself. Each must give exactly what the general path gives: the same
 batches in the same spool, the same output bytes, the same diagnosis of a pair that cannot
 go."""
 
@@ -15,6 +18,7 @@ import io
 import os
 import random
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +31,7 @@ from cmr.cpu.mapping import run_map
 from cmr.cpu.reducing import run_reduce, write_output
 from cmr.cpu.results import ReduceResult
 from cmr.cpu.runs import BUCKET_SORT_MIN, _many_prefixes, sort_pairs
-from cmr.cpu.shuffle import Shuffle, partitioner
+from cmr.cpu.shuffle import COMBINE_KEYS, Combiner, Shuffle, Values, partitioner
 from cmr.cpu.specs import REDUCE_MEMORY_MIN, MapSpec, ReduceSpec
 from cmr.job import Job, JobRef
 from cmr.partition import StablePartitioner, stable_partition
@@ -73,6 +77,20 @@ class Distinct(Items):
 
     def reduce(self, word, values):
         yield word, len(set(values))
+
+
+class Odd(Items):
+    # Pairs Job.format writes for the output loop (bool, float, int keys) between lines
+    # it makes itself, and a key with no line at all.
+    def reduce(self, word, counts):
+        values = list(counts)
+        if word.startswith("a"):
+            return
+        yield word, sum(values)
+        if len(values) > 1:
+            yield word, len(values) > 2
+            yield len(values), word
+            yield word, 0.5
 """
 
 BAD = """
@@ -103,6 +121,16 @@ def _words(n: int, seed: int = 5) -> list[str]:
     rnd = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyzäöüßé中文ありがとう"
     return ["".join(rnd.choices(letters, k=rnd.randint(1, 12))) for _ in range(n)]
+
+
+def _distinct_words(n: int, seed: int = 5) -> list[str]:
+    """n distinct word-like keys, some of them not ASCII."""
+    rnd = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyzäöüßé中文ありがとう"
+    words: dict[str, None] = {}
+    while len(words) < n:
+        words["".join(rnd.choices(letters, k=rnd.randint(1, 12)))] = None
+    return list(words)
 
 
 # ------------------------------------------------------------------------- the shuffle
@@ -379,3 +407,138 @@ def test_a_key_that_text_cannot_hold_is_named_where_reduce_yielded_it(tmp_path: 
         f"J.reduce yielded ('a\\udcff' (a str), 1 (an int)), at {job} line 9, which "
         "Job.format cannot write faithfully"
     ), result.error
+
+
+# ------------------------------------------- a dict of counts before a sliver; flushing
+
+
+@pytest.mark.parametrize(
+    "distinct",
+    [5_000, COMBINE_KEYS, COMBINE_KEYS + 30_000],
+    ids=["fewer than a flush", "one flush exactly", "a flush and more"],
+)
+def test_a_dict_of_counts_before_a_sliver_gives_the_pair_by_pair_spool(
+    tmp_path: Path, distinct: int
+) -> None:
+    rnd = random.Random(2)
+    words = _distinct_words(distinct)
+    big = " ".join(words) + "\n" + " ".join(rnd.choices(words, k=20_000))
+    # The sliver repeats words of both sides of a flush, and brings new ones.
+    sliver = f"{words[0]} {words[-1]} {words[distinct // 2]} unseen {words[-1]}\n"
+    chunks = [big.encode(), sliver.encode()]
+    items, ran = _spool(tmp_path, _ref(tmp_path, "Items"), chunks, 64 << 20)
+    listed, by_pair = _spool(tmp_path, _ref(tmp_path, "Listed"), chunks, 64 << 20)
+    assert items == listed
+    assert (ran.batches, ran.records, ran.counters) == (
+        by_pair.batches,
+        by_pair.records,
+        by_pair.counters,
+    )
+    # A word of the sliver whose first value was flushed is sent again; one still held is
+    # combined with it; "unseen" is one more.
+    flushed = distinct // COMBINE_KEYS * COMBINE_KEYS
+    resent = sum(1 for i in {0, distinct - 1, distinct // 2} if i < flushed)
+    assert sum(ran.records) == distinct + resent + 1
+
+
+def _pair_by_pair(combiner: Combiner, groups: dict[Any, Any]) -> Iterator[tuple[Any, Any]]:
+    """What flushing the groups yields, key by key (the algorithm flushed() must match)."""
+    for key, values in groups.items():
+        if type(values) is not Values:
+            yield key, values
+        elif len(values) == 1:
+            yield key, values[0]
+        else:
+            yield from combiner.pairs(key, values)
+
+
+def test_flushed_groups_are_the_pairs_key_by_key_in_order() -> None:
+    calls: list[Any] = []
+
+    def combine(key: Any, values: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
+        got = list(values)
+        calls.append(key)
+        if key == "none":
+            return  # a combine that yields nothing
+        yield key, sum(got)
+        if key == "two":
+            yield f"{key}-more", len(got)
+
+    combiner = Combiner(combine, "J.combine")
+    groups: dict[Any, Any] = {
+        "first": Values((1, 2)),
+        "a": 1,
+        "b": 2,
+        "one": Values((7,)),
+        "two": Values((1, 1, 1)),
+        "none": Values(()),
+        "c": 3,
+        "last": Values((4, 5)),
+    }
+    want = list(_pair_by_pair(combiner, groups))
+    calls.clear()
+    assert list(combiner.flushed(groups)) == want
+    assert calls == ["first", "two", "none", "last"]
+    assert list(combiner.flushed({"x": 1, "y": (2,)})) == [("x", 1), ("y", (2,))]
+    assert list(combiner.flushed({})) == []
+
+
+def test_flushed_groups_call_combine_only_as_far_as_they_are_taken() -> None:
+    calls: list[Any] = []
+
+    def combine(key: Any, values: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
+        calls.append(key)
+        yield key, sum(values)
+
+    combiner = Combiner(combine, "J.combine")
+    groups: dict[Any, Any] = {"a": 1, "b": Values((1, 2)), "c": 3, "d": Values((3, 4))}
+    pairs = combiner.flushed(groups)
+    assert [next(pairs), next(pairs)] == [("a", 1), ("b", 3)]
+    assert calls == ["b"]  # a pair that fails to go stops the flush before d's combine
+
+
+# ------------------------------------------------------------------------- the shuffle
+
+
+def test_a_key_with_a_lone_surrogate_fails_as_add_fails(tmp_path: Path) -> None:
+    spec = MapSpec("j", 0, "a", 4, 256 * 1024, str(tmp_path))
+    key = "lone\udcff"
+    with pytest.raises(UnicodeEncodeError) as by_pair:
+        Shuffle(spec, io.BytesIO()).add(stable_partition(key, 4), key, 1)
+    shuffle = Shuffle(spec, io.BytesIO())
+    with pytest.raises(UnicodeEncodeError) as at_once:
+        shuffle.add_pairs([("ok", 1), (key, 1)], StablePartitioner())
+    assert type(at_once.value) is type(by_pair.value)
+    assert str(at_once.value) == str(by_pair.value)
+    assert shuffle.last_pair == (key, 1)
+
+
+# ------------------------------------------------------------------------------ reduce
+
+
+def test_the_output_loop_groups_held_pairs_as_keyed_groups_would(tmp_path: Path) -> None:
+    rnd = random.Random(4)
+    words = _distinct_words(3_000)
+    groups = [[(w, rnd.randint(1, 3)) for w in rnd.sample(words, 1_500)] for _ in range(3)]
+    by_key: dict[str, list[int]] = {}
+    for g in groups:
+        for w, n in g:
+            by_key.setdefault(w, []).append(n)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    out = tmp_path / "out"
+    spec = ReduceSpec("odd", str(out), 64 << 20, str(spill))
+    result = run_reduce(_ref(tmp_path, "Odd"), {}, spool_files(tmp_path, groups), spec)
+    assert result.error == ""
+    job = Job()
+    want: list[str] = []
+    for w in sorted(by_key):
+        values = by_key[w]
+        if w.startswith("a"):
+            continue
+        want.append(job.format(w, sum(values)))
+        if len(values) > 1:
+            want += [job.format(w, len(values) > 2), job.format(len(values), w)]
+            want.append(job.format(w, 0.5))
+    assert out.read_text().splitlines() == want
+    assert result.records_out == len(want)
