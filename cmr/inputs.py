@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from cmr.errors import UsageError
 
 _MAGIC = re.compile(r"[*?[]")
+_DOTS = re.compile(r"/\.\.?/")  # a "." or ".." component
 
 
 def is_hidden(name: str) -> bool:
@@ -115,4 +116,13 @@ def name_below(base: str, location: str) -> str:
     if base.startswith("s3://"):
         rest = location[len(base) :]
         return rest.lstrip("/")
+    under = base.rstrip("/") + "/"
+    if location.startswith(under):
+        # A path below base, as listing makes them: what relpath would say, without its
+        # normalising both paths (4,000 files: 50 ms). Only when nothing is left for it to
+        # normalise: no "." or ".." component, no doubled "/", none at its end.
+        rest = location[len(under) :]
+        padded = f"/{rest}/"
+        if "//" not in padded and not _DOTS.search(padded):
+            return rest
     return posixpath.relpath(location, base)

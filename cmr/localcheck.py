@@ -30,7 +30,11 @@ class InputChanged(CmrError):
 
 def identity(path: str | os.PathLike[str]) -> Check:
     """What submit records of a local input file (its target, if a link)."""
-    st = os.stat(path)
+    return stat_identity(os.stat(path))
+
+
+def stat_identity(st: os.stat_result) -> Check:
+    """:func:`identity` of a file already stat-ed (links followed)."""
     return Check(st.st_size, device=st.st_dev, inode=st.st_ino)
 
 

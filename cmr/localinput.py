@@ -28,6 +28,12 @@ from cmr.inputs import glob_keeps, is_hidden
 def local_files(path: Path) -> list[Path]:
     """The files of a local input (a file, or everything below a directory), in name
     order; refuses at once what a job could not read."""
+    return [f for f, _ in local_files_stat(path)]
+
+
+def local_files_stat(path: Path) -> list[tuple[Path, os.stat_result]]:
+    """:func:`local_files`, each with its ``stat`` (links followed) as checked: what submit
+    records of it (its identity, cmr.localcheck) without a second stat per file."""
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
@@ -50,9 +56,7 @@ def local_files(path: Path) -> list[Path]:
             f"input {path} is {_kind(mode)}, not a file or a directory: give a file or a "
             "directory of files"
         )
-    for f in files:
-        _check_file(f)
-    return files
+    return [(f, _check_file(f)) for f in files]
 
 
 def _walk(top: Path) -> list[Path]:
@@ -147,7 +151,7 @@ def _refuse_outside(link: Path, root: Path) -> None:
     )
 
 
-def _check_file(f: Path) -> None:
+def _check_file(f: Path) -> os.stat_result:
     try:
         str(f).encode("utf-8")
     except UnicodeEncodeError:
@@ -156,7 +160,7 @@ def _check_file(f: Path) -> None:
             "receive a garbled name): rename it, or remove it from the input"
         ) from None
     try:
-        mode = f.stat().st_mode
+        st = os.stat(f)
     except FileNotFoundError:
         raise UsageError(
             f"input {f} is a symbolic link to {f.resolve()}, which does not exist: fix the "
@@ -166,15 +170,16 @@ def _check_file(f: Path) -> None:
         raise UsageError(
             f"input {f} cannot be read ({exc.strerror}): fix it, or remove it from the input"
         ) from None
-    if not stat.S_ISREG(mode):
+    if not stat.S_ISREG(st.st_mode):
         raise UsageError(
-            f"input {f} is {_kind(mode)}, not a regular file: remove it from the input"
+            f"input {f} is {_kind(st.st_mode)}, not a regular file: remove it from the input"
         )
     if not os.access(f, os.R_OK):
         raise UsageError(
             f"input file {f} cannot be read (permissions): make it readable (chmod +r), or "
             "remove it from the input"
         )
+    return st
 
 
 def _kind(mode: int) -> str:

@@ -37,8 +37,8 @@ from cmr.inputs import (
 from cmr.job import Job, check_formats
 from cmr.jobload import LoadedJob
 from cmr.lifecycle import cleanup, end, job_scratch, load_spec, record_submit
-from cmr.localcheck import identity
-from cmr.localinput import glob_matches, local_files
+from cmr.localcheck import identity, stat_identity
+from cmr.localinput import glob_matches, local_files_stat
 from cmr.places import check_apart, make_output_dir, probe_output_dir
 from cmr.plan import Check, Plan, plan_url
 from cmr.publish import (
@@ -96,6 +96,16 @@ class LocalInput:
     path: Path
     files: list[Path]
     pattern: str = ""  # the glob it matches ("": named outright)
+    # Each file's identity as checked (cmr.localcheck), in the order of files; () if not
+    # known (then taken when the files are planned).
+    identities: tuple[Check, ...] = ()
+
+    @classmethod
+    def of(cls, path: Path, pattern: str = "") -> LocalInput:
+        """The root's files, listed and checked."""
+        found = local_files_stat(path)
+        ids = tuple(stat_identity(st) for _, st in found)
+        return cls(path, [f for f, _ in found], pattern, ids)
 
 
 def _local_roots(source: str) -> list[LocalInput]:
@@ -103,8 +113,8 @@ def _local_roots(source: str) -> list[LocalInput]:
     if has_magic(str(path)) and not os.path.lexists(path):
         pattern = str(path)
         matches = glob_matches(pattern, source)
-        return [LocalInput(m, local_files(m), pattern) for m in matches]
-    return [LocalInput(path, local_files(path))]
+        return [LocalInput.of(m, pattern) for m in matches]
+    return [LocalInput.of(path)]
 
 
 async def local_inputs(sources: Sources) -> list[list[LocalInput] | None]:
@@ -195,14 +205,20 @@ async def list_inputs(
 def _local_root(li: LocalInput, readable: bool) -> _Root:
     """A local root's files (those a cmr output's manifest lists, for one): by URL where
     workers read them in place (``readable``), else to stage."""
-    path, files = li.path, li.files
+    path = li.path
+    files: list[tuple[Path, Check | None]] = (
+        list(zip(li.files, li.identities, strict=True))
+        if len(li.identities) == len(li.files)
+        else [(f, None) for f in li.files]
+    )
     if path.is_dir() and (path / MANIFEST).is_file():
         keep = _output_files((path / MANIFEST).read_bytes())
-        files = [f for f in files if f.parent != path or keep(f.name)]
+        files = [(f, c) for f, c in files if f.parent != path or keep(f.name)]
     found = []
-    for f in files:
-        # Read in place: a task reads only this file (inode) as it is now (cmr.localcheck).
-        check = identity(f)
+    for f, known_check in files:
+        # Read in place: a task reads only this file (inode) as it was when listed and
+        # checked, a moment ago (cmr.localcheck).
+        check = known_check or identity(f)
         found.append(_Found(file_url(f) if readable else "", check.size, str(f),
                             check if readable else None))  # fmt: skip
     own = file_url(path) + ("/" if path.is_dir() else "")
@@ -320,15 +336,14 @@ async def sniff_inputs(
         return inputs
     gate = asyncio.Semaphore(STAGE_CONCURRENCY)
 
-    async def one(inp: Input) -> Input:
-        if inp.size == 0:
-            return inp
-        if (
+    def told_by_worker(inp: Input) -> bool:
+        return inp.size == 0 or (
             never_cut(inp.size, split_bytes)
             and fmt.name != "fixed"
             and not formats.named_codec(inp.name)
-        ):
-            return inp
+        )
+
+    async def one(inp: Input) -> Input:
         async with gate:
             head = await blobs.get_range(inp.url, 0, formats.SNIFF_BYTES)
         codec = formats.sniff(head)
@@ -346,7 +361,9 @@ async def sniff_inputs(
             )
         return Input(inp.url, inp.size, inp.name, codec) if codec else inp
 
-    return list(await asyncio.gather(*(one(i) for i in inputs)))
+    # Only the files to sniff get a task (20,000 small files: none, and no 20,000 tasks).
+    sniffed = iter(await asyncio.gather(*(one(i) for i in inputs if not told_by_worker(i))))
+    return [i if told_by_worker(i) else next(sniffed) for i in inputs]
 
 
 @dataclass(frozen=True)
