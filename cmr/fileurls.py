@@ -39,7 +39,7 @@ def file_path(url: str) -> Path:
 
 def file_url(path: str | Path) -> str:
     """The ``file://`` URL of a local path (made absolute)."""
-    if isinstance(path, Path) and path.is_absolute():
+    if os.name == "posix" and isinstance(path, Path) and path.is_absolute():
         # What as_uri() makes of it (its bytes, quoted, "/" kept), without pathlib's
         # detours: submit names each of a job's files so (4,000 files: 60 ms saved).
         return "file://" + quote_from_bytes(os.fsencode(path))

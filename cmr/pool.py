@@ -1,35 +1,27 @@
-"""The CPU pool a worker runs user code in: processes started at once, that die with the
-worker and can be restarted to stop a task that overran its time limit."""
+"""The CPU pool a worker runs user code in: processes started at once (forks of a fork
+server: cmr.poolstart), that die with the worker and can be restarted to stop a task that
+overran its time limit."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import ctypes.util
-import multiprocessing
 import os
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from typing import Any, TypeVar
 
-from cmr import taskprogress
+from cmr import poolstart, taskprogress
 
 T = TypeVar("T")
 
 
-# What a pool process runs, imported once in the fork server so that each pool process
-# starts with it loaded (a spawned process spent ~0.25 CPU-s importing it, every pool).
-_PRELOAD = ["cmr.pool", "cmr.cpu.mapping", "cmr.cpu.reducing", "cmr.cpu.fixedsort"]
-_SOCKET_PATH_TAIL = len("/pymp-12345678/listener-12345678")
-_SOCKET_PATH_MAX = 107  # sun_path is 108 bytes on Linux, with its NUL
-
-
 def _start_child(channel: Any, environ: dict[str, str]) -> None:
-    _leave_fork_server()
+    poolstart.leave_server()
     _die_with_parent()
     # A forked process has the environment the fork server started with; user code sees
     # the worker's, as it would in a process spawned now.
@@ -40,23 +32,6 @@ def _start_child(channel: Any, environ: dict[str, str]) -> None:
     # order); a pool process that took it too would die mid-task and leak its semaphores.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     taskprogress.attach(channel)
-
-
-def _leave_fork_server() -> None:
-    """A forked pool process holds the write end of the pipe by which the fork server
-    learns that the worker is gone; closed here, the server exits when the worker dies,
-    and with it (by ``_die_with_parent``, whose parent is the server) every pool process,
-    even one in the middle of a long task."""
-    try:
-        from multiprocessing import forkserver
-    except ImportError:  # no fork server here (Windows): spawned, nothing to close
-        return
-    server: Any = forkserver._forkserver  # private: no public way to close it
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is not None and getattr(server, "_forkserver_pid", None) is None:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        server._forkserver_alive_fd = None
 
 
 def _die_with_parent() -> None:
@@ -73,32 +48,6 @@ def _noop() -> None:
     time.sleep(0.1)  # stay busy so every submit below starts a process of its own
 
 
-def _context() -> Any:
-    """The fork server where there is one (Linux, macOS), else spawn.
-
-    Not fork: forking a process that runs an event loop and SDK threads is unsafe. The fork
-    server is a process of its own, single-threaded, started (once per worker process)
-    with cmr's task modules loaded; each pool process is a fork of it, with the worker's
-    working directory, import path and environment as spawn would give it. A spawned pool
-    process cost ~0.25 CPU-s and ~0.4 s of wall time before its first task (its imports),
-    every time a pool started: each ``cmr.run``, and each restart after a timeout.
-    """
-    try:
-        ctx = multiprocessing.get_context("forkserver")
-    except ValueError:
-        return multiprocessing.get_context("spawn")
-    # The server listens on a socket at $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX, and a
-    # socket's path has at most 107 bytes: under a deep TMPDIR, spawn (slower, but it works).
-    if len(os.fsencode(tempfile.gettempdir())) + _SOCKET_PATH_TAIL > _SOCKET_PATH_MAX:
-        return multiprocessing.get_context("spawn")
-    from multiprocessing import forkserver
-
-    # Only while it is not running: a server started by someone else keeps their list.
-    if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
-        ctx.set_forkserver_preload(_PRELOAD)
-    return ctx
-
-
 class CpuPool(Executor):
     """A process pool for user code, started at once, that a worker can restart (to stop a
     task that overran its time limit), with the queue its processes report live counters on.
@@ -110,12 +59,13 @@ class CpuPool(Executor):
 
     def __init__(self, processes: int) -> None:
         self.processes = processes
-        self._ctx = _context()
+        self._ctx = poolstart.context()  # a fork server's, where there is one
         self.progress: Any = self._ctx.Queue()
         self.generation = 0  # restarts so far: a task that ran in an older pool is not at fault
         self._pool = self._start()
 
     def _start(self) -> ProcessPoolExecutor:
+        poolstart.ensure_server(self._ctx)
         pool = ProcessPoolExecutor(
             self.processes,
             mp_context=self._ctx,

@@ -116,13 +116,9 @@ class Shuffle:
             stable, crc32 = type(part) is StablePartitioner, zlib.crc32
             for pair in pairs:
                 key = pair[0]
-                if stable and type(key) is str:  # stable_partition's sum, without its calls
-                    try:
-                        p = crc32(key.encode()) % n  # strict UTF-8's bytes are the same
-                    except UnicodeEncodeError:  # but for a lone surrogate
-                        p = crc32(key.encode("utf-8", "surrogatepass")) % n
-                else:
-                    p = part(key, n)
+                # A str key: stable_partition's sum, without its calls; strict UTF-8 (a key
+                # with a lone surrogate fails here as pack() would).
+                p = crc32(key.encode()) % n if stable and type(key) is str else part(key, n)
                 data = pack(pair)
                 size = len(data)
                 if size > big:  # a pair of its own blob, or one refused: add() knows

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from cmr.loadgen.report import op_label, sorted_ops
+
+if TYPE_CHECKING:  # matplotlib loads in ~1.3 s: only when a figure is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 __all__ = [
     "box_stats",
@@ -41,6 +41,8 @@ _MODE_STYLE = {
 
 
 def _save(fig: Figure, path: Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
     fig.savefig(path, dpi=_DPI)
@@ -48,6 +50,8 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 def _new(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure
+
     return Figure(figsize=(width, height), layout="constrained")
 
 
