@@ -30,7 +30,10 @@ def batches(draw: st.DrawFn) -> wire.Batch:
     records = draw(st.integers(0, wire.MAX_SEQ if spilled else len(pairs) // 3))
     url = draw(
         st.text(
-            alphabet=st.characters(min_codepoint=0x20, exclude_characters="\x7f"),
+            # Text msgpack can hold: no lone surrogate (hypothesis drew "\ud800" once).
+            alphabet=st.characters(
+                min_codepoint=0x20, exclude_characters="\x7f", exclude_categories=("Cs",)
+            ),
             min_size=1,
             max_size=200,
         )
