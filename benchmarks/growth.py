@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 import cmr.logs
-from cmr import wire
+from cmr import poolstart, wire
 from cmr.api import run_on
 from cmr.backends.base import Backend
 from cmr.backends.embedded import EmbeddedQueues, embedded_backend
@@ -620,6 +620,9 @@ def summary(rows: list[Row]) -> dict[str, Any]:
 
 
 def cpu_seconds() -> float:
+    # The fork server reaps the pool's processes: ended and waited for here, their CPU time
+    # is counted in RUSAGE_CHILDREN, as a spawned pool's was.
+    poolstart.stop_server()
     me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 

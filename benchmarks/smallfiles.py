@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 import cmr.logs
+from cmr import poolstart
 from cmr.api import run_async
 
 HERE = Path(__file__).resolve().parent
@@ -76,6 +77,9 @@ def corpora(size_mb: float, files: int, seed: int, root: Path = HERE / "data") -
 
 
 def cpu_seconds() -> float:
+    # The fork server reaps the pool's processes: ended and waited for here, their CPU time
+    # is counted in RUSAGE_CHILDREN, as a spawned pool's was.
+    poolstart.stop_server()
     me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 

@@ -42,6 +42,7 @@ from rich.table import Table
 
 import cmr
 import cmr.logs
+from cmr import poolstart
 from cmr.api import cpu_pool, open_backend, run_on
 from cmr.settings import AwsSettings, WorkerSettings
 from cmr.worker import Worker
@@ -241,6 +242,9 @@ class Row:
 
 
 def cpu_seconds() -> float:
+    # The fork server reaps the pool's processes: ended and waited for here, their CPU time
+    # is counted in RUSAGE_CHILDREN, as a spawned pool's was.
+    poolstart.stop_server()
     me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 

@@ -212,3 +212,52 @@ def test_a_users_own_fork_server_preload_is_kept(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "xml.dom.minidom"
+
+
+STOPPED = """
+import os, resource, time
+from cmr import poolstart
+from cmr.pool import CpuPool
+from probe import burn
+
+def children():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+if __name__ == "__main__":
+    before = children()
+    pool = CpuPool(1)
+    burned = pool.submit(burn, 0.5).result(timeout=60)
+    pool.shutdown()
+    poolstart.stop_server()
+    counted = children() - before
+    again = CpuPool(1)  # and a pool starts after it
+    other = again.submit(os.getpid).result(timeout=60) != os.getpid()
+    again.shutdown()
+    print(burned >= 0.5, counted >= 0.5, other)
+"""
+
+BURN = """
+import time
+
+def burn(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+    return time.process_time()
+"""
+
+
+def test_a_stopped_fork_server_counts_its_pool_processes_cpu_time(tmp_path: Path) -> None:
+    """Benchmarks measure a run's CPU time by RUSAGE_CHILDREN: the fork server, not the
+    worker, reaps the pool's processes, so it is ended and waited for first. (In a process
+    of its own: ending the server ends every pool of the process, as a test's.)"""
+    (tmp_path / "probe.py").write_text(BURN)
+    script = tmp_path / "stopped.py"
+    script.write_text(STOPPED)
+    done = subprocess.run(
+        [sys.executable, str(script)], check=False, cwd=tmp_path, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "True"], done.stdout + done.stderr
