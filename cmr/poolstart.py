@@ -34,8 +34,9 @@ import tempfile
 import time
 from typing import Any
 
-# What a pool process runs, imported once in the fork server.
-PRELOAD = ["cmr.pool", "cmr.cpu.mapping", "cmr.cpu.reducing", "cmr.cpu.fixedsort"]
+# What a pool process runs, imported once in the fork server. Not cmr.cpu.fixedsort: numpy,
+# which only sorted fixed-size records need, would cost every worker process ~0.1 s more.
+PRELOAD = ["cmr.pool", "cmr.cpu.mapping", "cmr.cpu.reducing"]
 # The server listens on $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX: a socket path has at most
 # 107 bytes on Linux (sun_path, with its NUL), 103 on macOS.
 _SOCKET_PATH_TAIL = len("/pymp-12345678/listener-12345678")
