@@ -32,7 +32,7 @@ def batches(draw: st.DrawFn) -> wire.Batch:
         st.text(
             # Text msgpack can hold: no lone surrogate (hypothesis drew "\ud800" once).
             alphabet=st.characters(
-                min_codepoint=0x20, exclude_characters="\x7f", exclude_categories=("Cs",)
+                min_codepoint=0x20, exclude_characters="\x7f", exclude_categories=["Cs"]
             ),
             min_size=1,
             max_size=200,
