@@ -37,7 +37,7 @@ from cmr.inputs import (
 from cmr.job import Job, check_formats
 from cmr.jobload import LoadedJob
 from cmr.lifecycle import cleanup, end, job_scratch, load_spec, record_submit
-from cmr.localcheck import identity, stat_identity
+from cmr.localcheck import stat_identity
 from cmr.localinput import glob_matches, local_files_stat
 from cmr.places import check_apart, make_output_dir, probe_output_dir
 from cmr.plan import Check, Plan, plan_url
@@ -94,18 +94,15 @@ class LocalInput:
     (:mod:`cmr.localinput`) before anything is written."""
 
     path: Path
-    files: list[Path]
+    # Each file with its identity as it was listed and checked (cmr.localcheck): what a
+    # task that reads it in place must find.
+    files: list[tuple[Path, Check]]
     pattern: str = ""  # the glob it matches ("": named outright)
-    # Each file's identity as checked (cmr.localcheck), in the order of files; () if not
-    # known (then taken when the files are planned).
-    identities: tuple[Check, ...] = ()
 
     @classmethod
     def of(cls, path: Path, pattern: str = "") -> LocalInput:
         """The root's files, listed and checked."""
-        found = local_files_stat(path)
-        ids = tuple(stat_identity(st) for _, st in found)
-        return cls(path, [f for f, _ in found], pattern, ids)
+        return cls(path, [(f, stat_identity(st)) for f, st in local_files_stat(path)], pattern)
 
 
 def _local_roots(source: str) -> list[LocalInput]:
@@ -205,20 +202,14 @@ async def list_inputs(
 def _local_root(li: LocalInput, readable: bool) -> _Root:
     """A local root's files (those a cmr output's manifest lists, for one): by URL where
     workers read them in place (``readable``), else to stage."""
-    path = li.path
-    files: list[tuple[Path, Check | None]] = (
-        list(zip(li.files, li.identities, strict=True))
-        if len(li.identities) == len(li.files)
-        else [(f, None) for f in li.files]
-    )
+    path, files = li.path, li.files
     if path.is_dir() and (path / MANIFEST).is_file():
         keep = _output_files((path / MANIFEST).read_bytes())
         files = [(f, c) for f, c in files if f.parent != path or keep(f.name)]
     found = []
-    for f, known_check in files:
+    for f, check in files:
         # Read in place: a task reads only this file (inode) as it was when listed and
         # checked, a moment ago (cmr.localcheck).
-        check = known_check or identity(f)
         found.append(_Found(file_url(f) if readable else "", check.size, str(f),
                             check if readable else None))  # fmt: skip
     own = file_url(path) + ("/" if path.is_dir() else "")
