@@ -21,7 +21,6 @@ import json
 import math
 import os
 import random
-import resource
 import shutil
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 import cmr.logs
-from cmr import poolstart, wire
+from cmr import wire
 from cmr.api import run_on
 from cmr.backends.base import Backend
 from cmr.backends.embedded import EmbeddedQueues, embedded_backend
@@ -49,7 +48,7 @@ from cmr.settings import WorkerSettings
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from wordcount import line_pool, write_results  # noqa: E402  (benchmarks/ is not a package)
+from wordcount import cpu_seconds, line_pool, write_results  # noqa: E402  (benchmarks/ is not a package)
 
 REPO = HERE.parent
 JOB = f"{REPO / 'examples' / 'wordcount.py'}:WordCount"
@@ -617,14 +616,6 @@ def summary(rows: list[Row]) -> dict[str, Any]:
     )
     out["every_size_spilled"] = all(r.spill_runs > 0 for r in rows)
     return out
-
-
-def cpu_seconds() -> float:
-    # The fork server reaps the pool's processes: ended and waited for here, their CPU time
-    # is counted in RUSAGE_CHILDREN, as a spawned pool's was.
-    poolstart.stop_server()
-    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def load_average() -> tuple[float, float, float]:

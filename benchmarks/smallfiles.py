@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import os
 import random
-import resource
 import sys
 import time
 from collections import Counter
@@ -28,13 +27,12 @@ from rich.console import Console
 from rich.table import Table
 
 import cmr.logs
-from cmr import poolstart
 from cmr.api import run_async
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from growth import compare, count_words, exit_status  # noqa: E402  (benchmarks/ is not a package)
-from wordcount import line_pool, write_results  # noqa: E402
+from wordcount import cpu_seconds, line_pool, write_results  # noqa: E402
 
 JOB = f"{HERE.parent / 'examples' / 'wordcount.py'}:WordCount"
 MB = 1_000_000
@@ -74,14 +72,6 @@ def corpora(size_mb: float, files: int, seed: int, root: Path = HERE / "data") -
                 break
         tmp_dir.rename(many)
     return one, many
-
-
-def cpu_seconds() -> float:
-    # The fork server reaps the pool's processes: ended and waited for here, their CPU time
-    # is counted in RUSAGE_CHILDREN, as a spawned pool's was.
-    poolstart.stop_server()
-    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 @dataclass
