@@ -105,8 +105,13 @@ def _forget_server_after_fork() -> None:
     child fails) and the server's alive pipe, which would keep the server up after the
     worker died: it starts its own server if it needs one."""
     server = _server()
-    if server is None or server._forkserver_pid is None:
-        return
+    if server is not None and server._forkserver_pid is not None:
+        _forget(server)
+
+
+def _forget(server: Any) -> None:
+    """Drop this process's record of a running fork server, closing its end of the server's
+    alive pipe (the server exits once no process holds one)."""
     with contextlib.suppress(OSError, TypeError):
         os.close(server._forkserver_alive_fd)
     server._forkserver_pid = None
@@ -123,10 +128,6 @@ def _server() -> Any:
     return forkserver._forkserver
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_server_after_fork)
-
-
 def stop_server(timeout: float = 10.0) -> None:
     """End this process's fork server (once its pool processes are gone) and wait for it,
     so that its pool processes' CPU time counts in this process's RUSAGE_CHILDREN as a
@@ -136,11 +137,7 @@ def stop_server(timeout: float = 10.0) -> None:
     if server is None or server._forkserver_pid is None:
         return
     pid = server._forkserver_pid
-    with contextlib.suppress(OSError, TypeError):
-        os.close(server._forkserver_alive_fd)  # the server exits when no process holds it
-    server._forkserver_pid = None
-    server._forkserver_alive_fd = None
-    server._forkserver_address = None
+    _forget(server)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):
@@ -148,3 +145,7 @@ def stop_server(timeout: float = 10.0) -> None:
                 time.sleep(0.01)
                 continue
         return
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_server_after_fork)
