@@ -28,6 +28,18 @@ def _what_a_task_sees(module: str) -> tuple[str, str | None, str]:
     return os.getcwd(), os.environ.get("CMR_TEST_POOL_SEES"), importlib.import_module(module).WHO
 
 
+def _run(script: Path, code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` written to ``script`` and run as a worker's main program, in ``cwd``; it
+    must exit 0."""
+    script.write_text(code)
+    done = subprocess.run(
+        [sys.executable, str(script)], check=False, cwd=cwd, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def test_a_pool_process_sees_the_worker_as_it_is_when_the_pool_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -133,17 +145,8 @@ def test_a_module_in_the_working_directory_does_not_replace_the_pools_own(tmp_pa
     )
     script = tmp_path / "code" / "worker.py"
     script.parent.mkdir()
-    script.write_text(SHADOWED)
     (script.parent / "probe.py").write_text(PROBE)
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        check=False,
-        cwd=here,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = _run(script, SHADOWED, here)
     worker, pool = __import__("json").loads(done.stdout.strip().splitlines()[-1])
     assert worker == pool, (worker, pool)
     assert not (here / "RAN").exists()
@@ -176,16 +179,7 @@ def test_a_process_forked_from_a_worker_starts_a_pool_of_its_own(tmp_path: Path)
     """A fork of a worker whose fork server runs inherits the worker's record of it, which
     it cannot use (the server is not its child): it starts its own."""
     script = tmp_path / "forked.py"
-    script.write_text(FORKED)
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        check=False,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = _run(script, FORKED, tmp_path)
     assert done.stdout.splitlines() == ["fork: True", "exit: 0"], done.stdout + done.stderr
 
 
@@ -201,16 +195,7 @@ def test_a_users_own_fork_server_preload_is_kept(tmp_path: Path) -> None:
         "    pool.shutdown()\n"
     )
     script = tmp_path / "preload.py"
-    script.write_text(code)
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        check=False,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = _run(script, code, tmp_path)
     assert done.stdout.strip() == "xml.dom.minidom"
 
 
@@ -254,10 +239,5 @@ def test_a_stopped_fork_server_counts_its_pool_processes_cpu_time(tmp_path: Path
     of its own: ending the server ends every pool of the process, as a test's.)"""
     (tmp_path / "probe.py").write_text(BURN)
     script = tmp_path / "stopped.py"
-    script.write_text(STOPPED)
-    done = subprocess.run(
-        [sys.executable, str(script)], check=False, cwd=tmp_path, capture_output=True,
-        text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    done = _run(script, STOPPED, tmp_path)
     assert done.stdout.split() == ["True", "True", "True"], done.stdout + done.stderr
