@@ -2,6 +2,7 @@
 
 errors        the one reading of botocore failures (also used by ``cmr fleet`` and the loadgen)
 calls         what the clients share: request counting, concurrent calls
+sessions      one model loader and one TLS context per process, shared by every client
 owner         ExpectedBucketOwner on every S3 request (the store's owner=, the fleet's account)
 sqs, s3, dynamodb   the queue, blob and table protocols
 reach         down or slow: the configured endpoints, by socket, before botocore loads

@@ -147,7 +147,7 @@ async def _probe(
     tried again until ``deadline``, then reported as slow. Each call names only our own
     queue prefix, bucket or table: a least-privilege role (deploy/fleet.yaml) allows them,
     where ListBuckets or ListTables would need "*"."""
-    from aiobotocore.config import AioConfig
+    from cmr.backends.aws import sessions
 
     # botocore does not retry: tenacity does, bounded by the deadline rather than a count.
     config = {
@@ -176,7 +176,7 @@ async def _probe(
         extra = {"s3": {"addressing_style": "path"}} if service == "s3" and path_style else {}
         with _translate(service):
             async with session.client(
-                service, region_name=region, config=AioConfig(**config, **extra)
+                service, region_name=region, config=sessions.config(**config, **extra)
             ) as c:
                 if service == "s3":
                     expect_owner(c, settings.owner)
@@ -220,15 +220,13 @@ async def open_aws(settings: AwsSettings) -> AsyncIterator[Backend]:
     deadline = time.monotonic() + PROBE_SECONDS
     # Sockets only: an endpoint with nothing listening is told before aioboto3 loads.
     await preflight(deadline)
-    import aioboto3
-    from aiobotocore.config import AioConfig
-
+    from cmr.backends.aws import sessions
     from cmr.backends.aws.dynamodb import AwsTable
     from cmr.backends.aws.s3 import AwsBlobs
     from cmr.backends.aws.sqs import AwsQueues
 
     try:
-        session = aioboto3.Session(profile_name=settings.profile, region_name=settings.region)
+        session = sessions.session(settings.profile, settings.region)
     except BotoCoreError as exc:
         raise _translated("aws", exc) from exc
     region = session.region_name or "us-east-1"
@@ -246,7 +244,9 @@ async def open_aws(settings: AwsSettings) -> AsyncIterator[Backend]:
                 extra["s3"] = {"addressing_style": "path"}
             with _translate(service):
                 clients[service] = await stack.enter_async_context(
-                    session.client(service, region_name=region, config=AioConfig(**base, **extra))
+                    session.client(
+                        service, region_name=region, config=sessions.config(**base, **extra)
+                    )
                 )
         expect_owner(clients["s3"], settings.owner)
         await _probe(session, region, settings, path_style, deadline)

@@ -129,13 +129,12 @@ async def account_of(endpoint: Endpoint, aws: AwsSettings) -> str:
     sts = endpoint_of("sts", aws, endpoint.region)
     if not ((sts.aws and endpoint.aws) or sts.netloc == endpoint.netloc):
         return "unknown (STS does not answer at this endpoint)"
-    import aioboto3
-    from aiobotocore.config import AioConfig
+    from cmr.backends.aws import sessions
 
-    config = AioConfig(
+    config = sessions.config(
         retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=3, read_timeout=5
     )
-    session = aioboto3.Session(profile_name=aws.profile, region_name=sts.region)
+    session = sessions.session(aws.profile, sts.region)
     try:
         async with session.client("sts", config=config, endpoint_url=sts.url) as client:
             return str((await client.get_caller_identity())["Account"])

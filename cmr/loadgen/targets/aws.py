@@ -70,11 +70,10 @@ class _AwsTarget:
         return {}
 
     async def setup(self) -> None:
-        import aioboto3
-        from aiobotocore.config import AioConfig
+        from cmr.backends.aws import sessions
 
-        session = aioboto3.Session(region_name=self.resources.get("region") or None)
-        config = AioConfig(
+        session = sessions.session(region=self.resources.get("region") or None)
+        config = sessions.config(
             retries=retry_config(self._retries),
             connect_timeout=self._timeouts[0],
             read_timeout=self._timeouts[1],

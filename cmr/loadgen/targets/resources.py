@@ -85,12 +85,13 @@ class Prepared:
 
 @contextlib.asynccontextmanager
 async def _admin(service: str, aws: AwsSettings) -> AsyncIterator[tuple[Any, str]]:
-    import aioboto3
-    from aiobotocore.config import AioConfig
+    from cmr.backends.aws import sessions
 
-    session = aioboto3.Session(profile_name=aws.profile, region_name=aws.region)
+    session = sessions.session(aws.profile, aws.region)
     extra = _s3_config() if service == "s3" else {}
-    config = AioConfig(retries={"mode": aws.retries, "max_attempts": aws.max_attempts}, **extra)
+    config = sessions.config(
+        retries={"mode": aws.retries, "max_attempts": aws.max_attempts}, **extra
+    )
     async with session.client(
         service,
         region_name=session.region_name or "us-east-1",

@@ -1,0 +1,156 @@
+"""Clients that share one TLS context and one model loader per process still verify what
+they must: a server whose certificate the CA bundle does not vouch for is refused, one the
+configured bundle (``AWS_CA_BUNDLE``, ``verify=``) vouches for is reached, and ``verify=False``
+does not verify. Real TLS handshakes with a loopback HTTPS server."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError, SSLError
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from cmr.backends.aws import sessions
+
+_BODY = b'{"__type": "com.amazonaws.sqs#Teapot", "message": "a loopback server"}'
+ANSWER = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/x-amz-json-1.0\r\n"
+    + f"Content-Length: {len(_BODY)}\r\nConnection: close\r\n\r\n".encode()
+    + _BODY
+)
+
+
+def _certificate(tmp: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1: (certificate = its own CA bundle, key)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cmr loopback test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+@pytest.fixture
+async def https(tmp_path: Path) -> AsyncIterator[tuple[str, Path, list[int]]]:
+    """A loopback HTTPS server answering every request with an SQS-style error: (its URL,
+    the CA bundle that vouches for it, how many requests got through the handshake)."""
+    cert, key = _certificate(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    served: list[int] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            served.append(1)
+            writer.write(ANSWER)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            pass  # a client that refused our certificate hangs up mid-handshake
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=context)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield f"https://127.0.0.1:{port}", cert, served
+
+
+async def _call(endpoint: str, monkeypatch: pytest.MonkeyPatch, **client: Any) -> str:
+    """One GetQueueUrl through a shared-TLS client: the error code the server's answer
+    carried, or the exception's class name when the handshake failed."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    config = sessions.config(retries={"total_max_attempts": 1}, connect_timeout=5, read_timeout=5)
+    async with sessions.session(region="us-east-1").client(
+        "sqs", endpoint_url=endpoint, config=config, **client
+    ) as sqs:
+        try:
+            await sqs.get_queue_url(QueueName="q")
+        except ClientError as exc:
+            return str(exc.response["Error"]["Code"])
+        except SSLError as exc:
+            return type(exc).__name__
+    return "answered"
+
+
+async def test_an_unknown_certificate_is_refused_with_the_default_bundle(
+    https: tuple[str, Path, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _, served = https
+    monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
+    assert await _call(url, monkeypatch) == "SSLError"
+    assert await _call(url, monkeypatch) == "SSLError"  # the shared context, a second time
+    assert served == []
+
+
+async def test_the_configured_bundle_is_used_and_shared_per_bundle(
+    https: tuple[str, Path, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, cert, served = https
+    # AWS_CA_BUNDLE, botocore's standard setting, and verify= on the client.
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
+    assert await _call(url, monkeypatch) == "Teapot"
+    monkeypatch.delenv("AWS_CA_BUNDLE")
+    assert await _call(url, monkeypatch, verify=str(cert)) == "Teapot"
+    assert len(served) == 2
+    # Yet the default bundle, asked for after, still refuses it: one context per bundle.
+    assert await _call(url, monkeypatch) == "SSLError"
+    assert len(served) == 2
+
+
+async def test_verify_false_does_not_verify(
+    https: tuple[str, Path, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _, served = https
+    assert await _call(url, monkeypatch, verify=False) == "Teapot"
+    assert served == [1]
+
+
+def test_sessions_share_the_model_loader_but_not_credentials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "first")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s1")
+    one = sessions.session(region="us-east-1")
+    assert asyncio.run(one._session.get_credentials()).access_key == "first"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "second")
+    two = sessions.session(region="eu-west-1")
+    assert asyncio.run(two._session.get_credentials()).access_key == "second"
+    assert asyncio.run(one._session.get_credentials()).access_key == "first"
+    loader = one._session.get_component("data_loader")
+    assert two._session.get_component("data_loader") is loader
+    assert loader.load_service_model("sqs", "service-2")["metadata"]["protocol"]
+    assert (one.region_name, two.region_name) == ("us-east-1", "eu-west-1")
