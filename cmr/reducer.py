@@ -71,6 +71,11 @@ class Drain:
         self.unneeded: list[str] = []  # receipts of messages no reader will ever need
         self.refused: dict[tuple[int, str, int], str] = {}  # tag -> why its batch was refused
         self.spooled = 0  # bytes of pairs kept
+        # Kept as batches and winners arrive, so that no turn of the drain scans every map
+        # task (a job of thousands of maps made each of those scans quadratic):
+        self.attempts: dict[int, set[str]] = {}  # task -> attempts whose batches we hold
+        self.unknown: set[int] = set()  # tasks whose batches we hold, winner not yet known
+        self._missing = 0  # batches the known winners sent here that we do not hold
         self.stats: Counter[str] = Counter()
         # Set once we hand our batches back (_let_go): from then on we hold, never keep nor
         # delete, what a receive still under way brings, and hand it back on our way out.
@@ -80,38 +85,33 @@ class Drain:
         return os.path.join(self.workdir, f"{task}-{attempt}")
 
     def complete(self) -> bool:
-        if len(self.winners) < self.spec.maps:
-            return False
-        p = self.partition
-        return all(
-            len(self.seqs.get((t, w.attempt), ())) >= w.batches.get(p, 0)
-            for t, w in self.winners.items()
-        )
+        return len(self.winners) >= self.spec.maps and self._missing == 0
 
     def expecting_commits(self) -> bool:
         """Batches arrived from a task whose winner we do not know yet: its commit record is
         written right after its last send, so the table is worth asking again soon."""
-        return any(t not in self.winners for t, _ in self.seqs)
+        return bool(self.unknown)
 
     def missing(self) -> int:
-        p = self.partition
-        return sum(
-            max(0, w.batches.get(p, 0) - len(self.seqs.get((t, w.attempt), ())))
-            for t, w in self.winners.items()
-        )
+        return self._missing
 
     def learn_winner(self, task: int, commit: MapCommit) -> None:
         self.winners[task] = commit
+        self.unknown.discard(task)
         self._drop_unsent(task, commit)
-        for t, attempt in list(self.seqs):
-            if t == task and attempt != commit.attempt:
-                # A losing or crashed attempt: its batches never count, for anyone.
-                self.stats["batches_filtered"] += len(self.seqs.pop((t, attempt)))
-                self.spans.pop((t, attempt), None)
-                for mid in self.of_attempt.pop((t, attempt), []):
-                    self.unneeded.append(self.held.pop(mid))
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.spool(t, attempt))
+        for attempt in self.attempts.pop(task, set()) - {commit.attempt}:
+            # A losing or crashed attempt: its batches never count, for anyone.
+            self.stats["batches_filtered"] += len(self.seqs.pop((task, attempt)))
+            self.spans.pop((task, attempt), None)
+            for mid in self.of_attempt.pop((task, attempt), []):
+                self.unneeded.append(self.held.pop(mid))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.spool(task, attempt))
+        held = len(self.seqs.get((task, commit.attempt), ()))
+        if held:
+            self.attempts[task] = {commit.attempt}
+        # _drop_unsent left only seqs below the count: what is missing is the difference.
+        self._missing += commit.batches.get(self.partition, 0) - held
 
     def _drop_unsent(self, task: int, commit: MapCommit) -> None:
         """Cut the batches of the winner's tag with a seq it never sent (received before the
@@ -202,12 +202,11 @@ class Drain:
             self._reject(rt, m, "a batch its attempt never sent (seq past its count)")
             return
         tag = (batch.task, batch.attempt)
-        if winner is None and tag not in self.seqs:
-            pending = sum(1 for t, _ in self.seqs if t == batch.task)
-            if pending >= MAX_PENDING_ATTEMPTS:
-                # Neither held nor deleted: it comes back once the winner is known.
-                self.stats["batches_deferred"] += 1
-                return
+        pending = len(self.attempts.get(batch.task, ()))
+        if winner is None and tag not in self.seqs and pending >= MAX_PENDING_ATTEMPTS:
+            # Neither held nor deleted: it comes back once the winner is known.
+            self.stats["batches_deferred"] += 1
+            return
         if batch.seq in self.seqs.get(tag, ()):
             self.stats["batches_dropped"] += 1  # another message with a tag we hold
             self.unneeded.append(m.receipt)
@@ -243,6 +242,11 @@ class Drain:
                 return
         # Only a batch kept makes its attempt known: a refused one takes no pending place.
         self.seqs.setdefault(tag, set()).add(batch.seq)
+        self.attempts.setdefault(batch.task, set()).add(batch.attempt)
+        if winner is None:
+            self.unknown.add(batch.task)
+        else:
+            self._missing -= 1  # a seq of the winner's below its count, not held before
         self.held[m.message_id] = m.receipt
         self.of_attempt.setdefault((batch.task, batch.attempt), []).append(m.message_id)
         self.spans.setdefault(tag, []).append((batch.seq, m.message_id, len(pairs)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 
 from cmr.backends.base import (
@@ -79,6 +80,22 @@ def holds(cond: Condition | None, item: Item | None) -> bool:
     raise TypeError(f"not a condition: {cond!r}")
 
 
+_SHARED = (str, bytes, int, float, bool, type(None), Decimal)  # immutable: shared, not copied
+
+
+def _copied(value: Any) -> Any:
+    """A deep copy of an item or a value in one: dicts and lists copied, immutable values
+    shared. What ``copy.deepcopy`` gives, at a fraction of its cost (no memo, no dispatch
+    table): a reducer polling 3,600 map commits spent most of its time in deepcopy."""
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    if isinstance(value, _SHARED):
+        return value
+    return copy.deepcopy(value)  # anything else (a set, a tuple of lists): the general way
+
+
 TOKENS_KEPT = 10_000  # transaction tokens remembered (DynamoDB: ten minutes' worth)
 
 
@@ -104,15 +121,15 @@ class EmbeddedTable:
         part = self._parts.setdefault(pk, {})
         if not holds(condition, part.get(sk)):
             raise ConditionFailed(f"condition failed on {pk}/{sk}")
-        self._store(pk, sk, copy.deepcopy({**item, "pk": pk, "sk": sk}))
+        self._store(pk, sk, _copied({**item, "pk": pk, "sk": sk}))
 
     async def get(self, pk: str, sk: str, *, consistent: bool = True) -> Item | None:
         found = self._parts.get(pk, {}).get(sk)
-        return copy.deepcopy(found)
+        return _copied(found)
 
     async def query(self, pk: str, *, prefix: str = "", consistent: bool = True) -> list[Item]:
         part = self._parts.get(pk, {})
-        return [copy.deepcopy(part[sk]) for sk in sorted(part) if sk.startswith(prefix)]
+        return [_copied(part[sk]) for sk in sorted(part) if sk.startswith(prefix)]
 
     async def update(self, write: Update) -> Item:
         pk, sk = write.pk, write.sk
@@ -121,7 +138,7 @@ class EmbeddedTable:
             raise ConditionFailed(f"condition failed on {pk}/{sk}")
         new = _updated(pk, sk, cur, write.set_, write.add)
         self._store(pk, sk, new)
-        return copy.deepcopy(new)
+        return _copied(new)
 
     async def delete(self, pk: str, sk: str, *, condition: Condition | None = None) -> None:
         part = self._parts.get(pk, {})
@@ -145,7 +162,7 @@ class EmbeddedTable:
         for w in writes:
             match w:
                 case Put(pk, sk, item):
-                    new: Item | None = copy.deepcopy({**item, "pk": pk, "sk": sk})
+                    new: Item | None = _copied({**item, "pk": pk, "sk": sk})
                 case Update(pk, sk, set_, add):
                     new = _updated(pk, sk, self._parts.get(pk, {}).get(sk), set_, add)
                 case Delete(pk, sk):
@@ -168,8 +185,8 @@ class EmbeddedTable:
 def _updated(
     pk: str, sk: str, cur: Item | None, set_: Item | None, add: dict[str, int] | None
 ) -> Item:
-    new: dict[str, Any] = copy.deepcopy(cur) if cur else {"pk": pk, "sk": sk}
-    new.update(copy.deepcopy(set_ or {}))
+    new: dict[str, Any] = _copied(cur) if cur else {"pk": pk, "sk": sk}
+    new.update(_copied(set_ or {}))
     for k, n in (add or {}).items():
         new[k] = new.get(k, 0) + n
     return new
