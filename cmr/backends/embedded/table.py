@@ -124,8 +124,8 @@ class EmbeddedTable:
         self._store(pk, sk, _copied({**item, "pk": pk, "sk": sk}))
 
     async def get(self, pk: str, sk: str, *, consistent: bool = True) -> Item | None:
-        found = self._parts.get(pk, {}).get(sk)
-        return _copied(found)
+        found: Item | None = _copied(self._parts.get(pk, {}).get(sk))
+        return found
 
     async def query(self, pk: str, *, prefix: str = "", consistent: bool = True) -> list[Item]:
         part = self._parts.get(pk, {})
@@ -138,7 +138,8 @@ class EmbeddedTable:
             raise ConditionFailed(f"condition failed on {pk}/{sk}")
         new = _updated(pk, sk, cur, write.set_, write.add)
         self._store(pk, sk, new)
-        return _copied(new)
+        answer: Item = _copied(new)
+        return answer
 
     async def delete(self, pk: str, sk: str, *, condition: Condition | None = None) -> None:
         part = self._parts.get(pk, {})
