@@ -271,6 +271,9 @@ start_localstack() {
     port_in_use "$LS_PORT" && die "port $LS_PORT is in use by another process that is not a healthy LocalStack"
     log "starting LocalStack $LS_VERSION on $BIND_HOST:$LS_PORT (services: $LS_SERVICES)"
     mkdir -p "$STACK_DIR/localstack-fs"
+    # SQS_DISABLE_CLOUDWATCH_METRICS: with CloudWatch among the services, LocalStack's SQS
+    # publishes a metric through a client call of its own for every SQS call: ~18 ms of its
+    # CPU per SendMessage instead of ~2.4 (measured here), a sixth of a full test run's CPU.
     spawn localstack "$LOG_DIR/localstack.log" env \
         ACTIVATE_PRO=0 \
         SERVICES="$LS_SERVICES" \
@@ -283,6 +286,7 @@ start_localstack() {
         DNS_ADDRESS=0 \
         SKIP_SSL_CERT_DOWNLOAD=1 \
         DISABLE_EVENTS=1 \
+        SQS_DISABLE_CLOUDWATCH_METRICS=1 \
         PERSISTENCE=0 \
         "$LS_VENV/bin/python" "$LS_LAUNCHER"
 }
