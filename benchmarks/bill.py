@@ -249,8 +249,12 @@ class MeteredTable:
         self._read(top_size(got) if got else 0, consistent, poll=sk == "job" or pk == JOBS_PK)
         return got
 
-    async def query(self, pk: str, *, prefix: str = "", consistent: bool = True) -> list[Item]:
-        got: list[Item] = await self._inner.query(pk, prefix=prefix, consistent=consistent)
+    async def query(
+        self, pk: str, *, prefix: str = "", start: str = "", consistent: bool = True
+    ) -> list[Item]:
+        got: list[Item] = await self._inner.query(
+            pk, prefix=prefix, start=start, consistent=consistent
+        )
         self._meter.note(f"query_{prefix.rstrip('#') or 'jobs'}")
         poll = pk == ACTIVE_PK or prefix in ("map#", "reduce#")
         self._read(sum(map(top_size, got)), consistent, poll)

@@ -36,7 +36,7 @@ from cmr.cpu.specs import ReduceSpec
 from cmr.errors import BackendError, BlobMissing, QueueGone, TaskError, WireError
 from cmr.lease import in_background, message_lease
 from cmr.lifecycle import reduce_output_url, spill_url
-from cmr.records import MAX_VISIBILITY_S, JobSpec, MapCommit, job_pk, task_of
+from cmr.records import MAX_VISIBILITY_S, JobSpec, MapCommit, job_pk, map_sk, task_of
 from cmr.runtime import Runtime, WorkerCrashed
 from cmr.timelimit import task_limit
 
@@ -76,6 +76,7 @@ class Drain:
         self.attempts: dict[int, set[str]] = {}  # task -> attempts whose batches we hold
         self.unknown: set[int] = set()  # tasks whose batches we hold, winner not yet known
         self._missing = 0  # batches the known winners sent here that we do not hold
+        self._first_unknown = 0  # no task below this one lacks a known winner
         self.stats: Counter[str] = Counter()
         # Set once we hand our batches back (_let_go): from then on we hold, never keep nor
         # delete, what a receive still under way brings, and hand it back on our way out.
@@ -94,6 +95,13 @@ class Drain:
 
     def missing(self) -> int:
         return self._missing
+
+    def first_unknown(self) -> int:
+        """The lowest task whose winner we do not know: the table is asked only from its
+        commit record on (tasks commit roughly in order, so each poll reads few records)."""
+        while self._first_unknown in self.winners:
+            self._first_unknown += 1
+        return self._first_unknown
 
     def learn_winner(self, task: int, commit: MapCommit) -> None:
         self.winners[task] = commit
@@ -382,7 +390,8 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
         turned_at = clock.monotonic()
         if len(drain.winners) < spec.maps and clock.monotonic() >= next_poll:
             known = len(drain.winners)
-            for item in await table.query(pk, prefix="map#"):
+            start = map_sk(drain.first_unknown())
+            for item in await table.query(pk, prefix="map#", start=start):
                 t = task_of(item["sk"])
                 if t not in drain.winners:
                     drain.learn_winner(t, MapCommit.from_item(item))

@@ -220,8 +220,12 @@ class Table(Protocol):
 
     async def get(self, pk: str, sk: str, *, consistent: bool = True) -> Item | None: ...
 
-    async def query(self, pk: str, *, prefix: str = "", consistent: bool = True) -> list[Item]:
-        """Items of partition pk whose sk starts with prefix, in sk order."""
+    async def query(
+        self, pk: str, *, prefix: str = "", start: str = "", consistent: bool = True
+    ) -> list[Item]:
+        """Items of partition pk whose sk starts with prefix, in sk order; with ``start``
+        (itself under ``prefix``), only those from that sk on: a reader that knows the
+        first items need not read them again (DynamoDB charges a query by what it reads)."""
 
     async def update(self, write: Update) -> Item:
         """Set attributes and add to counters (creating the item if absent); returns the new
@@ -235,6 +239,12 @@ class Table(Protocol):
         false. At most MAX_TX_WRITES writes, each item once. A call repeated with the same
         ``token`` (a retry after a lost answer) is applied only once, as DynamoDB's
         ClientRequestToken guarantees for ten minutes."""
+
+
+def check_start(prefix: str, start: str) -> None:
+    """A query's ``start`` lies under its ``prefix`` (or is empty)."""
+    if start and not start.startswith(prefix):
+        raise ValueError(f"a query's start {start!r} is not under its prefix {prefix!r}")
 
 
 @dataclass(frozen=True)

@@ -297,11 +297,15 @@ class Faults(Middleware):
 
     async def _query(self, call: Call, proceed: Proceed) -> builtins.list[Item]:
         (pk,) = call.args
-        prefix = call.kwargs["prefix"]
+        prefix, start = call.kwargs["prefix"], call.kwargs.get("start", "")
         await self.enter(call)
         stale = self.fires(self.plan.stale_read) and not call.kwargs["consistent"]
         items: builtins.list[Item] = await proceed(call)
-        known = {sk: h for sk, h in self._versions.get(pk, {}).items() if sk.startswith(prefix)}
+        known = {
+            sk: h
+            for sk, h in self._versions.get(pk, {}).items()
+            if sk.startswith(prefix) and sk >= start
+        }
         point = self._lagging_point(builtins.list(known.values())) if stale else None
         if point is None:
             return items

@@ -259,15 +259,16 @@ class LayerTable:
         return found
 
     async def query(
-        self, pk: str, *, prefix: str = "", consistent: bool = True
+        self, pk: str, *, prefix: str = "", start: str = "", consistent: bool = True
     ) -> builtins.list[Item]:
         items: builtins.list[Item] = await self._run(
             "query",
             "dynamodb.Query",
-            f"{pk}/{prefix}*",
+            f"{pk}/{start or prefix}*",
             pk,
             writes=False,
             prefix=prefix,
+            start=start,
             consistent=consistent,
         )
         return items

@@ -246,6 +246,40 @@ async def test_query_prefix_in_sk_order(backend: Backend, unique: Callable[[], s
     assert await backend.table.query(unique()) == []
 
 
+async def test_query_from_a_start_key(backend: Backend, unique: Callable[[], str]) -> None:
+    """What a reducer asks: the map commits from the first task it does not know on."""
+    pk = unique()
+    sks = ["map#0000001", "map#0000002", "map#0000010", "map#0000003", "map#\u00e9", "map"]
+    for sk in [*sks, "job", "reduce#0000001", "map$"]:
+        await backend.table.put(pk, sk, {"v": sk})
+
+    async def sks_from(start: str, prefix: str = "map#") -> list[str]:
+        return [str(i["sk"]) for i in await backend.table.query(pk, prefix=prefix, start=start)]
+
+    assert await sks_from("map#0000002") == [
+        "map#0000002",
+        "map#0000003",
+        "map#0000010",
+        "map#\u00e9",
+    ]
+    assert await sks_from("map#0000004") == ["map#0000010", "map#\u00e9"]
+    assert await sks_from("map#\u00ea") == []
+    assert await sks_from("") == await sks_from("map#")
+    assert await sks_from("") == sorted(sk for sk in sks if sk.startswith("map#"))
+    assert await sks_from("m", prefix="") == [
+        "map",
+        "map#0000001",
+        "map#0000002",
+        "map#0000003",
+        "map#0000010",
+        "map#\u00e9",
+        "map$",
+        "reduce#0000001",
+    ]
+    with pytest.raises(ValueError, match="not under its prefix"):
+        await backend.table.query(pk, prefix="map#", start="reduce#")
+
+
 async def test_query_spans_pages(backend: Backend, unique: Callable[[], str]) -> None:
     pk = unique()
     blob = b"x" * 100_000

@@ -247,9 +247,11 @@ class CountingTable(EmbeddedTable):
         super().__init__()
         self.commit_polls = 0
 
-    async def query(self, pk: str, *, prefix: str = "", consistent: bool = True) -> list[Item]:
+    async def query(
+        self, pk: str, *, prefix: str = "", start: str = "", consistent: bool = True
+    ) -> list[Item]:
         self.commit_polls += prefix == "map#"
-        return await super().query(pk, prefix=prefix, consistent=consistent)
+        return await super().query(pk, prefix=prefix, start=start, consistent=consistent)
 
 
 async def test_reducers_waiting_for_maps_poll_sparingly(tmp_path: Path) -> None:

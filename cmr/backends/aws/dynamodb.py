@@ -26,6 +26,7 @@ from cmr.backends.base import (
     Put,
     TxWrite,
     Update,
+    check_start,
 )
 from cmr.errors import UsageError
 
@@ -169,10 +170,21 @@ class AwsTable:
         raw = got.get("Item")
         return None if raw is None else _deserialize_item(raw)
 
-    async def query(self, pk: str, *, prefix: str = "", consistent: bool = True) -> list[Item]:
+    async def query(
+        self, pk: str, *, prefix: str = "", start: str = "", consistent: bool = True
+    ) -> list[Item]:
+        check_start(prefix, start)
         expr = _Expr()
         key_cond = f"{expr.name('pk')} = {expr.value(pk)}"
-        if prefix:
+        if start:
+            # No key condition takes both begins_with and >=: BETWEEN the start and the
+            # prefix's last possible sk (sks compare as UTF-8 bytes there, as code points here:
+            # the same order).
+            key_cond += (
+                f" AND {expr.name('sk')} BETWEEN {expr.value(start)}"
+                f" AND {expr.value(prefix + chr(0x10FFFF))}"
+            )
+        elif prefix:
             key_cond += f" AND begins_with({expr.name('sk')}, {expr.value(prefix)})"
         kwargs: dict[str, Any] = {
             "TableName": self._table,
@@ -182,7 +194,7 @@ class AwsTable:
         }
         items: list[Item] = []
         while True:
-            with _translate("dynamodb", f"{pk}/{prefix}*"):
+            with _translate("dynamodb", f"{pk}/{start or prefix}*"):
                 page = await self._db.query(**kwargs)
             items += [_deserialize_item(raw) for raw in page.get("Items", [])]
             if "LastEvaluatedKey" not in page:

@@ -23,6 +23,7 @@ from cmr.backends.base import (
     Put,
     TxWrite,
     Update,
+    check_start,
 )
 from cmr.errors import ConditionFailed, Rejected
 
@@ -127,9 +128,14 @@ class EmbeddedTable:
         found: Item | None = _copied(self._parts.get(pk, {}).get(sk))
         return found
 
-    async def query(self, pk: str, *, prefix: str = "", consistent: bool = True) -> list[Item]:
+    async def query(
+        self, pk: str, *, prefix: str = "", start: str = "", consistent: bool = True
+    ) -> list[Item]:
+        check_start(prefix, start)
         part = self._parts.get(pk, {})
-        return [_copied(part[sk]) for sk in sorted(part) if sk.startswith(prefix)]
+        return [
+            _copied(part[sk]) for sk in sorted(part) if sk.startswith(prefix) and sk >= start
+        ]
 
     async def update(self, write: Update) -> Item:
         pk, sk = write.pk, write.sk
