@@ -133,9 +133,7 @@ class EmbeddedTable:
     ) -> list[Item]:
         check_start(prefix, start)
         part = self._parts.get(pk, {})
-        return [
-            _copied(part[sk]) for sk in sorted(part) if sk.startswith(prefix) and sk >= start
-        ]
+        return [_copied(part[sk]) for sk in sorted(part) if sk.startswith(prefix) and sk >= start]
 
     async def update(self, write: Update) -> Item:
         pk, sk = write.pk, write.sk
