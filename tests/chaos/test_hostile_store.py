@@ -8,8 +8,8 @@ The hostile queue writer of tests/chaos/test_aws_processes.py has two siblings h
 * a **table writer** (DynamoDB PutItem/UpdateItem only) who rewrites the job record, map and
   reduce commit records, a reduce claim and a pipeline's next-step record.
 
-Each case submits with ``--detach`` (nobody waits on the job) and runs one real ``cmr worker
---job`` process. The attack happens between submit and the worker's start, or while the
+Each case submits the job detached (nobody waits on it: ``run_on(detach=True)``, what ``cmr
+run --detach`` calls, in the test's process) and runs one real ``cmr worker --job`` process. The attack happens between submit and the worker's start, or while the
 worker is frozen at an exact point of the protocol (``CMR_STOP_AT``: it SIGSTOPs itself
 there, the adversary writes, the test SIGCONTs it). The worker must end on its own, and the
 run must end in one of two ways: the job succeeded with exactly the reference output, or it
@@ -42,7 +42,7 @@ import msgpack
 import pytest
 import zstandard
 
-from cmr.api import open_backend
+from cmr.api import open_backend, run_on
 from cmr.backends.base import Backend
 from cmr.records import job_pk
 from cmr.settings import AwsSettings
@@ -489,11 +489,12 @@ ATTACKS = {
 }
 
 
-SUBMIT = {
-    "wordcount": ["examples/wordcount.py", "--reducers", "2"],
-    "topwords": ["examples/topwords.py", "--param", f"top={TOP}"],
-    "stopwords": ["{jobs}/jobs.py:StopWords", "--reducers", "2", "--file", "{jobs}/stop.txt"],
-    "bigvalues": ["{jobs}/jobs.py:BigValues", "--reducers", "2"],
+# What `cmr run JOB ... --detach` is given for each job: the job and its run's options.
+SUBMIT: dict[str, tuple[str, dict[str, Any]]] = {
+    "wordcount": ("examples/wordcount.py", {"reducers": 2}),
+    "topwords": ("examples/topwords.py", {"params": {"top": str(TOP)}}),
+    "stopwords": ("{jobs}/jobs.py:StopWords", {"reducers": 2, "files": ["{jobs}/stop.txt"]}),
+    "bigvalues": ("{jobs}/jobs.py:BigValues", {"reducers": 2}),
 }
 
 
@@ -539,19 +540,16 @@ async def test_a_stranger_writing_the_bucket_or_the_table(
     for key, body in files.items():
         s3.put_object(Bucket=s.bucket, Key=key, Body=body)
     output = f"s3://{s.bucket}/out/{name}/"
-    args = [a.format(jobs=jobs) for a in SUBMIT[attack.job]]
-    sub = await asyncio.to_thread(
-        subprocess.run,
-        [
-            sys.executable, "-m", "cmr", "run", *args, "--backend", "aws",
-            "--input", f"s3://{s.bucket}/in/", "--output", output, "--detach",
-            "--visibility-timeout", "5", "--task-timeout", "15", "--max-task-attempts", "2",
-            *names(s),
-        ],
-        capture_output=True, text=True, timeout=120, check=False,
+    # Submitted here, as `cmr run ... --detach` submits (run_on with detach: the same call,
+    # without a process's start-up and clients): only the worker process runs the job.
+    job, options = SUBMIT[attack.job]
+    if "files" in options:
+        options = {**options, "files": [f.format(jobs=jobs) for f in options["files"]]}
+    submitted = await run_on(
+        be, job.format(jobs=jobs), f"s3://{s.bucket}/in/", output, detach=True, workers=0,
+        visibility_timeout=5, task_timeout=15, max_task_attempts=2, aws=s, **options,
     )  # fmt: skip
-    assert sub.returncode == 0, sub.stderr
-    job_id = sub.stdout.strip().splitlines()[-1]
+    job_id = submitted.job_id
     adversary = Adversary(s, job_id, f"cmr-other-{s.bucket.rsplit('-', 1)[1]}")
     w, code, log = await asyncio.to_thread(attacked, attack, adversary, tmp_path, jobs)
     print(f"{name}: {adversary.did}; worker exit {code}; peak RSS {w.peak_mib():.0f} MiB")
