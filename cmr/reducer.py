@@ -12,9 +12,10 @@ Draining applies the two other duplicate rules of the seeds:
 The batches a reducer keeps are never deleted from the partition queue: if this worker dies,
 the next owner must find them again. It keeps them invisible while it waits for the rest
 (renewing their leases, one receipt per message), so it never receives its partition over
-again; if it dies they reappear within two leases. Batches it will never need (of losing
-attempts, copies of a tag it holds, strangers') it deletes. The whole queue is deleted when
-the job ends.
+again; if it dies they reappear within two leases. Other copies of a batch it keeps (a
+retried send, a stranger's exact copy) it holds as well, uncounted: another reader may delete
+the copy it counted. Batches it will never need (of losing attempts, strangers') it
+deletes. The whole queue is deleted when the job ends.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ CONFLICT_CHECK_S = 2.0  # silence, with batches missing, before we ask who else 
 # up any number, each a spool file. Past this, a batch is left to come back later.
 MAX_PENDING_ATTEMPTS = 8
 MAX_REFUSALS_KEPT = 64  # refused batches' reasons kept to name in a failure
+# Other messages with a tag we hold (a sender's retried send, a stranger's exact copy) held
+# per tag, never deleted: past this many, a flood, deleted (see Drain.accept).
+MAX_REPEATS_HELD = 4
 # A drain gives up when every map has committed and no missing batch has arrived for this
 # many of the longest times a batch can stay invisible (a holder renews its batches for 2
 # leases; one that dies or lets go gives them back within that): the batches the commit
@@ -77,10 +81,18 @@ class Drain:
         self.unknown: set[int] = set()  # tasks whose batches we hold, winner not yet known
         self._missing = 0  # batches the known winners sent here that we do not hold
         self._first_unknown = 0  # no task below this one lacks a known winner
+        self.repeats: Counter[tuple[int, str, int]] = Counter()  # tag -> its copies held
         self.stats: Counter[str] = Counter()
         # Set once we hand our batches back (_let_go): from then on we hold, never keep nor
         # delete, what a receive still under way brings, and hand it back on our way out.
         self.let_go = False
+
+    def _unneeded(self, mid: str) -> None:
+        """A message we hold that no reader will need: deleted, unless we let go meanwhile
+        (the renewal loop may, while the drain waits on the table): then it is handed back."""
+        receipt = self.held.pop(mid, None)
+        if receipt is not None:
+            self.unneeded.append(receipt)
 
     def spool(self, task: int, attempt: str) -> str:
         return os.path.join(self.workdir, f"{task}-{attempt}")
@@ -112,7 +124,7 @@ class Drain:
             self.stats["batches_filtered"] += len(self.seqs.pop((task, attempt)))
             self.spans.pop((task, attempt), None)
             for mid in self.of_attempt.pop((task, attempt), []):
-                self.unneeded.append(self.held.pop(mid))
+                self._unneeded(mid)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.spool(task, attempt))
         held = len(self.seqs.get((task, commit.attempt), ()))
@@ -139,7 +151,7 @@ class Drain:
                 src.seek(size, os.SEEK_CUR)
                 self.seqs[tag].discard(seq)
                 self.of_attempt[tag].remove(mid)
-                self.unneeded.append(self.held.pop(mid))
+                self._unneeded(mid)
                 self.spooled -= size
                 self.stats["messages_rejected"] += 1
         os.replace(path + ".kept", path)
@@ -216,8 +228,19 @@ class Drain:
             self.stats["batches_deferred"] += 1
             return
         if batch.seq in self.seqs.get(tag, ()):
-            self.stats["batches_dropped"] += 1  # another message with a tag we hold
-            self.unneeded.append(m.receipt)
+            # Another message with a tag we hold: counted once, yet held (renewed, handed
+            # back with ours), not deleted. A reader that has not yet seen that it lost the
+            # claim may receive our copy and delete it as *its* repeat, while we delete its
+            # copy as ours: both gone, the tag would live on only in the spool of an owner
+            # that may itself lose the claim, and the next owner would wait for it in vain
+            # (tests/engine/test_reduce_let_go.py). Its attempt losing makes it unneeded.
+            self.stats["batches_dropped"] += 1
+            if self.repeats[batch.tag] >= MAX_REPEATS_HELD:
+                self.unneeded.append(m.receipt)  # a flood of copies: delete the rest
+                return
+            self.repeats[batch.tag] += 1
+            self.held[m.message_id] = m.receipt
+            self.of_attempt.setdefault(tag, []).append(m.message_id)
             return
         pairs = batch.pairs
         if batch.spilled:
