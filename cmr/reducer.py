@@ -82,6 +82,7 @@ class Drain:
         self._missing = 0  # batches the known winners sent here that we do not hold
         self._first_unknown = 0  # no task below this one lacks a known winner
         self.repeats: Counter[tuple[int, str, int]] = Counter()  # tag -> its copies held
+        self.forged: set[str] = set()  # map# records past the job's tasks: ignored
         self.stats: Counter[str] = Counter()
         # Set once we hand our batches back (_let_go): from then on we hold, never keep nor
         # delete, what a receive still under way brings, and hand it back on our way out.
@@ -416,6 +417,18 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
             start = map_sk(drain.first_unknown())
             for item in await table.query(pk, prefix="map#", start=start):
                 t = task_of(item["sk"])
+                if t >= spec.maps:
+                    # No map task of this job writes it: a table writer's. Counted among
+                    # the winners, it would stand in for a real task still running, and the
+                    # partition would be reduced without that task's pairs.
+                    if item["sk"] not in drain.forged:
+                        drain.forged.add(item["sk"])
+                        rt.log.warning(
+                            "ignored a map commit record of no task of this job",
+                            job=spec.job_id,
+                            record=str(item["sk"])[:40],
+                        )
+                    continue
                 if t not in drain.winners:
                     drain.learn_winner(t, MapCommit.from_item(item))
             # Poll the table often while commits arrive, back off while they do not.
