@@ -240,7 +240,11 @@ class EmbeddedBlobs:
             for f in files:
                 p = Path(dirpath, f)
                 if str(p).startswith(raw) and not f.endswith(".tmp"):
-                    found.append(BlobInfo(file_url(p), p.stat().st_size))
+                    try:
+                        size = p.stat().st_size
+                    except FileNotFoundError:
+                        continue  # deleted since the walk saw it (another deleter): gone
+                    found.append(BlobInfo(file_url(p), size))
         return sorted(found, key=lambda b: b.url)
 
     async def delete_prefix(self, prefix: str) -> int:
