@@ -9,8 +9,9 @@ The hostile queue writer of tests/chaos/test_aws_processes.py has two siblings h
   reduce commit records, a reduce claim and a pipeline's next-step record.
 
 Each case submits the job detached (nobody waits on it: ``run_on(detach=True)``, what ``cmr
-run --detach`` calls, in the test's process) and runs one real ``cmr worker --job`` process. The attack happens between submit and the worker's start, or while the
-worker is frozen at an exact point of the protocol (``CMR_STOP_AT``: it SIGSTOPs itself
+run --detach`` calls, in the test's process) and runs one real ``cmr worker --job`` process.
+The attack happens between submit and the worker's start, or while the worker is frozen at
+an exact point of the protocol (``CMR_STOP_AT``: it SIGSTOPs itself
 there, the adversary writes, the test SIGCONTs it). The worker must end on its own, and the
 run must end in one of two ways: the job succeeded with exactly the reference output, or it
 did not run the stranger's bytes: the job failed, or the worker refused it, with a reason
