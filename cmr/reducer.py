@@ -417,7 +417,7 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
             start = map_sk(drain.first_unknown())
             for item in await table.query(pk, prefix="map#", start=start):
                 t = task_of(item["sk"])
-                if t >= spec.maps:
+                if not 0 <= t < spec.maps:
                     # No map task of this job writes it: a table writer's. Counted among
                     # the winners, it would stand in for a real task still running, and the
                     # partition would be reduced without that task's pairs.

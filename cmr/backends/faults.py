@@ -297,7 +297,7 @@ class Faults(Middleware):
 
     async def _query(self, call: Call, proceed: Proceed) -> builtins.list[Item]:
         (pk,) = call.args
-        prefix, start = call.kwargs["prefix"], call.kwargs.get("start", "")
+        prefix, start = call.kwargs["prefix"], call.kwargs["start"]
         await self.enter(call)
         stale = self.fires(self.plan.stale_read) and not call.kwargs["consistent"]
         items: builtins.list[Item] = await proceed(call)
