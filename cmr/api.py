@@ -26,7 +26,14 @@ from cmr.joboptions import JobOptions
 from cmr.pool import CpuPool, cpu_pool
 from cmr.publish import read_manifest
 from cmr.records import JobSpec
-from cmr.settings import AwsSettings, BackendName, Store, WorkerSettings, default_cores
+from cmr.settings import (
+    AwsSettings,
+    BackendName,
+    Store,
+    WorkerSettings,
+    default_cores,
+    default_poll_s,
+)
 from cmr.worker import Worker
 
 MAX_WORKERS = 64  # workers one `cmr run` starts on its own machine
@@ -204,8 +211,7 @@ async def run_on(
             f"worker` on other machines, or a fleet (`cmr fleet`); got {workers}"
         )
     ws = opts.worker_settings or WorkerSettings(
-        # In-process queues and table cost nothing to poll: short waits, prompt reactions.
-        poll_s=0.1 if be.capabilities.free_requests else 1.0,
+        poll_s=default_poll_s(be.capabilities.free_requests)
     )
     started = time.monotonic()
     calls_before = be.calls()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import signal
 import sys
@@ -38,7 +37,9 @@ def _die_with_parent() -> None:
     """Pool processes exit when the worker dies, even by SIGKILL (Linux): a fleet node
     whose main process is OOM-killed must not keep its pool processes running forever."""
     with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The symbols already loaded into this process, libc's among them: find_library
+        # would run `ldconfig -p` in a child process, once per pool process started.
+        libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() == 1:  # the parent died before prctl took effect
         os._exit(0)

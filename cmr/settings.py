@@ -120,6 +120,14 @@ class Store:
         return f"aws://{quote(a.bucket)}/{quote(a.table)}?{urlencode(query)}"
 
 
+def default_poll_s(free_requests: bool) -> float:
+    """A worker's long-poll wait where nobody chose one. In-process queues and table cost
+    nothing to poll: short waits, prompt reactions (a reducer learns of a map's commit, which
+    no message announces, only by asking). A remote store bills each request, and SQS rounds
+    a long poll up to whole seconds."""
+    return 0.1 if free_requests else 1.0
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     map_slots: int = field(default_factory=default_cores)  # map tasks run at once

@@ -27,7 +27,7 @@ from cmr.cli.options import (
     shared,
 )
 from cmr.counters import lines as counter_lines
-from cmr.settings import BackendName, LineEnds, WorkerSettings
+from cmr.settings import BackendName, LineEnds, WorkerSettings, default_poll_s
 
 if TYPE_CHECKING:
     from cmr import watch
@@ -226,7 +226,12 @@ def run(
         from_step=from_step,
         detach=detach,
         aws=where.aws,
-        worker_settings=WorkerSettings(memory_mb=memory_mb),
+        # The API's defaults but the memory (the embedded backend's in-process queues are
+        # polled often: a second per poll made every embedded run a second slower).
+        worker_settings=WorkerSettings(
+            memory_mb=memory_mb,
+            poll_s=default_poll_s(where.backend == BackendName.embedded),
+        ),
         on_progress=on_progress,
         on_submit=on_submit,
         input_format=input_format,
