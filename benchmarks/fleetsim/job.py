@@ -11,6 +11,17 @@ import cmr
 import cmr.logs
 
 
+def work_spans() -> list[tuple[float, float]]:
+    """When each map task's modelled compute ran, (start, end) in time.monotonic(): the
+    simulated nodes share this process, so whoever runs the fleet can see how many tasks
+    were under way at once (a list's append is atomic across the pool threads). Kept in
+    ``benchmarks.fleetsim``'s own module: a worker loads this file from its path, as a
+    module of another name, whose globals are not these."""
+    from benchmarks.fleetsim import meter
+
+    return meter.WORK_SPANS
+
+
 class FleetJob(cmr.Job):
     """Count the words of many tiny files; ``work_ms`` models each task's compute."""
 
@@ -19,7 +30,10 @@ class FleetJob(cmr.Job):
     def map_chunk(self, source: str, data: bytes) -> Iterator[tuple[str, int]]:
         work_s = float(self.params.get("work_ms", "0")) / 1000
         if work_s > 0:
+            began = time.monotonic()
             time.sleep(work_s)  # a pool thread sleeps: task time without CPU
+            # By its package name: the workers load this file as a job module of its own.
+            work_spans().append((began, time.monotonic()))
         for word in data.split():
             yield word.decode(), 1
 

@@ -14,6 +14,9 @@ from cmr.backends.base import (
 )
 from cmr.records import ACTIVE_PK
 
+# When each map task's modelled compute ran (benchmarks.fleetsim.job.work_spans).
+WORK_SPANS: list[tuple[float, float]] = []
+
 QUEUE_KINDS = (("-in", "input queue"), ("-reduce", "reduce queue"))
 PART_QUEUE = re.compile(r"-p\d{5}$")
 
