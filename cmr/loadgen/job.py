@@ -22,6 +22,7 @@ from cmr.errors import UsageError, WireError
 from cmr.job import Job, Pair
 from cmr.loadgen.driver import run_task
 from cmr.loadgen.recorder import Measurement
+from cmr.loadgen.sim import run_virtual
 from cmr.loadgen.spec import LoadTask
 from cmr.loadgen.targets import cleanup, prepare
 from cmr.settings import AwsSettings, WorkerSettings
@@ -63,7 +64,9 @@ def _run(tasks: list[LoadTask], report: Callable[..., None] | None = None) -> di
         return list(await asyncio.gather(*(run_task(t, report=report) for t in tasks)))
 
     # the pool process has no running loop: the load owns one for its whole run
-    return Measurement.merged(asyncio.run(all_of())).to_wire()
+    virtual = all(t.target == "sim" and t.sim.get("virtual") for t in tasks)
+    ran = run_virtual(all_of()) if virtual else asyncio.run(all_of())
+    return Measurement.merged(ran).to_wire()
 
 
 def _merged(values: Iterable[Any]) -> dict[str, Any]:

@@ -189,14 +189,21 @@ class Measurement:
             self.retries[(op, mode)] += retries
 
     def finish_task(
-        self, cpu_s: float, wall_s: float, elapsed_s: float, span: tuple[float, float]
+        self,
+        cpu_s: float,
+        wall_s: float,
+        elapsed_s: float,
+        span: tuple[float, float],
+        saturable: bool = True,
     ) -> None:
-        """Close this measurement as one task's: its CPU, wall and load-phase times."""
+        """Close this measurement as one task's: its CPU, wall and load-phase times.
+        ``saturable``: whether the task's CPU could have held its load back (not in
+        virtual time)."""
         self.tasks += 1
         self.cpu_us += round(cpu_s * 1e6)
         self.wall_us += round(wall_s * 1e6)
         self.elapsed_us = max(self.elapsed_us, round(elapsed_s * 1e6))
-        self.saturated_tasks += wall_s > 0 and cpu_s / wall_s > SATURATED_CPU
+        self.saturated_tasks += saturable and wall_s > 0 and cpu_s / wall_s > SATURATED_CPU
         self._span(*span)
 
     def _span(self, start: float | None, end: float | None) -> None:

@@ -91,6 +91,11 @@ class SimConfig:
     burst_s: float = 1.0
     seed: int = 0
     time_scale: float = 1.0
+    # Run the load in virtual time (VirtualTimeLoop): sleeps cost nothing, so a load test
+    # of the model ends as fast as its callbacks run, and its timings are the model's own,
+    # exact and untouched by the machine's load. Only the simulated store can: a real one
+    # answers in real time.
+    virtual: bool = False
 
     def __post_init__(self) -> None:
         problems = []

@@ -160,7 +160,6 @@ def test_jam_against_each_store(store: tuple[str, str | None], tmp_path: Path) -
     assert not _exists(target, name, sdb_url)
 
 
-@pytest.mark.alone
 def test_jam_with_the_engine_on_the_local_stack(
     aws_stack: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -212,7 +211,6 @@ def test_staleness_against_keyed_stores(store: tuple[str, str | None], tmp_path:
     assert not _exists(target, name, sdb_url)
 
 
-@pytest.mark.alone
 def test_cpq_against_dynamodb(aws_stack: dict[str, str], tmp_path: Path) -> None:
     name = _name()
     out = _ok(
