@@ -18,8 +18,10 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from cmr.cli import jobs, run, worker
+from cmr.cli import coercion, jobs, run, worker
 from cmr.cli.exits import command_line_errors, exit_codes
+
+coercion.install()  # plain option values typed without pydantic (cmr.cli.coercion)
 
 # name -> (module, attribute) of a typer sub-app, loaded on first use
 LAZY = {"loadgen": ("cmr.cli.loadgen", "loadgen_app"), "fleet": ("cmr.fleet", "fleet_app")}
