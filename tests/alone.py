@@ -2,7 +2,7 @@
 
 scripts/test.sh runs the suite in several worker processes (pytest-xdist, ``-n``). A test
 that asserts a wall-clock bound on something the machine's load slows down (an answer
-within 8 s, timers firing on time, a speed-up) is marked ``alone``: it waits until no other
+within 8 s, timers firing on time) is marked ``alone``: it waits until no other
 test runs, and holds the others off until it ends, so that its bound means on a 2-core
 machine what it meant when the suite ran one test at a time.
 

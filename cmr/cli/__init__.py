@@ -21,7 +21,10 @@ from typer.core import TyperGroup
 from cmr.cli import coercion, jobs, run, worker
 from cmr.cli.exits import command_line_errors, exit_codes
 
-coercion.install()  # plain option values typed without pydantic (cmr.cli.coercion)
+if typer.__version__ == coercion.TYPER:  # plain option values typed without pydantic
+    from cmr.cli import typerparams
+
+    typerparams.install()
 
 # name -> (module, attribute) of a typer sub-app, loaded on first use
 LAZY = {"loadgen": ("cmr.cli.loadgen", "loadgen_app"), "fleet": ("cmr.fleet", "fleet_app")}

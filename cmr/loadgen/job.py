@@ -3,7 +3,8 @@
 The input is one small file per task holding the task's JSON line, all padded to the same
 size and split at exactly that size, so the splitter makes one map task per file (it packs
 smaller files together and cuts larger ones). A map task runs its load in its pool process
-with ``asyncio.run`` and emits ``("load", measurement.to_wire())``; combine and reduce merge
+with ``asyncio.run`` (in virtual time, ``run_virtual``, for the simulated store with
+``virtual`` set) and emits ``("load", measurement.to_wire())``; combine and reduce merge
 measurements; the single reducer writes the merged measurement as one JSON line.
 """
 
@@ -63,7 +64,9 @@ def _run(tasks: list[LoadTask], report: Callable[..., None] | None = None) -> di
     async def all_of() -> list[Measurement]:
         return list(await asyncio.gather(*(run_task(t, report=report) for t in tasks)))
 
-    # the pool process has no running loop: the load owns one for its whole run
+    # the pool process has no running loop: the load owns one for its whole run. Virtual
+    # time only if every task of the split is on the simulated store with it set (--sim
+    # applies to all of a run's tasks, one per split): a real store's waits are real.
     virtual = all(t.target == "sim" and t.sim.get("virtual") for t in tasks)
     ran = run_virtual(all_of()) if virtual else asyncio.run(all_of())
     return Measurement.merged(ran).to_wire()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from benchmarks.fleetsim.job import FleetJob, make_input, work_spans
 from benchmarks.fleetsim.latency import Latency, with_latency
 from benchmarks.fleetsim.meter import Meter, key_kind
@@ -70,6 +72,7 @@ def _most_at_once(spans: list[tuple[float, float]]) -> int:
     return most
 
 
+@pytest.mark.slow  # two whole fleet runs, ~10 s
 async def test_four_workers_run_map_tasks_at_once_one_runs_two(tmp_path: Path) -> None:
     """The protocol runs in parallel: four workers of two map slots each have more than one
     worker's tasks under way at once; one worker never more than its two slots. Counted from
@@ -99,7 +102,8 @@ async def test_four_workers_run_map_tasks_at_once_one_runs_two(tmp_path: Path) -
         assert len(spans) >= maps, len(spans)  # every task's compute ran
         at_once[n] = _most_at_once(spans)
     assert at_once[1] <= 2, at_once  # one worker: its two map slots
-    # A serialised protocol (one task at a time, or one worker's slots only) gives <= 2.
-    assert at_once[4] >= 3, at_once
+    # 8 when every slot of the four works at once; a serialised protocol (one task at a
+    # time, one worker's slots only) gives <= 2, and a fleet of which two workers starve <= 4.
+    assert at_once[4] >= 5, at_once
     # Every task committed once (a transaction: only while the job runs).
     assert runs[4].fleet["calls"]["dynamodb.TransactWriteItems"] >= maps

@@ -18,12 +18,16 @@ from typer._click import Context
 from typer._click.exceptions import ClickException
 
 import cmr.cli
-from cmr.cli import coercion
+from cmr.cli import coercion, typerparams
 from cmr.cli.loadgen import loadgen_app
 from cmr.fleet import fleet_app
 
 STRINGS = ["0", "7", "-3", "007", "1.5", "-0.25", "1.", ".5", "abc", "", " 5", "+5", "1_000",
-           "1e3", "inf", "nan", "-"]  # fmt: skip
+           "1e3", "inf", "nan", "-", "-0", "1.0", "9" * 18, "9" * 19, "9" * 4301,
+           "1." + "5" * 30, "\u0661\u0662", "\uff11\uff12", "\ud800", "a\x00b"]  # fmt: skip
+OTHERS: list[Any] = [0, 5, -2, 1.5, True, False, b"5", 10**30]
+PARSEABLE = ["embedded", "aws", "lf", "universal", "aws://b/t?prefix=p-&region=eu-west-1", "off",
+             "both", "get", "put", "standard", "adaptive", "legacy"]  # fmt: skip
 LISTS: list[Any] = [(), ("a",), ("a", "b c"), ["x"], ("1", "2")]
 
 
@@ -41,7 +45,7 @@ def _params() -> Iterator[tuple[str, Any]]:
 
 
 PARAMS = list(_params())
-COVERED = [(n, p) for n, p in PARAMS if coercion.covered(p.type_descriptor)]
+COVERED = [(n, p) for n, p in PARAMS if typerparams.covered(p.type_descriptor)]
 
 
 CTX = Context(typer.main.get_command(cmr.cli.app))
@@ -60,16 +64,16 @@ def _outcome(coerce: Any, value: Any, param: Any) -> tuple[str, Any]:
 
 def test_most_parameters_are_covered_and_the_patch_is_in() -> None:
     assert len(COVERED) >= 60, [n for n, _ in COVERED]
-    # The internals the patch stands on are there (typer as pinned), and it is in.
-    assert coercion.install()  # idempotent: cmr.cli already installed it
-    assert typer.core._TyperParameter.get_runtime_param is coercion._runtime_param
+    # The typer the lock files pin is the one the patch was written against, and it is in.
+    assert typer.__version__ == coercion.TYPER
+    assert typer.core._TyperParameter.get_runtime_param is typerparams._runtime_param
 
 
 @pytest.mark.parametrize(("name", "param"), PARAMS, ids=[n for n, _ in PARAMS])
 def test_values_come_out_as_typer_gives_them(name: str, param: Any) -> None:
-    ours = coercion.runtime_param(param.type_descriptor)
+    ours = typerparams.runtime_param(param.type_descriptor)
     theirs = _coercion.build_runtime_param(param.type_descriptor)
-    values: list[Any] = [param.default, *STRINGS, 0, 5, -2, 1.5, *LISTS]
+    values: list[Any] = [param.default, *STRINGS, *PARSEABLE, *OTHERS, *LISTS]
     for value in values:
         a = _outcome(ours.coerce, value, param)
         b = _outcome(theirs.coerce, value, param)
@@ -88,10 +92,11 @@ print(json.dumps([code, sorted(sys.modules)]), file=sys.stderr)
 """
 
 
-def test_a_whole_run_imports_no_pydantic(tmp_path: Path) -> None:
+def test_a_whole_run_with_options_of_each_kind_imports_no_pydantic(tmp_path: Path) -> None:
     (tmp_path / "in.txt").write_text("a b a\n")
     wordcount = Path(__file__).resolve().parents[2] / "examples" / "wordcount.py"
-    args = ["run", str(wordcount), "-i", "in.txt", "-o", "out", "--reducers", "2"]
+    args = ["run", str(wordcount), "-i", "in.txt", "-o", "out", "--reducers", "2",
+            "--store", "embedded", "--lines", "lf"]  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(args)],
         cwd=tmp_path,

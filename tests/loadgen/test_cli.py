@@ -100,6 +100,7 @@ def test_jam_writes_the_contract_json_a_table_and_box_plots(tmp_path: Path) -> N
     _png(tmp_path / "figs" / "jam-latency.png")
 
 
+@pytest.mark.slow  # two whole load jobs
 def test_the_simulated_store_in_virtual_time_repeats_its_timings_exactly(tmp_path: Path) -> None:
     """--sim virtual=1: the same seed gives the same latencies, run after run, and the load
     generator's loop, running flat out by design, is not reported as CPU-saturated."""

@@ -160,6 +160,7 @@ def test_jam_against_each_store(store: tuple[str, str | None], tmp_path: Path) -
     assert not _exists(target, name, sdb_url)
 
 
+@pytest.mark.alone  # its duration is bounded (below), and it is of real time here
 def test_jam_with_the_engine_on_the_local_stack(
     aws_stack: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
