@@ -4,12 +4,11 @@ typer (0.29) types every parameter's value, its default included, through a pyda
 ``TypeAdapter`` it builds on first use: on `cmr run` that is ~27 adapters and the import of
 pydantic, ~0.2 CPU-s of every command before it does anything. Most of what cmr's commands
 take is plain (``str``, ``int``, ``float``, a list of ``str``, or one of these or None), and
-for those the value is typed here, the way pydantic's lax mode types it. Anything else goes
-to typer's own coercion, as before: an enum, a path or file, a range, a custom parser, and
-any value these rules do not cover, a bad one included (its error is typer's message). So
-an option of another kind, given, or with a
-default that is not None (``cmr loadgen``'s enums), still brings pydantic in. An option
-with a parser of its own (``--backend``, ``--store``, ``--lines``) gets its parser's value.
+for those the value is typed here, the way pydantic's lax mode types it; so is the value of
+an option with a parser of its own (``--backend``, ``--store``, ``--lines``: its parser's
+result), and an enum option's value that is already a member (a default). Anything else
+goes to typer's own coercion, as before: an enum given as text, a path or file, a range,
+and any value these rules do not cover, a bad one included (its error is typer's message).
 
 The patch (:mod:`cmr.cli.typerparams`) leans on typer's internals, so it goes in only on the
 typer it was checked against (``TYPER``, the version the lock files pin); on any other,
@@ -22,6 +21,7 @@ from __future__ import annotations
 
 import re
 import types
+from enum import EnumMeta
 from typing import Any, Union, get_args, get_origin
 
 TYPER = "0.29.2"  # the typer whose internals this was written against and tested on
@@ -84,3 +84,11 @@ def parsed(annotation: Any, parser: Any, value: Any) -> Any:
     except Exception:
         return MISS
     return got if type(got) is annotation else MISS
+
+
+def member(annotation: Any, value: Any) -> Any:
+    """An enum option's value that is already one of its members (a default, such as
+    ``cmr loadgen``'s ``--retries off``) as itself, or ``MISS`` (a string given on the command
+    line is typer's to match, case and all)."""
+    annotation = _unwrapped(annotation)
+    return value if isinstance(annotation, EnumMeta) and type(value) is annotation else MISS

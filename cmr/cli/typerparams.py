@@ -9,7 +9,7 @@ from typing import Any
 
 from typer import _coercion, core
 
-from cmr.cli.coercion import MISS, parsed, plain, typed
+from cmr.cli.coercion import MISS, member, parsed, plain, typed
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,8 @@ class _Plain(_coercion.RuntimeParam):
             typed(self.annotation, value)
             if self.covered
             else parsed(self.annotation, self.parameter_info.parser, value)
-            if self.parses
-            else MISS
+            if self.parses and type(value) is str
+            else member(self.annotation, value)
         )
         if got is not MISS:
             return got

@@ -8,8 +8,9 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from enum import EnumMeta
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import typer
@@ -74,6 +75,9 @@ def test_values_come_out_as_typer_gives_them(name: str, param: Any) -> None:
     ours = typerparams.runtime_param(param.type_descriptor)
     theirs = _coercion.build_runtime_param(param.type_descriptor)
     values: list[Any] = [param.default, *STRINGS, *PARSEABLE, *OTHERS, *LISTS]
+    for kind in (param.type_descriptor.annotation, *get_args(param.type_descriptor.annotation)):
+        if isinstance(kind, EnumMeta):
+            values += list(kind)  # members, as a default is
     for value in values:
         a = _outcome(ours.coerce, value, param)
         b = _outcome(theirs.coerce, value, param)
