@@ -14,9 +14,10 @@ from cmr.cli.coercion import MISS, member, parsed, plain, typed
 
 @dataclass(frozen=True)
 class _Plain(_coercion.RuntimeParam):
-    """typer's coercion contract: ours for what :func:`typed` covers, else typer's own,
-    built on first need. An absent option's None never needs it (the contract's ``coerce``
-    answers None, or () for a list, before asking either)."""
+    """typer's coercion contract: ours for what :func:`typed`, :func:`member` and
+    :func:`parsed` cover, else typer's own, built on first need. An absent option's None
+    never needs it (the contract's ``coerce`` answers None, or () for a list, before asking
+    either)."""
 
     descriptor: _coercion.TypeDescriptor
     covered: bool  # of a plain type, with no range, path check or parser of its own
@@ -25,13 +26,12 @@ class _Plain(_coercion.RuntimeParam):
     full: list[_coercion.RuntimeParam] = field(default_factory=list, compare=False)
 
     def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
-        got = (
-            typed(self.annotation, value)
-            if self.covered
-            else parsed(self.annotation, self.parameter_info.parser, value)
-            if self.parses and type(value) is str
-            else member(self.annotation, value)
-        )
+        if self.covered:
+            got = typed(self.annotation, value)
+        else:  # a member as itself (a default); else text through the option's own parser
+            got = member(self.annotation, value)
+            if got is MISS and self.parses:
+                got = parsed(self.annotation, self.parameter_info.parser, value)
         if got is not MISS:
             return got
         if not self.full:

@@ -4,9 +4,6 @@ refusal; and a whole `cmr run` no longer imports pydantic."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from enum import EnumMeta
 from pathlib import Path
@@ -22,6 +19,7 @@ import cmr.cli
 from cmr.cli import coercion, typerparams
 from cmr.cli.loadgen import loadgen_app
 from cmr.fleet import fleet_app
+from tests.engine.test_cli_startup import loaded, under
 
 STRINGS = ["0", "7", "-3", "007", "1.5", "-0.25", "1.", ".5", "abc", "", " 5", "+5", "1_000",
            "1e3", "inf", "nan", "-", "-0", "1.0", "9" * 18, "9" * 19, "9" * 4301,
@@ -84,32 +82,12 @@ def test_values_come_out_as_typer_gives_them(name: str, param: Any) -> None:
         assert a == b, (name, value)
 
 
-# The script's way in, then the modules loaded once the job has run.
-PROBE = """
-import json, runpy, sys
-sys.argv = ["cmr", *json.loads(sys.argv[1])]
-try:
-    runpy.run_module("cmr", run_name="__main__")
-except SystemExit as exc:
-    code = exc.code
-print(json.dumps([code, sorted(sys.modules)]), file=sys.stderr)
-"""
-
-
 def test_a_whole_run_with_options_of_each_kind_imports_no_pydantic(tmp_path: Path) -> None:
     (tmp_path / "in.txt").write_text("a b a\n")
     wordcount = Path(__file__).resolve().parents[2] / "examples" / "wordcount.py"
-    args = ["run", str(wordcount), "-i", "in.txt", "-o", "out", "--reducers", "2",
-            "--store", "embedded", "--lines", "lf"]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(args)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    code, modules = json.loads(done.stderr.strip().splitlines()[-1])
-    assert code in (0, None), done.stderr
-    assert sorted((tmp_path / "out").glob("part-*"))
-    assert not [m for m in modules if m == "pydantic" or m.startswith("pydantic.")]
+    _, modules = loaded(
+        "run", str(wordcount), "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out"),
+        "--reducers", "2", "--store", "embedded", "--lines", "lf",
+    )  # fmt: skip
+    assert sorted((tmp_path / "out").glob("part-*"))  # the job ran, and succeeded
+    assert under(modules, ("pydantic",)) == []
