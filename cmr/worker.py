@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import os
 import queue
-import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
@@ -44,6 +43,7 @@ from cmr.records import ACTIVE_PK, JobSpec, JobState, job_pk
 from cmr.reducer import run_reduce_task
 from cmr.runtime import Hook, PoolRestarted, Runtime, WorkerCrashed
 from cmr.settings import AwsSettings, WorkerSettings
+from cmr.spool import Spool, sweep_once
 
 JOB_REFRESH_S = 5.0  # a worker serving one job checks it this often (sooner when its queues go)
 PROGRESS_FOLD_S = 1.0  # how often live counters from user code reach the job record
@@ -70,9 +70,11 @@ class Worker:
         spool = settings.spill_dir or tempfile.gettempdir()
         if not os.path.isdir(spool):
             raise UsageError(f"spill directory {spool} does not exist: create it, or name another")
-        self.rt = Runtime(
-            backend, settings, pool, tempfile.mkdtemp(prefix="cmr-", dir=spool), hook=hook
-        )
+        swept = sweep_once(spool)
+        self.spool = Spool(spool)
+        self.rt = Runtime(backend, settings, pool, self.spool.path, hook=hook)
+        if swept:
+            self.rt.log.info("removed dead workers' spill directories", count=len(swept))
         self.rt.on_job_ended = self._job_ended
         self.admission = Admission.of(
             settings.jobs_from,
@@ -449,6 +451,22 @@ class Worker:
     async def run(self) -> None:
         """Serve jobs until ``done`` is set (by the caller, idleness, or the only job ending
         and being cleaned up); duties under way get DUTY_GRACE_S to finish."""
+        try:
+            await self._serve()
+        finally:
+            # However the worker stops (a crash, a cancellation), its spool goes: the slots
+            # that read it were all finished by the task group.
+            self.spool.close()
+        if self.refused:
+            raise JobRefused(self.refused)
+        if self.broken:
+            raise CmrError(
+                "a CPU pool process of this worker died (killed, out of memory, or the job's "
+                "code exited its process); the worker stopped: restart it. Unfinished tasks "
+                "return to the queues when their leases lapse."
+            )
+
+    async def _serve(self) -> None:
         s = self.rt.settings
         async with TaskGroup() as tg:
             self._group = tg
@@ -481,14 +499,4 @@ class Worker:
                 for t in late:
                     t.cancel()
         self._group = None
-        # Only now: the slots (and the spool files they read) are all finished.
         await self.rt.close_stats()
-        shutil.rmtree(self.rt.spool_dir, ignore_errors=True)
-        if self.refused:
-            raise JobRefused(self.refused)
-        if self.broken:
-            raise CmrError(
-                "a CPU pool process of this worker died (killed, out of memory, or the job's "
-                "code exited its process); the worker stopped: restart it. Unfinished tasks "
-                "return to the queues when their leases lapse."
-            )
