@@ -12,8 +12,6 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import structlog
-
 from cmr import counters, logs, pipeline, submit, watch
 from cmr.admission import serving_own_job
 from cmr.backends.base import Backend
@@ -411,7 +409,7 @@ async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
 def run(job: str | type[Job], input: str | Sequence[str], output: str, **kwargs: Any) -> RunResult:
     """Run a job to completion and return where its output is; ``input`` is one input or a
     list of them. See :func:`run_async`."""
-    if not structlog.is_configured():
+    if not logs.structlog_module().is_configured():
         logs.configure()
     return asyncio.run(run_async(job, input, output, **kwargs))
 

@@ -20,9 +20,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import structlog
-
-from cmr import clock
+from cmr import clock, logs
 from cmr.backends.base import (
     AllOf,
     AnyOf,
@@ -52,7 +50,7 @@ from cmr.records import (
 )
 from cmr.sidefiles import side_files_url
 
-log = structlog.get_logger("cmr.lifecycle")
+log = logs.get_logger("cmr.lifecycle")
 
 Step = Callable[[str, dict[str, Any]], Awaitable[None]]  # a named point; see runtime.STEPS
 

@@ -13,6 +13,7 @@ import logging
 import re
 import sys
 from collections.abc import MutableMapping
+from types import ModuleType
 from typing import Any
 
 _UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -30,6 +31,35 @@ def inert_log_values(
     return {k: inert(v) if isinstance(v, str) else v for k, v in event.items()}
 
 
+# What structlog imports for renderers cmr never uses (it logs plain lines, its tracebacks
+# plain): rich's traceback and pretty-printer (which load pygments and attrs) and
+# better_exceptions. ~0.12 CPU-s of every `cmr` process that logs (hundreds a test run).
+_UNUSED = ("rich.console", "rich.traceback", "rich.pretty", "better_exceptions")
+
+
+def structlog_module() -> ModuleType:
+    """structlog, imported without the renderers above: each import of one fails while it
+    loads (structlog takes that as the library being absent), then works again for others
+    (typer shows its help with rich's console)."""
+    loaded = sys.modules.get("structlog")
+    if loaded is not None:
+        return loaded
+    blocked = [name for name in _UNUSED if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
+    try:
+        import structlog
+    finally:
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+    return structlog
+
+
+def get_logger(name: str) -> Any:
+    return structlog_module().get_logger(name)
+
+
 # The level configured last: `cmr run` hands it to the workers it starts, so that its
 # terminal shows what its verbosity asks for, whoever logged it.
 _configured = [logging.WARNING]
@@ -41,10 +71,8 @@ def level() -> int:
 
 def configure(level: int = logging.WARNING) -> None:
     _configured[0] = level
-    # Here, not at the top: the CLI's tables need ``inert`` and not structlog, which loads
-    # rich's console and traceback (~0.1 s of every `cmr status`, `cmr --help`).
-    import structlog
-
+    # Here, not at the top: the CLI's tables need ``inert`` and not structlog.
+    structlog = structlog_module()
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,

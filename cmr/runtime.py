@@ -12,9 +12,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import structlog
-
-from cmr import sidefiles
+from cmr import logs, sidefiles
 from cmr.backends.base import Backend, Update
 from cmr.errors import BackendError, CmrError
 from cmr.plan import Plan, load_plan
@@ -76,7 +74,7 @@ class Runtime:
     spool_dir: str
     # The pid makes an owner in the table traceable to a process (ops, SIGSTOP tests).
     worker_id: str = field(default_factory=lambda: f"w{os.getpid()}-{secrets.token_hex(3)}")
-    log: Any = field(default_factory=lambda: structlog.get_logger("cmr.worker"))
+    log: Any = field(default_factory=lambda: logs.get_logger("cmr.worker"))
     hook: Hook | None = None
     awake: asyncio.Event = field(default_factory=asyncio.Event)
     # Called when a task of ours ended a job (failed it, or finalized it): its cleanup is the

@@ -19,9 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-from cmr import adapters, formats, joboptions, places, sampling, sidefiles, wire
+from cmr import adapters, formats, joboptions, logs, places, sampling, sidefiles, wire
 from cmr.backends.base import Backend, BlobInfo, Blobs
 from cmr.errors import BackendError, BlobMissing, QueueGone, UsageError
 from cmr.fileurls import file_url
@@ -65,7 +63,7 @@ MAX_REPLACED_LOCAL = 5_000  # part files a fetched local output may replace (kep
 FEW_REDUCERS = 64
 REDUCERS_PER_MAP = 16
 
-log = structlog.get_logger("cmr.submit")
+log = logs.get_logger("cmr.submit")
 
 is_local = places.is_local
 local_path = places.local_path  # where cmr.watch finds it

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -74,3 +75,42 @@ def test_lazy_commands_still_answer_help(name: str) -> None:
     assert got.exit_code == 0, got.output
     assert "Commands" in got.output
     assert cmr.cli.LAZY_HELP[name].split()[0] in got.output
+
+
+def test_a_run_loads_no_renderer_that_cmr_does_not_use(tmp_path: Path) -> None:
+    """structlog loads rich's traceback and pretty-printer (with pygments and attrs) for
+    renderers cmr never uses: a whole `cmr run`, which logs, loads none of them; a logged
+    exception still shows its traceback, plainly; rich's traceback stays importable."""
+    (tmp_path / "in.txt").write_text("a b a\n")
+    wordcount = Path(__file__).resolve().parents[2] / "examples" / "wordcount.py"
+    _, modules = loaded(
+        "run", str(wordcount), "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out"), "-v"
+    )
+    assert sorted((tmp_path / "out").glob("part-*"))  # the job ran, and logged
+    assert "structlog" in modules
+    assert under(modules, UNUSED_RENDERERS) == []
+    logged = subprocess.run(
+        [sys.executable, "-c", LOG_AN_EXCEPTION],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Traceback (most recent call last)" in logged.stderr, logged.stderr
+    assert "ZeroDivisionError: division by zero" in logged.stderr
+    assert logged.stdout.split() == ["[]", "Traceback"]
+
+
+UNUSED_RENDERERS = ("rich.traceback", "rich.pretty", "pygments", "attr", "better_exceptions")
+LOG_AN_EXCEPTION = f"""
+import sys
+from cmr import logs
+logs.configure()
+try:
+    1 / 0
+except ZeroDivisionError:
+    logs.get_logger("t").error("failed", exc_info=True)
+print(sorted(m for m in sys.modules if m.startswith({UNUSED_RENDERERS!r})))
+import rich.traceback
+print(rich.traceback.Traceback.__name__)
+"""
