@@ -16,13 +16,16 @@ query), its body is read whole first, and the model runs one request at a time.
 from __future__ import annotations
 
 import argparse
+import base64
 import io
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from moto.core.serialize import JSONSerializer
 from moto.moto_server.werkzeug_app import MotoRequestHandler, create_backend_app
 from werkzeug.serving import make_server
 
@@ -61,6 +64,78 @@ class OneAtATime:
                 close = getattr(result, "close", None)
                 if close is not None:
                     close()
+
+
+# --- Items as DynamoDB writes them, without moto's generic serializer --------------------
+# moto 5.2 writes every response by walking botocore's model of it, value by value: for an
+# item, each attribute is a structure of ten members, each looked up under two names. That
+# was over half of this server's CPU in a test run (queries return whole job records). An
+# item whose attribute values are the plain dicts moto keeps ({"S": "x"}, {"M": {...}}) is
+# written here as that walk writes it; anything else (another type, a member moto would
+# rename) goes the generic way. CMR_MOTO_SERIALIZE_CHECK=1 runs both and logs any
+# difference (a test run with it on logged none).
+_generic_map = JSONSerializer._serialize_type_map
+_CHECK = os.environ.get("CMR_MOTO_SERIALIZE_CHECK") == "1"
+_NOT_PLAIN = object()
+
+
+def _plain_value(value: Any) -> Any:
+    """One AttributeValue as the generic walk writes it, or _NOT_PLAIN."""
+    if type(value) is not dict or len(value) != 1:
+        return _NOT_PLAIN
+    ((kind, inner),) = value.items()
+    if kind in ("S", "N"):
+        return {kind: inner} if type(inner) is str else _NOT_PLAIN
+    if kind in ("BOOL", "NULL"):
+        return {kind: inner} if type(inner) is bool else _NOT_PLAIN
+    if kind == "B":
+        if type(inner) is bytes:
+            return {kind: base64.b64encode(inner).strip().decode("utf-8")}
+        return _NOT_PLAIN
+    if kind in ("SS", "NS"):
+        if type(inner) is list and all(type(x) is str for x in inner):
+            return {kind: list(inner)}
+        return _NOT_PLAIN
+    if kind == "M":
+        written = _plain_map(inner)
+        return _NOT_PLAIN if written is _NOT_PLAIN else {kind: written}
+    if kind == "L":
+        if type(inner) is not list:
+            return _NOT_PLAIN
+        items = [_plain_value(x) for x in inner]
+        return _NOT_PLAIN if any(x is _NOT_PLAIN for x in items) else {kind: items}
+    return _NOT_PLAIN  # BS, or a member the model does not have
+
+
+def _plain_map(value: Any) -> Any:
+    if type(value) is not dict:
+        return _NOT_PLAIN
+    written = {}
+    for name, attribute in value.items():
+        one = _plain_value(attribute)
+        if one is _NOT_PLAIN:
+            return _NOT_PLAIN
+        written[name] = one
+    return written
+
+
+def _serialize_type_map(
+    self: JSONSerializer, serialized: Any, value: Any, shape: Any, key: str
+) -> None:
+    if getattr(shape.value, "name", None) == "AttributeValue":
+        written = _plain_map(value)
+        if written is not _NOT_PLAIN:
+            if _CHECK:
+                generic: dict[str, Any] = {}
+                _generic_map(self, generic, value, shape, key)
+                if generic != {self.get_serialized_name(shape, key): written}:
+                    print(f"SERIALIZE MISMATCH {key}: {generic!r} != {written!r}", flush=True)
+            self._default_serialize(serialized, written, shape, key)
+            return
+    _generic_map(self, serialized, value, shape, key)
+
+
+JSONSerializer._serialize_type_map = _serialize_type_map  # type: ignore[method-assign]
 
 
 def main() -> None:
