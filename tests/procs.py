@@ -7,20 +7,35 @@ that across exec."""
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 
+def _read(path: str) -> bytes:
+    """A /proc file's bytes, b"" once its process is gone. os-level: the samplers below
+    read two files per process 50 times a second, and pathlib's text reading cost ~5% of a
+    core per sampled tree."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 1 << 16)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
 def vm_hwm_mib(pid: int) -> float:
     """The process's peak resident memory since its exec, in MiB (0 once it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    status = _read(f"/proc/{pid}/status")
+    at = status.find(b"\nVmHWM:")
+    if at < 0:
+        return 0.0
+    return int(status[at + 7 : status.index(b"\n", at + 1)].split()[0]) / 1024
 
 
 def descendants(pid: int) -> list[int]:
@@ -29,8 +44,7 @@ def descendants(pid: int) -> list[int]:
     while todo:
         p = todo.pop()
         found.append(p)
-        with contextlib.suppress(OSError):
-            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        todo += [int(c) for c in _read(f"/proc/{p}/task/{p}/children").split()]
     return found
 
 
