@@ -9,6 +9,13 @@ lives; the kernel drops the lock when the process dies, however it dies. A worke
 takes the lock of every other directory it finds in the same place: one it gets belongs to
 a dead worker, and is removed. A process id would not do: ids are reused, and a spill
 directory shared between containers sees ids of other namespaces.
+
+The spill directory is often the shared /tmp, where another user can plant names: a sweep
+looks only at directories it owns with the mode ``mkdtemp`` gives (0700), opened without
+following a symbolic link, and removes what is in one through that open directory, so a
+name swapped for a link while it works leads nowhere else. On a file system without
+``flock`` (NFS without its lock daemon) a spool has no lock file: it is removed as its worker
+stops, and never by a sweep.
 """
 
 from __future__ import annotations
@@ -17,10 +24,12 @@ import contextlib
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 
 PREFIX = "cmr-"
 LOCK = ".owner.lock"  # in each directory: held by its worker while it lives
+_ours: set[str] = set()  # this process's living spools: never swept, whatever the locks say
 
 
 class Spool:
@@ -28,26 +37,64 @@ class Spool:
 
     def __init__(self, under: str) -> None:
         self.path = tempfile.mkdtemp(prefix=PREFIX, dir=under)
+        self.locked = True
         # Locked under another name, then renamed: a sweep never sees the lock file unlocked
         # (it would take this living worker's directory for a dead one's).
         making = os.path.join(self.path, LOCK + ".new")
         self._fd: int | None = os.open(making, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else has it
-        os.rename(making, os.path.join(self.path, LOCK))
-
-    def close(self) -> None:
-        """Remove the directory (what is in it was this worker's alone), then let go."""
-        shutil.rmtree(self.path, ignore_errors=True)
-        if self._fd is not None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: nobody else has it
+        except OSError:  # ENOLCK and the like: no lock to be had here, so no lock file
             os.close(self._fd)
             self._fd = None
+            self.locked = False
+            os.unlink(making)
+        else:
+            os.rename(making, os.path.join(self.path, LOCK))
+        _ours.add(os.path.realpath(self.path))
+
+    def close(self) -> None:
+        """Remove the directory (what is in it was this worker's alone), then let go. If
+        something cannot be removed (a pool process still writing), the lock file stays,
+        unlocked: the next worker to start here removes the rest."""
+        _ours.discard(os.path.realpath(self.path))
+        try:
+            dfd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            dfd = None
+        try:
+            emptied = dfd is not None and _empty_but_lock(dfd)
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)  # before the unlink: NFS keeps an open file as .nfsXXXX
+                self._fd = None
+            if dfd is not None:
+                if emptied:
+                    with contextlib.suppress(OSError):
+                        os.unlink(LOCK, dir_fd=dfd)
+                os.close(dfd)
+        if emptied or not self.locked:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.path)
 
 
-_swept: set[str] = set()  # by this process: once is enough (its own workers are alive)
+def _empty_but_lock(dfd: int) -> bool:
+    """Remove everything in the open directory but its lock file: whether nothing else is
+    left. Through the directory's descriptor: a name swapped meanwhile changes nothing."""
+    for entry in os.scandir(dfd):
+        if entry.name == LOCK:
+            continue
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.name, dir_fd=dfd)
+            else:
+                os.unlink(entry.name, dir_fd=dfd)
+    return all(entry.name == LOCK for entry in os.scandir(dfd))
 
 
 def sweep_once(under: str) -> list[str]:
-    """``sweep``, the first time this process asks for ``under``."""
+    """``sweep``, the first time this process asks for ``under``: a worker that dies later
+    is swept by the next process to start there (this one's own spools are never swept)."""
     key = os.path.realpath(under)
     if key in _swept:
         return []
@@ -55,39 +102,65 @@ def sweep_once(under: str) -> list[str]:
     return sweep(under)
 
 
+_swept: set[str] = set()
+
+
 def sweep(under: str) -> list[str]:
     """Remove the directories under ``under`` whose workers died; the removed ones' paths.
-    A directory without a lock file (being made this moment, or not ours) is left alone, as
-    is one whose lock another process holds (its worker lives)."""
+    Left alone: a directory without a lock file (being made this moment, or not a spool),
+    one whose lock another process holds (its worker lives), one of this process, and one
+    not ours (another owner, another mode, a link)."""
     removed: list[str] = []
     try:
-        names = [n for n in os.listdir(under) if n.startswith(PREFIX)]
+        ufd = os.open(under, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return removed
-    for name in names:
-        path = os.path.join(under, name)
-        try:
-            fd = os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:  # no lock file, not a directory, not ours to open
-            continue
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # its worker holds it: alive
-            # Ours now: its worker is dead. Held while removing, so that a second worker
-            # sweeping at the same moment skips it. The lock file goes last, as a directory
-            # that lost it half-removed would be skipped by the next sweep.
-            with contextlib.suppress(OSError):
-                for entry in os.scandir(path):
-                    if entry.name != LOCK:
-                        if entry.is_dir(follow_symlinks=False):
-                            shutil.rmtree(entry.path, ignore_errors=True)
-                        else:
-                            os.unlink(entry.path)
-                os.unlink(os.path.join(path, LOCK))
-                os.rmdir(path)
+    try:
+        names = [e.name for e in os.scandir(ufd) if e.name.startswith(PREFIX)]
+        for name in names:
+            path = os.path.join(under, name)
+            if os.path.realpath(path) in _ours:
+                continue
+            if _sweep_one(ufd, name):
                 removed.append(path)
-        finally:
-            os.close(fd)
+    finally:
+        os.close(ufd)
     return removed
+
+
+def _sweep_one(ufd: int, name: str) -> bool:
+    try:
+        dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=ufd)
+    except OSError:  # gone, not a directory, a link, not ours to open
+        return False
+    try:
+        st = os.fstat(dfd)
+        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+            return False
+        try:
+            lfd = os.open(LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        except OSError:  # no lock file: a spool being made, or none
+            return False
+        try:
+            fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(lfd)
+            return False  # its worker holds it: alive
+        # Ours now: its worker is dead. Held while emptying, so that a second worker
+        # sweeping at the same moment skips it. The lock file goes last (after its
+        # descriptor is closed: NFS keeps an open file as .nfsXXXX): a directory left
+        # half-removed keeps it, and the next sweep finishes the work.
+        try:
+            emptied = _empty_but_lock(dfd)
+        except OSError:
+            emptied = False
+        os.close(lfd)
+        if not emptied:
+            return False
+        with contextlib.suppress(OSError):
+            os.unlink(LOCK, dir_fd=dfd)
+            os.rmdir(name, dir_fd=ufd)
+            return True
+        return False
+    finally:
+        os.close(dfd)

@@ -70,12 +70,6 @@ class Worker:
         spool = settings.spill_dir or tempfile.gettempdir()
         if not os.path.isdir(spool):
             raise UsageError(f"spill directory {spool} does not exist: create it, or name another")
-        swept = sweep_once(spool)
-        self.spool = Spool(spool)
-        self.rt = Runtime(backend, settings, pool, self.spool.path, hook=hook)
-        if swept:
-            self.rt.log.info("removed dead workers' spill directories", count=len(swept))
-        self.rt.on_job_ended = self._job_ended
         self.admission = Admission.of(
             settings.jobs_from,
             settings.outputs_under,
@@ -83,6 +77,19 @@ class Worker:
             settings.inputs_under,
             queue_prefix,
         )
+        # Made last: nothing after it may fail and leave it behind (run() removes it).
+        swept = sweep_once(spool)
+        self.spool = Spool(spool)
+        self.rt = Runtime(backend, settings, pool, self.spool.path, hook=hook)
+        self.rt.on_job_ended = self._job_ended
+        if swept:
+            self.rt.log.info("removed dead workers' spill directories", count=len(swept))
+        if not self.spool.locked:
+            self.rt.log.warning(
+                "the spill directory cannot lock files (flock): if this worker is killed, "
+                "no later worker will remove its spill files",
+                spill_dir=spool,
+            )
         self._refused: set[str] = set()  # jobs not ours to serve (said once, then ignored)
         self.jobs: list[JobSpec] = []
         self._specs: dict[str, JobSpec] = {}

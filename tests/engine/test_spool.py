@@ -137,6 +137,27 @@ async def test_a_starting_worker_removes_the_spools_of_killed_ones(
     assert _spools(tmp_path) == [foreign]
 
 
+def test_a_sweep_follows_no_link_and_takes_no_stranger_directory(tmp_path: Path) -> None:
+    """In a shared /tmp another user can plant names: a link named like a spool to a
+    directory with an unlocked lock file, or a directory with the wrong mode. A sweep
+    removes nothing through either (it never follows the link)."""
+    precious = tmp_path / "precious"
+    precious.mkdir(mode=0o700)
+    (precious / LOCK).write_text("")
+    (precious / "data").write_text("keep me")
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    (spill / "cmr-link").symlink_to(precious)
+    loose = spill / "cmr-loose"
+    loose.mkdir(mode=0o755)
+    loose.chmod(0o755)
+    (loose / LOCK).write_text("")
+    (loose / "data").write_text("keep me")
+    assert sweep(str(spill)) == []
+    assert (precious / "data").read_text() == "keep me" and (precious / LOCK).exists()
+    assert (loose / "data").exists()
+
+
 def test_a_spool_is_never_seen_unlocked(tmp_path: Path) -> None:
     """Spools of a living process are never swept, and each goes when closed."""
     made = [Spool(str(tmp_path)) for _ in range(20)]
