@@ -33,18 +33,21 @@ def inert_log_values(
 
 # What structlog imports for renderers cmr never uses (it logs plain lines, its tracebacks
 # plain): rich's traceback and pretty-printer (which load pygments and attrs) and
-# better_exceptions. ~0.12 CPU-s of every `cmr` process that logs (hundreds a test run).
+# better_exceptions. ~0.1 CPU-s of every `cmr` process that logs (hundreds a test run).
 _UNUSED = ("rich.console", "rich.traceback", "rich.pretty", "better_exceptions")
+# Set by the `cmr` command only: a program that uses cmr as a library keeps structlog whole
+# (structlog decides at its import what it has, for the whole process).
+lean = [False]
 
 
 def structlog_module() -> ModuleType:
-    """structlog, imported without the renderers above: each import of one fails while it
-    loads (structlog takes that as the library being absent), then works again for others
-    (typer shows its help with rich's console)."""
+    """structlog; in the `cmr` command, imported without the renderers above: each import
+    of one fails while structlog loads (it takes that as the library being absent), then
+    works again for others (typer shows its help with rich's console)."""
     loaded = sys.modules.get("structlog")
     if loaded is not None:
         return loaded
-    blocked = [name for name in _UNUSED if name not in sys.modules]
+    blocked = [name for name in _UNUSED if name not in sys.modules] if lean[0] else []
     for name in blocked:
         sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
     try:

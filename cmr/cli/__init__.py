@@ -97,6 +97,9 @@ for command in (jobs.status, jobs.wait, jobs.cancel, jobs.cleanup):
 
 
 def main() -> None:
+    from cmr import logs
+
+    logs.lean[0] = True  # a command, not a library: structlog without what cmr never uses
     app()
 
 

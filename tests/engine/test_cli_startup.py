@@ -99,12 +99,19 @@ def test_a_run_loads_no_renderer_that_cmr_does_not_use(tmp_path: Path) -> None:
     assert "Traceback (most recent call last)" in logged.stderr, logged.stderr
     assert "ZeroDivisionError: division by zero" in logged.stderr
     assert logged.stdout.split() == ["[]", "Traceback"]
+    # A program using cmr as a library keeps structlog whole (its rich tracebacks too).
+    library = "import cmr.api, structlog.dev; print(structlog.dev.rich is not None)"
+    whole = subprocess.run(
+        [sys.executable, "-c", library], check=True, capture_output=True, text=True, timeout=120
+    )
+    assert whole.stdout.strip() == "True", whole.stderr
 
 
 UNUSED_RENDERERS = ("rich.traceback", "rich.pretty", "pygments", "attr", "better_exceptions")
 LOG_AN_EXCEPTION = f"""
 import sys
 from cmr import logs
+logs.lean[0] = True  # as the `cmr` command sets it
 logs.configure()
 try:
     1 / 0
