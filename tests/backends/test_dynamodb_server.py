@@ -72,10 +72,10 @@ def run(t):
 
 
 fast = run("t1")
+fast_writes = server.fast_writes[0]
 JSONSerializer._serialize_type_map = server._generic_map
 generic = run("t2")
-print(json.dumps({"fast": fast, "generic": generic,
-                  "patched": server._serialize_type_map is not server._generic_map}))
+print(json.dumps({"fast": fast, "generic": generic, "fast_writes": fast_writes}))
 """
 
 
@@ -89,7 +89,9 @@ def test_items_are_written_as_the_generic_serializer_writes_them() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got["patched"]
+    # The items went the fast way (the query's three at least; an error answer, as the
+    # conditional failure's, is written by moto before any serializer).
+    assert got["fast_writes"] >= 3, got["fast_writes"]
     assert [code for code, _ in got["fast"]] == [200] * (len(got["fast"]) - 1) + [400]
     assert got["fast"] == got["generic"]
     # What was compared holds every kind of value, so the check is not vacuous.
@@ -99,5 +101,5 @@ def test_items_are_written_as_the_generic_serializer_writes_them() -> None:
     for kind in ("S", "N", "B", "BOOL", "NULL", "SS", "NS", "BS", "M", "L"):
         assert f'"{kind}":' in written, kind
     assert '"B": "AAEC/w=="' in written and '"BS": ["AAE=", "Ag=="]' in written
-    failed = json.loads(got["fast"][-1][1])
+    failed = json.loads(got["fast"][-1][1])  # an error answer: the same either way
     assert failed["Item"]["n"] == {"N": "12.5"}  # the old item, as the condition saw it
