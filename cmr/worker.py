@@ -402,6 +402,12 @@ class Worker:
                 self.rt.log.info("idle; exiting", idle_s=idle_exit)
                 self.done.set()
             nap = JOB_REFRESH_S if self.only_job else FLEET_REFRESH_S
+            if idle_exit is not None and self.busy == 0 and not self._duties:
+                # Looked at again when the idle time would run out, not at the next refresh
+                # only (--idle-exit 0.5 took 5.5 s); work come meanwhile moves it on (a
+                # task or a duty under way is not idleness: the usual period then).
+                left = idle_exit - (clock.monotonic() - self.last_work)
+                nap = min(nap, max(left, 0.0) + 0.05)
             if self._watched:
                 # A cleaner we watch is judged on our clock: look often enough to see it.
                 nap = min(nap, min(self._specs[j].visibility_s for j in self._watched) / 2)
