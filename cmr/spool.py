@@ -24,7 +24,6 @@ import contextlib
 import fcntl
 import os
 import shutil
-import stat
 import tempfile
 
 PREFIX = "cmr-"
@@ -41,16 +40,24 @@ class Spool:
         # Locked under another name, then renamed: a sweep never sees the lock file unlocked
         # (it would take this living worker's directory for a dead one's).
         making = os.path.join(self.path, LOCK + ".new")
-        self._fd: int | None = os.open(making, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._fd: int | None = None
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: nobody else has it
-        except OSError:  # ENOLCK and the like: no lock to be had here, so no lock file
-            os.close(self._fd)
-            self._fd = None
-            self.locked = False
-            os.unlink(making)
-        else:
-            os.rename(making, os.path.join(self.path, LOCK))
+            self._fd = os.open(making, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: nobody has it
+            except OSError:  # ENOLCK and the like: no lock to be had here, so no lock file
+                os.close(self._fd)
+                self._fd = None
+                self.locked = False
+                os.unlink(making)
+            else:
+                os.rename(making, os.path.join(self.path, LOCK))
+        except OSError:
+            # Out of descriptors, of quota: nothing may be left that no sweep would take.
+            if self._fd is not None:
+                os.close(self._fd)
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
         _ours.add(os.path.realpath(self.path))
 
     def close(self) -> None:
@@ -135,7 +142,8 @@ def _sweep_one(ufd: int, name: str) -> bool:
         return False
     try:
         st = os.fstat(dfd)
-        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+        # Permission bits only: a setgid spill directory (a team's) gives its spools 2700.
+        if st.st_uid != os.geteuid() or st.st_mode & 0o777 != 0o700:
             return False
         try:
             lfd = os.open(LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)

@@ -406,8 +406,10 @@ class Worker:
                 # Looked at again when the idle time would run out, not at the next refresh
                 # only (--idle-exit 0.5 took 5.5 s); work come meanwhile moves it on (a
                 # task or a duty under way is not idleness: the usual period then).
+                # Not under 0.5 s: tasks that keep coming just apart would otherwise have
+                # it query the table up to 20 times a second.
                 left = idle_exit - (clock.monotonic() - self.last_work)
-                nap = min(nap, max(left, 0.0) + 0.05)
+                nap = min(nap, max(left + 0.05, 0.5))
             if self._watched:
                 # A cleaner we watch is judged on our clock: look often enough to see it.
                 nap = min(nap, min(self._specs[j].visibility_s for j in self._watched) / 2)

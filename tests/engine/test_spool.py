@@ -158,6 +158,23 @@ def test_a_sweep_follows_no_link_and_takes_no_stranger_directory(tmp_path: Path)
     assert (loose / "data").exists()
 
 
+def test_a_dead_spool_in_a_setgid_directory_is_swept(tmp_path: Path) -> None:
+    """A team's spill directory is often setgid (its files get the team's group): its
+    spools are made 2700, and are still known as spools."""
+    spill = tmp_path / "team"
+    spill.mkdir()
+    spill.chmod(0o2770)
+    dead, dead_spool = _holder(spill)
+    try:
+        dead.kill()
+        dead.wait(30)
+        assert dead_spool.stat().st_mode & 0o7777 == 0o2700
+        assert [Path(p) for p in sweep(str(spill))] == [dead_spool]
+    finally:
+        assert dead.stdout is not None
+        dead.stdout.close()
+
+
 def test_a_spool_is_never_seen_unlocked(tmp_path: Path) -> None:
     """Spools of a living process are never swept, and each goes when closed."""
     made = [Spool(str(tmp_path)) for _ in range(20)]
