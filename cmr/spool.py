@@ -25,10 +25,14 @@ import fcntl
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 
 PREFIX = "cmr-"
 LOCK = ".owner.lock"  # in each directory: held by its worker while it lives
-_ours: set[str] = set()  # this process's living spools: never swept, whatever the locks say
+# This process's living spools, by (device, inode): never swept, whatever the locks say (a
+# file system that emulates flock with per-process locks would let us take our own).
+_ours: set[tuple[int, int]] = set()
+_swept: set[str] = set()  # spill directories this process has swept
 
 
 class Spool:
@@ -58,31 +62,48 @@ class Spool:
                 os.close(self._fd)
             shutil.rmtree(self.path, ignore_errors=True)
             raise
-        _ours.add(os.path.realpath(self.path))
+        st = os.stat(self.path)
+        self._id = (st.st_dev, st.st_ino)
+        _ours.add(self._id)
 
     def close(self) -> None:
         """Remove the directory (what is in it was this worker's alone), then let go. If
         something cannot be removed (a pool process still writing), the lock file stays,
         unlocked: the next worker to start here removes the rest."""
-        _ours.discard(os.path.realpath(self.path))
+        _ours.discard(self._id)
+        fd, self._fd = self._fd, None
         try:
             dfd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError:
-            dfd = None
+        except OSError:  # gone already
+            if fd is not None:
+                os.close(fd)
+            return
         try:
-            emptied = dfd is not None and _empty_but_lock(dfd)
+            _remove(dfd, fd, lambda: os.rmdir(self.path))
         finally:
-            if self._fd is not None:
-                os.close(self._fd)  # before the unlink: NFS keeps an open file as .nfsXXXX
-                self._fd = None
-            if dfd is not None:
-                if emptied:
-                    with contextlib.suppress(OSError):
-                        os.unlink(LOCK, dir_fd=dfd)
-                os.close(dfd)
-        if emptied or not self.locked:
-            with contextlib.suppress(OSError):
-                os.rmdir(self.path)
+            os.close(dfd)
+
+
+def _remove(dfd: int, lock_fd: int | None, rmdir: Callable[[], None]) -> bool:
+    """Empty the open directory, let go of its lock, then remove the lock file and the
+    directory: whether it is gone. The lock file goes last (after its descriptor is closed:
+    NFS keeps an open file as .nfsXXXX), so a directory left half-removed (a pool process
+    still writing) keeps it, and the next sweep finishes the work."""
+    try:
+        emptied = _empty_but_lock(dfd)
+    except OSError:
+        emptied = False
+    if lock_fd is not None:
+        os.close(lock_fd)
+    if not emptied:
+        return False
+    with contextlib.suppress(OSError):  # none: an unlocked spool's
+        os.unlink(LOCK, dir_fd=dfd)
+    try:
+        rmdir()
+    except OSError:
+        return False
+    return True
 
 
 def _empty_but_lock(dfd: int) -> bool:
@@ -101,15 +122,12 @@ def _empty_but_lock(dfd: int) -> bool:
 
 def sweep_once(under: str) -> list[str]:
     """``sweep``, the first time this process asks for ``under``: a worker that dies later
-    is swept by the next process to start there (this one's own spools are never swept)."""
+    is swept by the next process to start there."""
     key = os.path.realpath(under)
     if key in _swept:
         return []
     _swept.add(key)
     return sweep(under)
-
-
-_swept: set[str] = set()
 
 
 def sweep(under: str) -> list[str]:
@@ -124,12 +142,7 @@ def sweep(under: str) -> list[str]:
         return removed
     try:
         names = [e.name for e in os.scandir(ufd) if e.name.startswith(PREFIX)]
-        for name in names:
-            path = os.path.join(under, name)
-            if os.path.realpath(path) in _ours:
-                continue
-            if _sweep_one(ufd, name):
-                removed.append(path)
+        removed = [os.path.join(under, name) for name in names if _sweep_one(ufd, name)]
     finally:
         os.close(ufd)
     return removed
@@ -145,6 +158,8 @@ def _sweep_one(ufd: int, name: str) -> bool:
         # Permission bits only: a setgid spill directory (a team's) gives its spools 2700.
         if st.st_uid != os.geteuid() or st.st_mode & 0o777 != 0o700:
             return False
+        if (st.st_dev, st.st_ino) in _ours:
+            return False
         try:
             lfd = os.open(LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         except OSError:  # no lock file: a spool being made, or none
@@ -155,20 +170,7 @@ def _sweep_one(ufd: int, name: str) -> bool:
             os.close(lfd)
             return False  # its worker holds it: alive
         # Ours now: its worker is dead. Held while emptying, so that a second worker
-        # sweeping at the same moment skips it. The lock file goes last (after its
-        # descriptor is closed: NFS keeps an open file as .nfsXXXX): a directory left
-        # half-removed keeps it, and the next sweep finishes the work.
-        try:
-            emptied = _empty_but_lock(dfd)
-        except OSError:
-            emptied = False
-        os.close(lfd)
-        if not emptied:
-            return False
-        with contextlib.suppress(OSError):
-            os.unlink(LOCK, dir_fd=dfd)
-            os.rmdir(name, dir_fd=ufd)
-            return True
-        return False
+        # sweeping at the same moment skips it.
+        return _remove(dfd, lfd, lambda: os.rmdir(name, dir_fd=ufd))
     finally:
         os.close(dfd)
