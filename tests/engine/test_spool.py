@@ -20,7 +20,7 @@ from cmr.api import job_ref
 from cmr.backends.base import Backend
 from cmr.pool import cpu_pool
 from cmr.runtime import Runtime, WorkerCrashed
-from cmr.settings import WorkerSettings
+from cmr.settings import AwsSettings, WorkerSettings
 from cmr.spool import LOCK, Spool, sweep
 from cmr.submit import JobOptions
 from cmr.worker import Worker
@@ -135,6 +135,41 @@ async def test_a_starting_worker_removes_the_spools_of_killed_ones(
             proc.stdout.close()
     assert [Path(p) for p in sweep(str(tmp_path))] == [alive_spool]  # once its holder died
     assert _spools(tmp_path) == [foreign]
+
+
+@pytest.mark.slow  # a real worker on the local stack
+async def test_a_killed_cmr_worker_s_spool_is_removed_by_the_next_worker(
+    aws: tuple[Backend, AwsSettings], embedded: Backend, tmp_path: Path
+) -> None:
+    """A real `cmr worker` (its spill directory: $TMPDIR) killed outright, SIGKILL to its
+    process group: nothing of it runs to remove its spool. The next worker to start there
+    does."""
+    _, s = aws
+    names = ["--bucket", s.bucket, "--table", s.table, "--queue-prefix", s.queue_prefix]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "cmr", "worker", "--backend", "aws", *names,
+        "--idle-exit", "120", "--processes", "1",
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        for _ in range(600):
+            spools = [p for p in _spools(tmp_path) if (p / LOCK).exists()]
+            if spools or proc.returncode is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert len(spools) == 1, (spools, proc.returncode)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        await asyncio.wait_for(proc.wait(), 30)
+    assert spools[0].exists()  # the kill left it
+    with cpu_pool(1) as pool:
+        worker = Worker(embedded, WorkerSettings(processes=1, spill_dir=str(tmp_path)), pool)
+        assert _spools(tmp_path) == [Path(worker.spool.path)]
+        worker.done.set()
+        await asyncio.wait_for(worker.run(), 60)
+    assert _spools(tmp_path) == []
 
 
 def test_a_sweep_follows_no_link_and_takes_no_stranger_directory(tmp_path: Path) -> None:
