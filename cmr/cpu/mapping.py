@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cmr import counters, formats, taskprogress, usercode
+from cmr.cpu import summing
 from cmr.cpu.instances import hook, job_instance, job_step, mapper_name
 from cmr.cpu.results import InputGone, MapResult, reported, take_counters
 from cmr.cpu.runs import PAIR_BLOCK
@@ -123,6 +124,12 @@ def _map_into(
         # A key's first value alone, its values once it has more (Combiner.flushed).
         groups: dict[Any, Any] = {}
         grouped = groups.get  # per pair: one lookup saved (groups is cleared, never replaced)
+        # A combine that is `yield key, sum(values)`: int values added up here, by C where
+        # they come as a dict (cmr.cpu.summing); the rest are grouped as any combine's.
+        sum_combine = combiner is not None and summing.is_sum(step.combine)
+        sums: dict[Any, int] = {}
+        summed = sums.get
+        sum_method = f"{mapper} (or {step_name}.combine)"
         # What was being handled when something failed: the culprit is diagnosed from it.
         pair, source = None, usercode.NOTHING
         try:
@@ -145,6 +152,15 @@ def _map_into(
             last = [False]
             calls = map_calls(step, fmt, chunks, spec, result, universal, columns, last)
             for source in calls:
+                if (
+                    sum_combine
+                    and type(source) is _DICT_ITEMS
+                    and summing.all_ints(source.mapping.values())
+                ):
+                    summing.merge(sums, source.mapping)
+                    if len(sums) >= COMBINE_KEYS:
+                        _send_sums(shuffle, sums, part, sum_method)
+                    continue
                 if last[0] and combiner is not None and not groups and type(source) is _DICT_ITEMS:
                     # The task's one source of pairs, a dict's items (map_chunk's Counter):
                     # its keys are distinct, so combining would send each pair as it came,
@@ -178,6 +194,15 @@ def _map_into(
                     if combiner is None:
                         shuffle.add(part(key, n), key, value)
                         continue
+                    if sum_combine and type(value) is int:
+                        try:
+                            sums[key] = summed(key, 0) + value
+                        except TypeError:  # a list key: summed as the tuple it arrives as
+                            key = usercode.key_of(key, mapper)
+                            sums[key] = summed(key, 0) + value
+                        if len(sums) >= COMBINE_KEYS:
+                            _send_sums(shuffle, sums, part, sum_method)
+                        continue
                     try:
                         vals = grouped(key, _NONE)
                     except TypeError:  # a list key: grouped as the tuple it arrives as
@@ -203,6 +228,8 @@ def _map_into(
                 raise usercode.not_pairs(method, usercode.NOTHING, exc) from exc
             raise usercode.bad_output(mapper, pair, exc, source) from exc
         if combiner is not None:
+            _fold(sums, groups)
+            _send_sums(shuffle, sums, part, sum_method)
             _flush(combiner, groups, shuffle, part, mapper)
             _emit_final(step.combine_final, f"{step_name}.combine_final", shuffle, part)
         shuffle.close()
@@ -218,6 +245,34 @@ def _flush(
 ) -> None:
     """Send the combined groups to the shuffle."""
     _send(shuffle, combiner.flushed(groups), part, f"{mapper} (or {combiner.method})")
+
+
+def _fold(sums: dict[Any, int], groups: dict[Any, Any]) -> None:
+    """The totals of keys that also hold values of another kind (a float, a bool) moved
+    among those, so that the combine sends one pair for such a key, not two."""
+    for key in sums.keys() & groups.keys():
+        held, total = groups[key], sums.pop(key)
+        if type(held) is Values:
+            held.append(total)
+        else:
+            groups[key] = Values((held, total))
+
+
+def _send_sums(
+    shuffle: Shuffle,
+    sums: dict[Any, int],
+    part: Callable[[Any, int], int],
+    method: str,
+) -> None:
+    """Send the task's totals (a summing combine's) to the shuffle, and start afresh; a
+    pair that cannot go is the fault of ``method``'s output."""
+    try:
+        shuffle.add_pairs(sums.items(), part)
+    except (TypeError, ValueError, OverflowError) as exc:
+        if usercode.culprit(exc) is not None:
+            raise
+        raise usercode.bad_output(method, shuffle.last_pair, exc) from exc
+    sums.clear()
 
 
 def _take_distinct(

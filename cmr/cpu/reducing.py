@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from cmr import counters, formats, taskprogress, usercode
+from cmr.cpu import summing
 from cmr.cpu.instances import hook, job_instance, job_step, mapper_name
-from cmr.cpu.order import ValueOrder, sorted_keys, value_sorting
+from cmr.cpu.order import PLAIN_KEYS, ValueOrder, sorted_keys, value_sorting
 from cmr.cpu.results import ReduceResult, reported, take_counters
 from cmr.cpu.runs import (
     MERGE_FANIN,
@@ -37,6 +38,7 @@ from cmr.job import Job, JobRef, Step
 # What holding a pair costs the reducer beyond the sizes of its key and value objects
 # (measured on CPython 3.11: ~195 B for a new 9-character key, ~31 B per added int):
 KEY_COST = 136  # a new key: its dict slot and a one-element list
+SUM_KEY_COST = 100  # a new key's total (cmr.cpu.summing): its dict slot and an int
 VALUE_COST = 8  # one more value of a key: a list slot
 LINES_JOINED = 4096  # output lines written at once
 _first = operator.itemgetter(0)  # a pair's key, by C
@@ -71,7 +73,12 @@ def run_reduce(
             )
             fmt = spec.output_format or type(job).output_format  # "": the class's
             if not _sorted_rows(step, fmt, combiner, order, spools, spec, runs, result):
-                _grouped(job, step, step_name, combiner, order, spools, spec, runs, result, fmt)
+                blocks = spool_blocks(spools, spec.memory_bytes)
+                left: Iterator[Any] | None = blocks
+                if order is None and summing.is_sum(step.reduce):
+                    left = _summed(job, step, step_name, blocks, spec, result, fmt)
+                if left is not None:
+                    _grouped(job, step, step_name, combiner, order, left, spec, runs, result, fmt)
         take_counters(counted, result)
     finally:
         for r in runs:
@@ -119,18 +126,17 @@ def _grouped(
     step_name: str,
     combiner: Combiner | None,
     order: ValueOrder | None,
-    spools: list[str],
+    blocks: Iterator[tuple[list[tuple[Any, Any]], int]],
     spec: ReduceSpec,
     runs: list[str],
     result: ReduceResult,
     fmt: str,
 ) -> None:
-    """Group the spooled pairs by key, in memory and in runs spilled past the budget, and
-    write what reduce makes of each key's values."""
+    """Group the spooled pairs (``blocks``: spool_blocks') by key, in memory and in runs
+    spilled past the budget, and write what reduce makes of each key's values."""
     memory_bytes, spill_dir = spec.memory_bytes, spec.spill_dir
     groups: dict[Any, list[Any]] = {}
     held = 0
-    blocks = spool_blocks(spools, memory_bytes)
     pairs: list[tuple[Any, Any]] = []
     arrival: list[tuple[Any, Any]] = []  # the same pairs in the order they came
     rest: Iterator[tuple[list[tuple[Any, Any]], int]] | None = blocks
@@ -199,6 +205,55 @@ def _grouped(
     arrival.clear()
 
 
+def _summed(
+    job: Job,
+    step: Step,
+    step_name: str,
+    blocks: Iterator[tuple[list[tuple[Any, Any]], int]],
+    spec: ReduceSpec,
+    result: ReduceResult,
+    fmt: str,
+) -> Iterator[tuple[list[tuple[Any, Any]], int]] | None:
+    """A reduce that is ``yield key, sum(values)`` (cmr.cpu.summing), its keys of one plain
+    kind and its values ints: one total per key, added by C, and the keys' lines written
+    in order, with no call per key. None once written; else, at the first block it cannot
+    take (another kind of key or value; the totals past the memory budget), the blocks for
+    the general path, the totals so far first (the reduce's own sums, so summing them
+    again is the same output)."""
+    totals: dict[Any, int] = {}
+    kind: set[type] = set()
+    held = 0
+    for block, packed in blocks:
+        keys = list(map(_first, block))
+        kinds = set(map(type, keys))
+        values = list(map(_second, block))
+        if (
+            held >= spec.memory_bytes
+            or len(kinds) != 1
+            or (kind and kinds != kind)
+            or not kinds <= set(PLAIN_KEYS)
+            or not summing.all_ints(values)
+        ):
+            first = [(list(totals.items()), 0)] if totals else []
+            return itertools.chain(first, [(block, packed)], blocks)
+        kind = kinds
+        before = len(totals)
+        counts = dict(zip(keys, values, strict=True))
+        if len(counts) == len(block):
+            summing.merge(totals, counts)
+        else:  # a key twice in the block: added one by one
+            total = totals.get
+            for key, value in block:
+                totals[key] = total(key, 0) + value
+        held += (len(totals) - before) * (SUM_KEY_COST + packed // len(block))
+    keys = sorted(totals)  # one plain kind: its own order is sort_key's
+    pairs = list(zip(keys, map(totals.__getitem__, keys), strict=True))
+    totals.clear()
+    with _output(spec.out_path, result) as out:
+        write_output(job, iter(()), out, result, fmt, step, step_name, pairs, one_each=True)
+    return None
+
+
 def _identity(key: Any, values: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
     """A map-only step's reduce: every value as it came."""
     for v in values:
@@ -214,10 +269,13 @@ def write_output(
     step: Step | None = None,
     step_name: str = "",
     held: list[tuple[Any, Any]] | None = None,
+    one_each: bool = False,
 ) -> None:
     """Reduce each key's values and write what reduce yields as ``output_format``
     (cmr.formats): for text, the lines ``format`` makes; between steps, pairs. ``held``:
-    the pairs ``keyed`` groups, sorted, when they are all in memory."""
+    the pairs ``keyed`` groups, sorted, when they are all in memory; with ``one_each``, one
+    pair per key, what reduce would yield for it (a summing reduce's totals), written as
+    they are."""
     if step is None:
         step, step_name = job_step(job, 0)
     reducer = f"{step_name}.reduce"
@@ -227,6 +285,10 @@ def write_output(
     source: Any = usercode.NOTHING
     try:
         hook(step.reduce_init)
+        if one_each and held is not None:
+            _write_each(job, held, out, write, output_format)
+            result.records_out += len(held)
+            keyed, held = iter(()), None
         if step.reduce is None and held is not None:
             # No reduce, the pairs in memory: written as they are, with no call per key
             # (raw output of bytes by C alone: TeraSort's).
@@ -295,6 +357,27 @@ def write_output(
         if problem is exc:  # a pair of the right shape: format (ours) could not write it
             problem = usercode.unrenderable(reducer, pair, exc, source)
         raise problem from exc
+
+
+def _write_each(
+    job: Job, pairs: list[tuple[Any, Any]], out: BinaryIO, write: Any, output_format: str
+) -> None:
+    """Pairs, one per key, written as they are: Job.format's lines of str or int keys and
+    int values made by C, LINES_JOINED at a time; anything else by the format's writer."""
+    if (
+        output_format != "text"
+        or type(job).format is not Job.format
+        or not pairs
+        or not {type(pairs[0][0])} <= {str, int}
+        or not summing.all_ints(map(_second, pairs))
+    ):
+        for pair in pairs:
+            write(*pair)
+        return
+    line = "{}\t{}\n".format  # Job.format's f"{key}\t{value}" of a str or an int
+    for at in range(0, len(pairs), LINES_JOINED):
+        piece = pairs[at : at + LINES_JOINED]
+        out.write("".join(itertools.starmap(line, piece)).encode())
 
 
 def _write_lines(out: BinaryIO, lines: list[bytes], result: ReduceResult) -> None:

@@ -1,0 +1,321 @@
+"""A combine or reduce that is exactly ``yield key, sum(values)`` (cmr.cpu.summing) runs as
+int sums added by the engine: recognised by its code (and by nothing that only looks
+alike), and giving exactly what calling it gives — the same totals out of a map task, the
+same output bytes out of a reduce task — whatever the values (bools, floats, ints past
+64 bits), the keys' kinds, the budget or the partitioner."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from cmr import wire
+from cmr.cpu import summing
+from cmr.cpu.mapping import run_map
+from cmr.cpu.reducing import run_reduce
+from cmr.cpu.specs import REDUCE_MEMORY_MIN, MapSpec, ReduceSpec
+from cmr.job import Job, JobRef
+
+from .spooling import spool_files
+
+JOBS = '''
+from collections import Counter
+
+import cmr
+
+
+class Fast(cmr.Job):
+    """Combine and reduce as a word count writes them: the engine adds the ints itself."""
+
+    reducers = 4
+
+    def map(self, key, line):
+        for word in line.split():
+            yield word, 1
+
+    def combine(self, word, counts):
+        yield word, sum(counts)
+
+    def reduce(self, word: str, counts: "Iterator[int]") -> "Iterator[tuple[str, int]]":
+        """With a docstring and annotations: the same code."""
+        yield (word, sum(counts))
+
+
+class Slow(Fast):
+    """The same sums, written so the engine does not recognise them: it calls them."""
+
+    def combine(self, word, counts):
+        yield word, sum(counts, 0)
+
+    def reduce(self, word, counts):
+        yield word, sum(counts, 0)
+
+
+class FastChunk(Fast):
+    def map_chunk(self, name, data):
+        return Counter(data.decode("utf-8", "replace").split()).items()
+
+
+class SlowChunk(Slow):
+    map_chunk = FastChunk.map_chunk
+
+
+class FastOdd(Fast):
+    """Values of every kind a sum takes: bools, floats, big ints, negative ints."""
+
+    def map(self, key, line):
+        for i, word in enumerate(line.split()):
+            yield word, (True, 2.5, 2**40, -3, 1, False)[(len(word) + i) % 6]
+
+
+class SlowOdd(Slow):
+    map = FastOdd.map
+
+
+class FastMixedKeys(Fast):
+    """Keys of several kinds in one task and partition: str, int, bytes, tuples, bool."""
+
+    def map(self, key, line):
+        for word in line.split():
+            yield (word, len(word) % 5, word.encode(), (word, 1), len(word) == 3)[len(word) % 5], 1
+
+
+class SlowMixedKeys(Slow):
+    map = FastMixedKeys.map
+
+
+class FastOwnPartition(Fast):
+    def partition(self, key, n):
+        return len(str(key)) % n
+
+
+class SlowOwnPartition(Slow):
+    partition = FastOwnPartition.partition
+
+
+class FastHuge(Fast):
+    def map(self, key, line):
+        for word in line.split():
+            yield word, 2**62
+
+
+class SlowHuge(Slow):
+    map = FastHuge.map
+'''
+
+
+def _ref(tmp_path: Path, cls: str) -> JobRef:
+    path = tmp_path / "sums.py"
+    if not path.exists():
+        path.write_text(JOBS)
+    return JobRef.parse(f"{path}:{cls}")
+
+
+def _text(seed: int = 1, lines: int = 6_000) -> bytes:
+    rnd = random.Random(seed)
+    words = ["".join(rnd.choices("abcdefghijklmnopé中", k=rnd.randint(1, 7))) for _ in range(3_000)]
+    return "\n".join(" ".join(rnd.choices(words, k=9)) for _ in range(lines)).encode()
+
+
+# ------------------------------------------------------------------------ recognition
+
+
+class Shapes(Job):
+    def exact(self, word, counts):  # type: ignore[no-untyped-def]
+        yield word, sum(counts)
+
+    def parenthesised(self, k: Any, v: Iterator[int]) -> Iterator[tuple[Any, int]]:
+        """Documented and annotated."""
+        yield (k, sum(v))
+
+    @staticmethod
+    def static(k, v):  # type: ignore[no-untyped-def]
+        yield k, sum(v)
+
+    def listed(self, k, v):  # type: ignore[no-untyped-def]
+        yield k, sum(list(v))
+
+    def started(self, k, v):  # type: ignore[no-untyped-def]
+        yield k, sum(v, 0)
+
+    def swapped(self, k, v):  # type: ignore[no-untyped-def]
+        yield v, sum(k)
+
+    def returned(self, k, v):  # type: ignore[no-untyped-def]
+        return [(k, sum(v))]
+
+    def twice(self, k, v):  # type: ignore[no-untyped-def]
+        yield k, sum(v)
+        yield k, sum(v)
+
+    def starred(self, k, *v):  # type: ignore[no-untyped-def]
+        yield k, sum(v)
+
+    async def awaited(self, k, v):  # type: ignore[no-untyped-def]
+        yield k, sum(v)
+
+    def counted(self, k, v):  # type: ignore[no-untyped-def]
+        self.increment_counter("g", "n")
+        yield k, sum(v)
+
+
+def test_the_sum_is_recognised_by_its_code_and_nothing_else() -> None:
+    s = Shapes()
+    assert [summing.is_sum(f) for f in (s.exact, s.parenthesised, s.static)] == [True] * 3
+
+    def nested(k, v):  # type: ignore[no-untyped-def]
+        yield k, sum(v)
+
+    assert summing.is_sum(nested)
+    lookalikes = [
+        s.listed, s.started, s.swapped, s.returned, s.twice, s.starred, s.awaited, s.counted,
+        None, len, sum, print,
+    ]  # fmt: skip
+    assert [summing.is_sum(f) for f in lookalikes] == [False] * len(lookalikes)
+    # The unbound method takes self: three arguments, not the two a step calls it with.
+    assert not summing.is_sum(Shapes.exact)
+
+
+def test_a_sum_that_is_not_the_builtin_is_called() -> None:
+    # `sum` of the function's own module, or a closure: the code alone says nothing.
+    shadowed: dict[str, Any] = {"sum": lambda values: 42}
+    exec("def reduce(k, v):\n    yield k, sum(v)\n", shadowed)
+    assert not summing.is_sum(shadowed["reduce"])
+    plain: dict[str, Any] = {}
+    exec("def reduce(k, v):\n    yield k, sum(v)\n", plain)
+    assert summing.is_sum(plain["reduce"])
+
+    def outer(total: Any) -> Any:
+        def reduce(k, v):  # type: ignore[no-untyped-def]
+            yield k, total(v)
+
+        return reduce
+
+    assert not summing.is_sum(outer(sum))
+
+
+def test_merge_adds_each_keys_count() -> None:
+    totals: dict[Any, int] = {}
+    summing.merge(totals, Counter({"a": 1, "b": 2}))
+    summing.merge(totals, {"b": 5, "c": 1, 1.0: 7})
+    summing.merge(totals, {1: 1, "a": -1})
+    assert totals == {"a": 0, "b": 7, "c": 1, 1.0: 8}
+    assert [type(k) for k in totals] == [str, str, str, float]  # the first key kept, as dicts do
+    assert summing.all_ints([1, 2**70, -3])
+    assert not summing.all_ints([1, True])
+    assert not summing.all_ints([1, 1.0])
+    assert not summing.all_ints([])
+
+
+# ------------------------------------------------------------------- map and reduce tasks
+
+
+def _map_totals(
+    tmp_path: Path, cls: str, chunks: list[bytes]
+) -> tuple[dict[int, Counter[Any]], int]:
+    """What a map task sends each partition, summed per key (the spool's batches decoded),
+    and how many pairs it sent."""
+    spec = MapSpec("j", 0, "a", 4, 64 * 1024, str(tmp_path), piece_bytes=20_000)
+    result = run_map(_ref(tmp_path, cls), {}, [(f"in{i}", c) for i, c in enumerate(chunks)], spec)
+    assert result.error == ""
+    data = Path(result.spool).read_bytes()
+    os.unlink(result.spool)
+    totals: dict[int, Counter[Any]] = defaultdict(Counter)
+    sent = 0
+    unpacker = msgpack.Unpacker(raw=False, use_list=False)
+    unpacker.feed(data)
+    for p, _seq, n, body, spilled in unpacker:
+        assert not spilled
+        batch = wire.decode(body)
+        assert isinstance(batch, wire.Batch)
+        pairs = list(wire.iter_pairs(batch.pairs))
+        assert len(pairs) == n
+        sent += n
+        for key, value in pairs:
+            totals[p][key] += value
+    return dict(totals), sent
+
+
+@pytest.mark.parametrize("kind", ["", "Chunk", "Odd", "MixedKeys", "OwnPartition"])
+def test_a_map_task_sends_the_totals_its_combine_would(tmp_path: Path, kind: str) -> None:
+    text = _text()
+    chunks = [text[: len(text) // 3], text[len(text) // 3 :]]
+    chunks = [c[: c.rfind(b"\n")] if c.rfind(b"\n") > 0 else c for c in chunks]
+    fast, fast_sent = _map_totals(tmp_path, f"Fast{kind}", chunks)
+    slow, slow_sent = _map_totals(tmp_path, f"Slow{kind}", chunks)
+    assert fast == slow
+    assert fast_sent <= slow_sent  # one pair per key and task, or more when values vary
+
+
+def test_a_map_task_past_combine_keys_sends_every_count(tmp_path: Path) -> None:
+    from cmr.cpu.shuffle import COMBINE_KEYS
+
+    words = [f"w{i}" for i in range(COMBINE_KEYS + 5_000)]
+    text = "\n".join(" ".join(words[i : i + 50]) for i in range(0, len(words), 50)).encode()
+    fast, sent = _map_totals(tmp_path, "FastChunk", [text, text])
+    slow, _ = _map_totals(tmp_path, "SlowChunk", [text, text])
+    assert fast == slow
+    assert sum(sum(c.values()) for c in fast.values()) == 2 * len(words)
+    assert sent > len(words)  # flushed once at least: a key may go twice
+
+
+def test_a_total_past_64_bits_is_refused_as_calling_combine_refuses_it(tmp_path: Path) -> None:
+    errors = []
+    for cls in ("FastHuge", "SlowHuge"):
+        spec = MapSpec("j", 0, "a", 4, 64 * 1024, str(tmp_path), piece_bytes=20_000)
+        result = run_map(_ref(tmp_path, cls), {}, [("in", _text(lines=50))], spec)
+        errors.append(result.error.replace(cls, "J"))
+    assert errors[0] == errors[1]
+    assert "J.map (or J.combine) yielded a value that is not wire data: " in errors[0]
+    assert "outside the 64-bit range of wire ints" in errors[0]
+
+
+def _values(seed: int, kinds: str) -> list[list[tuple[Any, Any]]]:
+    """Three spools of pairs: keys of ``kinds``, int values (and some others with "odd")."""
+    rnd = random.Random(seed)
+    words = [f"k{rnd.randint(0, 9_999)}é" for _ in range(4_000)]
+    groups: list[list[tuple[Any, Any]]] = []
+    for _ in range(3):
+        pairs: list[tuple[Any, Any]] = []
+        for w in rnd.choices(words, k=6_000):
+            key: Any = w
+            if kinds == "int":
+                key = int(w[1:-1])
+            elif kinds == "bytes":
+                key = w.encode()
+            elif kinds == "mixed" and rnd.random() < 0.1:
+                key = (w, 1)
+            value: Any = rnd.randint(-5, 50)
+            if kinds == "odd" and rnd.random() < 0.01:
+                value = rnd.choice([True, 2.5, 2**40, False])
+            pairs.append((key, value))
+        groups.append(pairs)
+    return groups
+
+
+@pytest.mark.parametrize("kinds", ["str", "int", "bytes", "mixed", "odd"])
+@pytest.mark.parametrize("memory", [64 << 20, REDUCE_MEMORY_MIN], ids=["in memory", "spilled"])
+def test_a_reduce_task_writes_what_calling_reduce_writes(
+    tmp_path: Path, kinds: str, memory: int
+) -> None:
+    groups = _values(7, kinds)
+    outs = []
+    for cls in ("Fast", "Slow"):
+        spill = tmp_path / f"spill-{cls}"
+        spill.mkdir()
+        out = tmp_path / f"out-{cls}"
+        spec = ReduceSpec("sums", str(out), memory, str(spill))
+        result = run_reduce(_ref(tmp_path, cls), {}, spool_files(tmp_path, groups), spec)
+        assert result.error == ""
+        assert os.listdir(spill) == []
+        outs.append((out.read_bytes(), result.records_out, result.sha256))
+    assert outs[0] == outs[1]
+    lines = outs[0][0].decode().splitlines()
+    assert len(lines) == len({k for g in groups for k, _ in g})
