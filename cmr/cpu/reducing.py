@@ -224,21 +224,19 @@ def _summed(
     kind: set[type] = set()
     held = 0
     for block, packed in blocks:
-        keys = list(map(_first, block))
-        kinds = set(map(type, keys))
-        values = list(map(_second, block))
+        kinds = set(map(type, map(_first, block)))
         if (
             held >= spec.memory_bytes
             or len(kinds) != 1
             or (kind and kinds != kind)
             or not kinds <= set(PLAIN_KEYS)
-            or not summing.all_ints(values)
+            or not summing.all_ints(map(_second, block))
         ):
             first = [(list(totals.items()), 0)] if totals else []
             return itertools.chain(first, [(block, packed)], blocks)
         kind = kinds
         before = len(totals)
-        counts = dict(zip(keys, values, strict=True))
+        counts = dict(block)  # a key twice keeps one value: the lengths differ then
         if len(counts) == len(block):
             summing.merge(totals, counts)
         else:  # a key twice in the block: added one by one
@@ -286,7 +284,9 @@ def write_output(
     try:
         hook(step.reduce_init)
         if one_each and held is not None:
-            _write_each(job, held, out, write, output_format)
+            if not _write_lines_of(job, held, out, output_format):
+                for pair in held:
+                    write(*pair)
             result.records_out += len(held)
             keyed, held = iter(()), None
         if step.reduce is None and held is not None:
@@ -341,6 +341,8 @@ def write_output(
     except (TypeError, ValueError, OverflowError) as exc:
         if usercode.culprit(exc) is not None:
             raise  # the user's code raised it (their own format() too): reported as such
+        if one_each and source is usercode.NOTHING and type(pair) is tuple:
+            source = _paused(reduce, pair)  # where the pair came from, as reduce yields it
         # Pairs go on the wire (msgpack) only in the pairs format.
         problem = usercode.bad_output(reducer, pair, exc, source, wire=output_format == "pairs")
         if problem is exc and output_format == "text" and type(job).format is not Job.format:
@@ -359,11 +361,11 @@ def write_output(
         raise problem from exc
 
 
-def _write_each(
-    job: Job, pairs: list[tuple[Any, Any]], out: BinaryIO, write: Any, output_format: str
-) -> None:
-    """Pairs, one per key, written as they are: Job.format's lines of str or int keys and
-    int values made by C, LINES_JOINED at a time; anything else by the format's writer."""
+def _write_lines_of(
+    job: Job, pairs: list[tuple[Any, Any]], out: BinaryIO, output_format: str
+) -> bool:
+    """Pairs, one per key, as Job.format's text lines, made by C LINES_JOINED at a time,
+    when the keys are str or int and the values int; False (nothing written) otherwise."""
     if (
         output_format != "text"
         or type(job).format is not Job.format
@@ -371,13 +373,21 @@ def _write_each(
         or not {type(pairs[0][0])} <= {str, int}
         or not summing.all_ints(map(_second, pairs))
     ):
-        for pair in pairs:
-            write(*pair)
-        return
+        return False
     line = "{}\t{}\n".format  # Job.format's f"{key}\t{value}" of a str or an int
     for at in range(0, len(pairs), LINES_JOINED):
         piece = pairs[at : at + LINES_JOINED]
         out.write("".join(itertools.starmap(line, piece)).encode())
+    return True
+
+
+def _paused(reduce: Any, pair: tuple[Any, Any]) -> Any:
+    """What reduce makes of a key's one value, run to its yield: where a pair written as
+    one of a summing reduce's came from, for a diagnosis to name (it calls the sum)."""
+    made = reduce(pair[0], iter((pair[1],)))
+    with contextlib.suppress(Exception):
+        next(made, None)
+    return made
 
 
 def _write_lines(out: BinaryIO, lines: list[bytes], result: ReduceResult) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,6 +99,15 @@ class FastOwnPartition(Fast):
 
 class SlowOwnPartition(Slow):
     partition = FastOwnPartition.partition
+
+
+class FastFormat(Fast):
+    def format(self, key, value):
+        return 5
+
+
+class SlowFormat(Slow):
+    format = FastFormat.format
 
 
 class FastHuge(Fast):
@@ -319,3 +329,24 @@ def test_a_reduce_task_writes_what_calling_reduce_writes(
     assert outs[0] == outs[1]
     lines = outs[0][0].decode().splitlines()
     assert len(lines) == len({k for g in groups for k, _ in g})
+
+
+@pytest.mark.parametrize(
+    ("kind", "keys"),
+    [("", [b"\xffa", b"\xffb"]), ("Format", ["a", "b"])],
+    ids=["bytes not UTF-8", "format not str"],
+)
+def test_a_pair_that_cannot_be_written_is_diagnosed_as_calling_reduce_diagnoses_it(
+    tmp_path: Path, kind: str, keys: list[Any]
+) -> None:
+    errors = []
+    for cls in (f"Fast{kind}", f"Slow{kind}"):
+        spill = tmp_path / f"spill-{cls}"
+        spill.mkdir()
+        spec = ReduceSpec("sums", str(tmp_path / f"out-{cls}"), 1 << 20, str(spill))
+        groups = [[(k, 1) for k in keys] * 3]
+        result = run_reduce(_ref(tmp_path, cls), {}, spool_files(tmp_path, groups), spec)
+        # The two reduce methods are on different lines of the job file.
+        errors.append(re.sub(r"line \d+", "line N", result.error.replace(cls, "J")))
+    assert errors[0] == errors[1]
+    assert errors[0].startswith(("J.reduce yielded (b'\\xffa'", "J.format returned 5")), errors[0]
