@@ -63,10 +63,14 @@ class Worker:
         only_job: str | None = None,
         hook: Hook | None = None,
         queue_prefix: str = AwsSettings.queue_prefix,
+        job_refresh_s: float = JOB_REFRESH_S,
     ) -> None:
         """``queue_prefix``: the store's (its URL's ?prefix=): a job whose record names
-        another is not served, as its queues are not this store's."""
+        another is not served, as its queues are not this store's. ``job_refresh_s``: how
+        often a worker serving one job looks at it (a test's, to tell a poke from a
+        refresh)."""
         self.only_job = only_job
+        self.job_refresh_s = job_refresh_s
         spool = settings.spill_dir or tempfile.gettempdir()
         if not os.path.isdir(spool):
             raise UsageError(f"spill directory {spool} does not exist: create it, or name another")
@@ -401,7 +405,7 @@ class Worker:
             ):
                 self.rt.log.info("idle; exiting", idle_s=idle_exit)
                 self.done.set()
-            nap = JOB_REFRESH_S if self.only_job else FLEET_REFRESH_S
+            nap = self.job_refresh_s if self.only_job else FLEET_REFRESH_S
             if idle_exit is not None and self.busy == 0 and not self._duties:
                 # Looked at again when the idle time would run out, not at the next refresh
                 # only (--idle-exit 0.5 took 5.5 s); work come meanwhile moves it on (a

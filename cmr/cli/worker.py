@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 MAX_SLOTS = 1024  # processes or slots of one worker: each holds a task's data in memory
 MAX_IDLE_S = 30 * 24 * 3600
 STOP_AT = "CMR_STOP_AT"  # a testing aid: the worker stops itself (SIGSTOP) at this step
+# A testing aid: how often a worker serving one job (--job) looks at it, seconds; long, it
+# shows that the worker stopped when poked (cmr.api.POKE), not at a refresh.
+JOB_REFRESH = "CMR_JOB_REFRESH_S"
 
 
 @shared("store", StoreFlags)
@@ -98,6 +101,9 @@ def worker(
     verbose: Verbose = 0,
 ) -> None:
     """Serve every running job (or one) until idle: the fleet's only process."""
+    # A poke (api.POKE) before the worker's loop can take it, or after, is nothing to act
+    # on: not the end of the process, as the signal's default would have it.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     configure_logs(logging.INFO - 10 * verbose if log_level is None else log_level)
     for flag, count in (
         ("--processes", processes),
@@ -133,6 +139,7 @@ def worker(
     base = WorkerSettings.from_json(settings_json) if settings_json else WorkerSettings()
     ws = replace(base, **{k: v for k, v in given.items() if v is not None})
     hook = _stop_at(os.environ.get(STOP_AT))
+    refresh = _job_refresh(os.environ.get(JOB_REFRESH))
 
     async def serve() -> None:
         from cmr import api
@@ -141,11 +148,14 @@ def worker(
         async with api.open_backend(where.backend, where.aws) as be:
             with api.cpu_pool(ws.processes) as pool:
                 w = Worker(
-                    be, ws, pool, only_job=job, hook=hook, queue_prefix=where.aws.queue_prefix
-                )
+                    be, ws, pool, only_job=job, hook=hook, queue_prefix=where.aws.queue_prefix,
+                    job_refresh_s=refresh,
+                )  # fmt: skip
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, w.done.set)
+                # `cmr run`'s word that a job may have ended: refresh now (api.POKE).
+                loop.add_signal_handler(signal.SIGUSR1, w.poke)
                 try:
                     await w.run()
                 finally:
@@ -153,7 +163,25 @@ def worker(
                     # slot (its lease lapses); do not wait for it to end.
                     pool.kill()
 
-    asyncio.run(serve())
+    try:
+        asyncio.run(serve())
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the loop's close made it the default
+
+
+def _job_refresh(given: str | None) -> float:
+    """JOB_REFRESH's seconds (the worker's own period when unset)."""
+    from cmr.worker import JOB_REFRESH_S
+
+    if given is None:
+        return JOB_REFRESH_S
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= MAX_IDLE_S:
+        fail(f"{JOB_REFRESH}={given!r}: it must be seconds, more than 0, at most {MAX_IDLE_S:,}")
+    return seconds
 
 
 def _stop_at(step: str | None) -> Hook | None:

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 
 from cmr.api import run_on
 from cmr.backends.base import Backend
+from cmr.cli.worker import JOB_REFRESH
 from cmr.errors import UsageError
 from cmr.publish import Manifest
 from cmr.settings import AwsSettings
@@ -27,6 +29,7 @@ from tests.stack import LOCALSTACK_URL
 from .corpus import edge_cases
 from .reference import word_count
 
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("aws_stack")
 
 
@@ -267,3 +270,31 @@ async def test_a_worker_refuses_a_job_whose_code_is_outside_jobs_from(
     )  # fmt: skip
     assert finish(worker)[0] == 0
     assert status_json(s, detached.job_id)["state"] == "succeeded"
+
+
+def test_a_run_with_worker_processes_ends_when_its_job_does(
+    aws: tuple[Backend, AwsSettings], tmp_path: Path
+) -> None:
+    """`cmr run --workers 2`: the worker that cleans the job up stops first, and the run
+    pokes the other, which stops then, rather than at its next look at the job or when its
+    queues answer that they are gone (every such run on the stack ended 5 s late; with the
+    workers looking only every 10 minutes, as here, ~30 s late)."""
+    _, s = aws
+    (tmp_path / "in.txt").write_text("a b b\nc a\n")
+    code, _, err = finish(
+        cmr(
+            "run", str(REPO / "examples" / "wordcount.py"), "--backend", "aws", "--input",
+            str(tmp_path / "in.txt"), "--output", str(tmp_path / "out"), "--workers", "2",
+            *names(s), env={JOB_REFRESH: "600"},
+        ),
+        timeout=300,
+    )  # fmt: skip
+    returned = time.time()
+    assert code == 0, err
+    job_id = err.split("submitted job ", 1)[1].split()[0]
+    late = returned - status_json(s, job_id)["ended"]
+    assert late < 15, f"the run returned {late:.0f} s after its job ended: it waited for a worker"
+    lines = sorted((tmp_path / "out").glob("part-*"))
+    assert sorted(line for p in lines for line in p.read_text().splitlines()) == [
+        "a\t2", "b\t2", "c\t1",
+    ]  # fmt: skip
