@@ -343,9 +343,10 @@ async def _run_with_processes(
 
 async def _settle_processes(procs: list[asyncio.subprocess.Process]) -> None:
     """Wait up to SETTLE_S for the worker processes we started to stop on their own once
-    the job ended; each that stops pokes the others (POKE), as _settle does in-process: they
-    would otherwise see the job cleaned up only at their next refresh, 5 s on (every
-    `cmr run --workers 2` on the stack ended 5 s late)."""
+    the job ended; each that stops in order (exit 0: the job it served was cleaned up) pokes
+    the others (POKE), as _settle does in-process: they would otherwise see the job cleaned
+    up only at their next refresh, 5 s on (every `cmr run --workers 2` on the stack ended
+    5 s late)."""
     loop = asyncio.get_running_loop()
     waits = {asyncio.ensure_future(p.wait()): p for p in procs}
     deadline = loop.time() + SETTLE_S
@@ -359,11 +360,14 @@ async def _settle_processes(procs: list[asyncio.subprocess.Process]) -> None:
             )
             if not stopped:
                 return
+            cleaned = False
             for done in stopped:
-                waits.pop(done)
+                cleaned |= waits.pop(done).returncode == 0
+            if not cleaned:
+                continue  # a worker that failed (or was killed) says nothing of the job
             for p in waits.values():
-                # A worker still starting has no handler yet and ends at the signal: it had
-                # no part in the job, which has ended (its cleaner stopped first).
+                # A worker not yet at its handler (still importing) ends at the signal: it
+                # had no part in the job, which one that stopped in order has cleaned up.
                 with contextlib.suppress(ProcessLookupError):
                     p.send_signal(POKE)
     finally:

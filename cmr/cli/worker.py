@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import os
 import signal
@@ -24,7 +26,10 @@ from cmr.cli.options import (
 from cmr.settings import BackendName, WorkerSettings
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from cmr.runtime import Hook, Runtime
+    from cmr.worker import Worker
 
 MAX_SLOTS = 1024  # processes or slots of one worker: each holds a task's data in memory
 MAX_IDLE_S = 30 * 24 * 3600
@@ -102,8 +107,11 @@ def worker(
 ) -> None:
     """Serve every running job (or one) until idle: the fleet's only process."""
     # A poke (api.POKE) before the worker's loop can take it, or after, is nothing to act
-    # on: not the end of the process, as the signal's default would have it.
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # on: not the end of the process, as the signal's default would have it. A handler of
+    # ours, not SIG_IGN: an ignored signal stays ignored in what the worker starts (its
+    # pool, and any program the user's code runs), a handler does not.
+    pokes: list[Callable[[], None]] = []
+    signal.signal(signal.SIGUSR1, lambda _sig, _frame: [poke() for poke in pokes])
     configure_logs(logging.INFO - 10 * verbose if log_level is None else log_level)
     for flag, count in (
         ("--processes", processes),
@@ -154,8 +162,10 @@ def worker(
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, w.done.set)
-                # `cmr run`'s word that a job may have ended: refresh now (api.POKE).
-                loop.add_signal_handler(signal.SIGUSR1, w.poke)
+                # `cmr run`'s word that a job may have ended: refresh now (api.POKE). Taken
+                # by the handler above, which stays after the loop closes (the loop's own
+                # would give the signal back its default, the end of the process).
+                pokes.append(functools.partial(_poke_soon, loop, w))
                 try:
                     await w.run()
                 finally:
@@ -163,10 +173,14 @@ def worker(
                     # slot (its lease lapses); do not wait for it to end.
                     pool.kill()
 
-    try:
-        asyncio.run(serve())
-    finally:
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the loop's close made it the default
+    asyncio.run(serve())
+
+
+def _poke_soon(loop: asyncio.AbstractEventLoop, w: Worker) -> None:
+    """Have the worker refresh its jobs, from a signal handler (on the loop's thread, but
+    between any two of its steps: through the loop's own queue, which wakes it)."""
+    with contextlib.suppress(RuntimeError):  # the loop closed: nothing left to refresh
+        loop.call_soon_threadsafe(w.poke)
 
 
 def _job_refresh(given: str | None) -> float:

@@ -125,8 +125,10 @@ def _map_into(
         groups: dict[Any, Any] = {}
         grouped = groups.get  # per pair: one lookup saved (groups is cleared, never replaced)
         # A combine that is `yield key, sum(values)`: int values added up here, by C where
-        # they come as a dict (cmr.cpu.summing); the rest are grouped as any combine's.
-        sum_combine = combiner is not None and summing.is_sum(step.combine)
+        # they come as a dict (cmr.cpu.summing), until a value that is no int comes; then
+        # the totals become the groups' first values and the task goes on the general way
+        # (groups hold nothing while it sums), as if it had gone so from the start.
+        sum_combine = False
         sums: dict[Any, int] = {}
         summed = sums.get
         sum_method = f"{mapper} (or {step_name}.combine)"
@@ -136,6 +138,7 @@ def _map_into(
             hook(step.map_init)
             if combiner is not None:
                 hook(step.combine_init)
+                sum_combine = summing.is_sum(step.combine)  # `sum` as the hooks left it
             columns, packed = None, None
             if (
                 fmt.name == "fixed"
@@ -152,15 +155,13 @@ def _map_into(
             last = [False]
             calls = map_calls(step, fmt, chunks, spec, result, universal, columns, last)
             for source in calls:
-                if (
-                    sum_combine
-                    and type(source) is _DICT_ITEMS
-                    and summing.all_ints(source.mapping.values())
-                ):
-                    summing.merge(sums, source.mapping)
-                    if len(sums) >= COMBINE_KEYS:
-                        _send_sums(shuffle, sums, part, sum_method)
-                    continue
+                if sum_combine and type(source) is _DICT_ITEMS:
+                    if summing.all_ints(source.mapping.values()):
+                        summing.merge(sums, source.mapping)
+                        if len(sums) >= COMBINE_KEYS:
+                            _send_sums(shuffle, sums, part, sum_method)
+                        continue
+                    sum_combine = _stop_summing(sums, groups)
                 if last[0] and combiner is not None and not groups and type(source) is _DICT_ITEMS:
                     # The task's one source of pairs, a dict's items (map_chunk's Counter):
                     # its keys are distinct, so combining would send each pair as it came,
@@ -194,15 +195,17 @@ def _map_into(
                     if combiner is None:
                         shuffle.add(part(key, n), key, value)
                         continue
-                    if sum_combine and type(value) is int:
-                        try:
-                            sums[key] = summed(key, 0) + value
-                        except TypeError:  # a list key: summed as the tuple it arrives as
-                            key = usercode.key_of(key, mapper)
-                            sums[key] = summed(key, 0) + value
-                        if len(sums) >= COMBINE_KEYS:
-                            _send_sums(shuffle, sums, part, sum_method)
-                        continue
+                    if sum_combine:
+                        if type(value) is int:
+                            try:
+                                sums[key] = summed(key, 0) + value
+                            except TypeError:  # a list key: summed as the tuple it arrives as
+                                key = usercode.key_of(key, mapper)
+                                sums[key] = summed(key, 0) + value
+                            if len(sums) >= COMBINE_KEYS:
+                                _send_sums(shuffle, sums, part, sum_method)
+                            continue
+                        sum_combine = _stop_summing(sums, groups)
                     try:
                         vals = grouped(key, _NONE)
                     except TypeError:  # a list key: grouped as the tuple it arrives as
@@ -228,7 +231,6 @@ def _map_into(
                 raise usercode.not_pairs(method, usercode.NOTHING, exc) from exc
             raise usercode.bad_output(mapper, pair, exc, source) from exc
         if combiner is not None:
-            _fold(sums, groups)
             _send_sums(shuffle, sums, part, sum_method)
             _flush(combiner, groups, shuffle, part, mapper)
             _emit_final(step.combine_final, f"{step_name}.combine_final", shuffle, part)
@@ -247,15 +249,24 @@ def _flush(
     _send(shuffle, combiner.flushed(groups), part, f"{mapper} (or {combiner.method})")
 
 
-def _fold(sums: dict[Any, int], groups: dict[Any, Any]) -> None:
-    """The totals of keys that also hold values of another kind (a float, a bool) moved
-    among those, so that the combine sends one pair for such a key, not two."""
-    for key in sums.keys() & groups.keys():
-        held, total = groups[key], sums.pop(key)
-        if type(held) is Values:
-            held.append(total)
-        else:
-            groups[key] = Values((held, total))
+def _stop_summing(sums: dict[Any, int], groups: dict[Any, Any]) -> bool:
+    """A value that is no int came to a summing combine: the task's totals become what the
+    groups hold, each key's total its first value and in the order the keys came (the int
+    values a key got before it, added up: what the combine would have added first), and the
+    task goes on the general way. Returns False: the task no longer sums."""
+    if not groups:  # always: nothing is grouped while the task sums
+        groups.update(sums)
+    else:
+        for key, total in sums.items():
+            held = groups.get(key, _NONE)
+            if held is _NONE:
+                groups[key] = total
+            elif type(held) is Values:
+                held.append(total)
+            else:
+                groups[key] = Values((held, total))
+    sums.clear()
+    return False
 
 
 def _send_sums(

@@ -232,7 +232,7 @@ def _summed(
             or not kinds <= set(PLAIN_KEYS)
             or not summing.all_ints(map(_second, block))
         ):
-            first = [(list(totals.items()), 0)] if totals else []
+            first = [(summing.wire_pairs(totals), 0)] if totals else []
             return itertools.chain(first, [(block, packed)], blocks)
         kind = kinds
         before = len(totals)
@@ -297,7 +297,7 @@ def write_output(
                 write(*pair)
             result.records_out += len(held)
             keyed, held = iter(()), None
-        if output_format == "text" and type(job).format is Job.format:
+        if output_format == "text" and _default_format(job):
             # Job.format's lines of a str key and an int or str value made here, as
             # f"{key}\t{value}" (what format() makes of them), and written in blocks: a
             # word count writes a line per key, and the calls were half its writing.
@@ -345,7 +345,7 @@ def write_output(
             source = _paused(reduce, pair)  # where the pair came from, as reduce yields it
         # Pairs go on the wire (msgpack) only in the pairs format.
         problem = usercode.bad_output(reducer, pair, exc, source, wire=output_format == "pairs")
-        if problem is exc and output_format == "text" and type(job).format is not Job.format:
+        if problem is exc and output_format == "text" and not _default_format(job):
             # The user's own format() returned something a file cannot take.
             line = job.format(*pair)
             if not isinstance(line, str | bytes):
@@ -368,7 +368,7 @@ def _write_lines_of(
     when the keys are str or int and the values int; False (nothing written) otherwise."""
     if (
         output_format != "text"
-        or type(job).format is not Job.format
+        or not _default_format(job)
         or not pairs
         or not {type(pairs[0][0])} <= {str, int}
         or not summing.all_ints(map(_second, pairs))
@@ -379,6 +379,12 @@ def _write_lines_of(
         piece = pairs[at : at + LINES_JOINED]
         out.write("".join(itertools.starmap(line, piece)).encode())
     return True
+
+
+def _default_format(job: Job) -> bool:
+    """Whether the job's lines are Job.format's: not its class's own, nor one set on the
+    instance (in ``setup``)."""
+    return type(job).format is Job.format and "format" not in getattr(job, "__dict__", {})
 
 
 def _paused(reduce: Any, pair: tuple[Any, Any]) -> Any:

@@ -71,9 +71,13 @@ def _sums(code: CodeType) -> bool:
     return _shape(code) in _SHAPES
 
 
+_SUM = builtins.sum  # the builtin as cmr found it (a job may replace builtins.sum)
+
+
 def is_sum(fn: Callable[..., Any] | None) -> bool:
     """Whether calling ``fn(key, values)`` is ``yield key, sum(values)``: its code is that,
-    it closes over nothing, and ``sum`` is the builtin in its globals."""
+    it closes over nothing, and ``sum`` is the builtin where it runs (the one cmr found:
+    a job that replaced ``builtins.sum`` calls its own)."""
     if fn is None:
         return False
     bound = getattr(fn, "__self__", None)
@@ -83,14 +87,35 @@ def is_sum(fn: Callable[..., Any] | None) -> bool:
     code = func.__code__
     if code.co_argcount != (3 if bound is not None else 2):
         return False
-    if "sum" in func.__globals__ or func.__builtins__.get("sum") is not builtins.sum:
+    used: dict[str, Any] = getattr(func, "__builtins__", {})  # what its code's names fall back on
+    if "sum" in func.__globals__ or used.get("sum") is not _SUM:
         return False
     return _sums(code)
 
 
 def all_ints(values: Any) -> bool:
-    """Whether every value is an int (exactly: a bool is not), by C; False when none."""
-    return set(map(type, values)) == {int}
+    """Whether every value is an int (exactly: a bool is not), by C; True when none."""
+    return set(map(type, values)) <= {int}
+
+
+INT_MAX = 2**63 - 1  # the largest int every wire form takes (msgpack's int64)
+
+
+def wire_pairs(totals: dict[Any, int]) -> list[tuple[Any, int]]:
+    """The totals as pairs the wire takes: a total past 64 bits (ints that each fit can add
+    up past them) as several values of its key that add up to it."""
+    pairs = list(totals.items())
+    if not pairs or (min(totals.values()) >= -INT_MAX and max(totals.values()) <= INT_MAX):
+        return pairs
+    out: list[tuple[Any, int]] = []
+    for key, total in pairs:
+        left = total
+        while abs(left) > INT_MAX:
+            piece = INT_MAX if left > 0 else -INT_MAX
+            out.append((key, piece))
+            left -= piece
+        out.append((key, left))
+    return out
 
 
 def merge(totals: dict[Any, int], counts: Mapping[Any, int]) -> None:

@@ -298,3 +298,33 @@ def test_a_run_with_worker_processes_ends_when_its_job_does(
     assert sorted(line for p in lines for line in p.read_text().splitlines()) == [
         "a\t2", "b\t2", "c\t1",
     ]  # fmt: skip
+
+
+def test_what_a_worker_runs_takes_sigusr1_as_it_would_anywhere(
+    aws: tuple[Backend, AwsSettings], tmp_path: Path
+) -> None:
+    """A `cmr worker` takes SIGUSR1 as a poke; the user's code it runs, in its pool, and any
+    program that code starts, keep the signal's default (an ignored signal would have
+    stayed ignored in all of them)."""
+    _, s = aws
+    job = tmp_path / "sig.py"
+    job.write_text(
+        "import signal, subprocess, sys\nimport cmr\n\n\nclass Sig(cmr.Job):\n"
+        "    def map(self, key, line):\n"
+        "        yield 'pool', signal.getsignal(signal.SIGUSR1).name\n"
+        "        child = [sys.executable, '-c', 'import signal; "
+        "print(signal.getsignal(signal.SIGUSR1).name)']\n"
+        "        yield 'child', subprocess.check_output(child, text=True).strip()\n\n"
+        "    def reduce(self, key, values):\n        yield key, sorted(set(values))[0]\n"
+    )
+    (tmp_path / "in.txt").write_text("x\n")
+    code, _, err = finish(
+        cmr(
+            "run", str(job), "--backend", "aws", "--input", str(tmp_path / "in.txt"),
+            "--output", str(tmp_path / "out"), "--workers", "1", "--reducers", "1", *names(s),
+        ),
+        timeout=300,
+    )  # fmt: skip
+    assert code == 0, err
+    [part] = (tmp_path / "out").glob("part-*")
+    assert part.read_text().splitlines() == ["child\tSIG_DFL", "pool\tSIG_DFL"]
