@@ -35,7 +35,7 @@ MAX_SLOTS = 1024  # processes or slots of one worker: each holds a task's data i
 MAX_IDLE_S = 30 * 24 * 3600
 STOP_AT = "CMR_STOP_AT"  # a testing aid: the worker stops itself (SIGSTOP) at this step
 # A testing aid: how often a worker serving one job (--job) looks at it, seconds; long, it
-# shows that the worker stopped when poked (cmr.api.POKE), not at a refresh.
+# shows that the worker stopped when poked (POKE, in cmr.api), not at a refresh.
 JOB_REFRESH = "CMR_JOB_REFRESH_S"
 
 
@@ -106,10 +106,10 @@ def worker(
     verbose: Verbose = 0,
 ) -> None:
     """Serve every running job (or one) until idle: the fleet's only process."""
-    # A poke (api.POKE) before the worker's loop can take it, or after, is nothing to act
-    # on: not the end of the process, as the signal's default would have it. A handler of
-    # ours, not SIG_IGN: an ignored signal stays ignored in what the worker starts (its
-    # pool, and any program the user's code runs), a handler does not.
+    # A poke (POKE, in cmr.api) before the worker's loop can take it, or after, is
+    # nothing to act on: not the end of the process, as the signal's default would have it.
+    # A handler of ours, not SIG_IGN: an ignored signal stays ignored in what the worker
+    # starts (its pool, and any program the user's code runs), a handler does not.
     pokes: list[Callable[[], None]] = []
     signal.signal(signal.SIGUSR1, lambda _sig, _frame: [poke() for poke in pokes])
     configure_logs(logging.INFO - 10 * verbose if log_level is None else log_level)
@@ -162,9 +162,9 @@ def worker(
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, w.done.set)
-                # `cmr run`'s word that a job may have ended: refresh now (api.POKE). Taken
-                # by the handler above, which stays after the loop closes (the loop's own
-                # would give the signal back its default, the end of the process).
+                # `cmr run`'s word that a job may have ended (POKE, in cmr.api): refresh
+                # now. Taken by the handler above, which stays after the loop closes (the
+                # loop's own would give the signal back its default, the end of the process).
                 pokes.append(functools.partial(_poke_soon, loop, w))
                 try:
                     await w.run()
