@@ -16,9 +16,8 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from cmr import counters, formats, taskprogress, usercode
-from cmr.cpu import summing
 from cmr.cpu.instances import hook, job_instance, job_step, mapper_name
-from cmr.cpu.order import PLAIN_KEYS, ValueOrder, sorted_keys, value_sorting
+from cmr.cpu.order import ValueOrder, sorted_keys, value_sorting
 from cmr.cpu.results import ReduceResult, reported, take_counters
 from cmr.cpu.runs import (
     MERGE_FANIN,
@@ -38,7 +37,6 @@ from cmr.job import Job, JobRef, Step
 # What holding a pair costs the reducer beyond the sizes of its key and value objects
 # (measured on CPython 3.11: ~195 B for a new 9-character key, ~31 B per added int):
 KEY_COST = 136  # a new key: its dict slot and a one-element list
-SUM_KEY_COST = 100  # a new key's total (cmr.cpu.summing): its dict slot and an int
 VALUE_COST = 8  # one more value of a key: a list slot
 LINES_JOINED = 4096  # output lines written at once
 _first = operator.itemgetter(0)  # a pair's key, by C
@@ -74,11 +72,7 @@ def run_reduce(
             fmt = spec.output_format or type(job).output_format  # "": the class's
             if not _sorted_rows(step, fmt, combiner, order, spools, spec, runs, result):
                 blocks = spool_blocks(spools, spec.memory_bytes)
-                left: Iterator[Any] | None = blocks
-                if order is None and summing.is_sum(step.reduce):
-                    left = _summed(job, step, step_name, blocks, spec, result, fmt)
-                if left is not None:
-                    _grouped(job, step, step_name, combiner, order, left, spec, runs, result, fmt)
+                _grouped(job, step, step_name, combiner, order, blocks, spec, runs, result, fmt)
         take_counters(counted, result)
     finally:
         for r in runs:
@@ -205,53 +199,6 @@ def _grouped(
     arrival.clear()
 
 
-def _summed(
-    job: Job,
-    step: Step,
-    step_name: str,
-    blocks: Iterator[tuple[list[tuple[Any, Any]], int]],
-    spec: ReduceSpec,
-    result: ReduceResult,
-    fmt: str,
-) -> Iterator[tuple[list[tuple[Any, Any]], int]] | None:
-    """A reduce that is ``yield key, sum(values)`` (cmr.cpu.summing), its keys of one plain
-    kind and its values ints: one total per key, added by C, and the keys' lines written
-    in order, with no call per key. None once written; else, at the first block it cannot
-    take (another kind of key or value; the totals past the memory budget), the blocks for
-    the general path, the totals so far first (the reduce's own sums, so summing them
-    again is the same output)."""
-    totals: dict[Any, int] = {}
-    kind: set[type] = set()
-    held = 0
-    for block, packed in blocks:
-        kinds = set(map(type, map(_first, block)))
-        if (
-            held >= spec.memory_bytes
-            or len(kinds) != 1
-            or (kind and kinds != kind)
-            or not kinds <= set(PLAIN_KEYS)
-            or not summing.all_ints(map(_second, block))
-        ):
-            first = [(summing.wire_pairs(totals), 0)] if totals else []
-            return itertools.chain(first, [(block, packed)], blocks)
-        kind = kinds
-        before = len(totals)
-        counts = dict(block)  # a key twice keeps one value: the lengths differ then
-        if len(counts) == len(block):
-            summing.merge(totals, counts)
-        else:  # a key twice in the block: added one by one
-            total = totals.get
-            for key, value in block:
-                totals[key] = total(key, 0) + value
-        held += (len(totals) - before) * (SUM_KEY_COST + packed // len(block))
-    keys = sorted(totals)  # one plain kind: its own order is sort_key's
-    pairs = list(zip(keys, map(totals.__getitem__, keys), strict=True))
-    totals.clear()
-    with _output(spec.out_path, result) as out:
-        write_output(job, iter(()), out, result, fmt, step, step_name, pairs, one_each=True)
-    return None
-
-
 def _identity(key: Any, values: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
     """A map-only step's reduce: every value as it came."""
     for v in values:
@@ -267,13 +214,10 @@ def write_output(
     step: Step | None = None,
     step_name: str = "",
     held: list[tuple[Any, Any]] | None = None,
-    one_each: bool = False,
 ) -> None:
     """Reduce each key's values and write what reduce yields as ``output_format``
     (cmr.formats): for text, the lines ``format`` makes; between steps, pairs. ``held``:
-    the pairs ``keyed`` groups, sorted, when they are all in memory; with ``one_each``, one
-    pair per key, what reduce would yield for it (a summing reduce's totals), written as
-    they are."""
+    the pairs ``keyed`` groups, sorted, when they are all in memory."""
     if step is None:
         step, step_name = job_step(job, 0)
     reducer = f"{step_name}.reduce"
@@ -283,12 +227,6 @@ def write_output(
     source: Any = usercode.NOTHING
     try:
         hook(step.reduce_init)
-        if one_each and held is not None:
-            if not _write_lines_of(job, held, out, output_format):
-                for pair in held:
-                    write(*pair)
-            result.records_out += len(held)
-            keyed, held = iter(()), None
         if step.reduce is None and held is not None:
             # No reduce, the pairs in memory: written as they are, with no call per key
             # (raw output of bytes by C alone: TeraSort's).
@@ -341,8 +279,6 @@ def write_output(
     except (TypeError, ValueError, OverflowError) as exc:
         if usercode.culprit(exc) is not None:
             raise  # the user's code raised it (their own format() too): reported as such
-        if one_each and source is usercode.NOTHING and type(pair) is tuple:
-            source = _paused(reduce, pair)  # where the pair came from, as reduce yields it
         # Pairs go on the wire (msgpack) only in the pairs format.
         problem = usercode.bad_output(reducer, pair, exc, source, wire=output_format == "pairs")
         if problem is exc and output_format == "text" and not _default_format(job):
@@ -361,39 +297,10 @@ def write_output(
         raise problem from exc
 
 
-def _write_lines_of(
-    job: Job, pairs: list[tuple[Any, Any]], out: BinaryIO, output_format: str
-) -> bool:
-    """Pairs, one per key, as Job.format's text lines, made by C LINES_JOINED at a time,
-    when the keys are str or int and the values int; False (nothing written) otherwise."""
-    if (
-        output_format != "text"
-        or not _default_format(job)
-        or not pairs
-        or not {type(pairs[0][0])} <= {str, int}
-        or not summing.all_ints(map(_second, pairs))
-    ):
-        return False
-    line = "{}\t{}\n".format  # Job.format's f"{key}\t{value}" of a str or an int
-    for at in range(0, len(pairs), LINES_JOINED):
-        piece = pairs[at : at + LINES_JOINED]
-        out.write("".join(itertools.starmap(line, piece)).encode())
-    return True
-
-
 def _default_format(job: Job) -> bool:
     """Whether the job's lines are Job.format's: not its class's own, nor one set on the
     instance (in ``setup``)."""
     return type(job).format is Job.format and "format" not in getattr(job, "__dict__", {})
-
-
-def _paused(reduce: Any, pair: tuple[Any, Any]) -> Any:
-    """What reduce makes of a key's one value, run to its yield: where a pair written as
-    one of a summing reduce's came from, for a diagnosis to name (it calls the sum)."""
-    made = reduce(pair[0], iter((pair[1],)))
-    with contextlib.suppress(Exception):
-        next(made, None)
-    return made
 
 
 def _write_lines(out: BinaryIO, lines: list[bytes], result: ReduceResult) -> None:

@@ -1,13 +1,15 @@
-"""Sums of int values, added by C: the fast path of a combine or reduce that is exactly
-``yield key, sum(values)`` (Hadoop's IntSumReducer; a word count's).
+"""Sums of int values, added by C: the fast path of a combine that is exactly
+``yield key, sum(values)`` (Hadoop's IntSumReducer as a combiner; a word count's).
 
 Such a function's output for int values is known without calling it: one pair, the key and
-the values' total, whatever order or grouping the values come in (int addition is exact).
-So the engine adds the values itself, in bulk: a map task's dicts of counts (a
-``map_chunk`` returning a Counter's items) are merged into the task's totals with no loop of
-ours per pair, and a reducer keeps one total per key instead of every value. Anything else
-(a value that is not an int, a bool included; a function that only looks alike) goes the
-general way, calling the job's own function, so the output is the same either way.
+the values' total, whatever grouping the values come in (int addition is exact). So a map
+task adds the values itself, in bulk: its dicts of counts (a ``map_chunk`` returning a
+Counter's items) are merged into the task's totals with no loop of ours per pair, where
+the general way held each key's values in a list and called the combine on them. From the
+first value that is no int on, the task goes the general way, calling the job's own
+function, so what it sends is the same either way (cmr.cpu.mapping). A reducer calls the
+job's reduce as ever: one total per key there, added by hashing, measured slower than the
+sorted pairs on real text (1.6 million distinct words).
 
 A function is recognised by its compiled code, compared instruction by instruction with
 this module's own ``yield key, sum(values)`` (names of the arguments, docstrings,
@@ -96,26 +98,6 @@ def is_sum(fn: Callable[..., Any] | None) -> bool:
 def all_ints(values: Any) -> bool:
     """Whether every value is an int (exactly: a bool is not), by C; True when none."""
     return set(map(type, values)) <= {int}
-
-
-INT_MAX = 2**63 - 1  # the largest int every wire form takes (msgpack's int64)
-
-
-def wire_pairs(totals: dict[Any, int]) -> list[tuple[Any, int]]:
-    """The totals as pairs the wire takes: a total past 64 bits (ints that each fit can add
-    up past them) as several values of its key that add up to it."""
-    pairs = list(totals.items())
-    if not pairs or (min(totals.values()) >= -INT_MAX and max(totals.values()) <= INT_MAX):
-        return pairs
-    out: list[tuple[Any, int]] = []
-    for key, total in pairs:
-        left = total
-        while abs(left) > INT_MAX:
-            piece = INT_MAX if left > 0 else -INT_MAX
-            out.append((key, piece))
-            left -= piece
-        out.append((key, left))
-    return out
 
 
 def merge(totals: dict[Any, int], counts: Mapping[Any, int]) -> None:

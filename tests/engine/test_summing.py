@@ -1,4 +1,4 @@
-"""A combine or reduce that is exactly ``yield key, sum(values)`` (cmr.cpu.summing) runs as
+"""A combine that is exactly ``yield key, sum(values)`` (cmr.cpu.summing) runs as
 int sums added by the engine: recognised by its code (and by nothing that only looks
 alike), and giving exactly what calling it gives — the same totals out of a map task, the
 same output bytes out of a reduce task — whatever the values (bools, floats, ints past
