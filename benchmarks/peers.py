@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import fcntl
 import hashlib
+import json
 import os
 import re
 import resource
@@ -24,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,9 +67,44 @@ def rss(procs: list[psutil.Process]) -> int:
     return total
 
 
+# The sampler, a process of its own: as a thread of the measured process it took that
+# process's GIL for each sample (psutil reading /proc for every process, every 50 ms), and
+# the embedded backend's client moves every shuffle batch on that thread's process: cmr's
+# word count of 200 MB took ~10 s measured so and ~6 s unmeasured (2026-11-27).
+_SAMPLER = r"""
+import json, select, sys
+import psutil
+root, interval, me = psutil.Process(int(sys.argv[1])), float(sys.argv[2]), psutil.Process().pid
+peak = first = samples = 0
+seen = {}
+while True:
+    try:
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        procs = []
+    total = 0
+    for p in procs:
+        if p.pid == me:
+            continue
+        try:
+            total += p.memory_info().rss
+            if p.pid != root.pid and p.pid not in seen:
+                seen[p.pid] = p.create_time()
+        except psutil.Error:
+            pass
+    first = first if samples else total
+    peak, samples = max(peak, total), samples + 1
+    if samples == 1:
+        print("ready", flush=True)
+    if select.select([sys.stdin], [], [], interval)[0]:
+        break
+json.dump({"peak": peak, "first": first, "samples": samples, "seen": seen}, sys.stdout)
+"""
+
+
 class PeakRss:
     """The peak of the summed RSS of a process tree, sampled every ``interval`` seconds
-    by a thread of this process::
+    by a process of its own (_SAMPLER)::
 
         with PeakRss(os.getpid()) as peak:
             work()
@@ -77,41 +112,40 @@ class PeakRss:
 
     Pages shared between processes (a forked pool's copy-on-write pages, shared
     libraries) count once per process that maps them, as ``ps`` and ``top`` show them.
+    The sampler is not counted, though it is a child of the process it samples.
     """
 
     def __init__(self, pid: int, interval: float = 0.05) -> None:
-        self.root = psutil.Process(pid)
+        self.pid = pid
         self.interval = interval
         self.peak = 0
         self.first = 0  # the tree's RSS when sampling started
         self.samples = 0
-        self.seen: dict[int, psutil.Process] = {}  # every descendant sampled, by pid
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="peak-rss", daemon=True)
-
-    def sample(self) -> None:
-        procs = tree(self.root)
-        now = rss(procs)
-        self.first = self.first if self.samples else now
-        self.peak = max(self.peak, now)
-        self.samples += 1
-        for p in procs[1:]:
-            self.seen.setdefault(p.pid, p)
+        self.seen: dict[int, float] = {}  # every descendant sampled: pid -> its start time
+        self._proc: subprocess.Popen[str] | None = None
 
     def leftovers(self) -> list[psutil.Process]:
-        """Descendants seen while sampling that still run (``is_running`` compares start
-        times, so a recycled pid is not mistaken for one of them)."""
-        return [p for p in self.seen.values() if p.is_running()]
-
-    def _run(self) -> None:
-        while True:
-            self.sample()
-            if self._stop.wait(self.interval):
-                return
+        """Descendants seen while sampling that still run (their start times compared, so
+        a recycled pid is not mistaken for one of them)."""
+        alive = []
+        for pid, created in self.seen.items():
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.is_running():
+                    alive.append(p)
+        return alive
 
     def __enter__(self) -> PeakRss:
-        self.sample()
-        self._thread.start()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _SAMPLER, str(self.pid), str(self.interval)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._proc.stdout is not None
+        if self._proc.stdout.readline() != "ready\n":  # its first sample taken
+            self._proc.kill()
+            raise RuntimeError("the peak memory sampler did not start")
         return self
 
     def __exit__(
@@ -120,8 +154,11 @@ class PeakRss:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        self._thread.join()
+        assert self._proc is not None
+        out, _ = self._proc.communicate("stop\n", timeout=60)
+        doc = json.loads(out)
+        self.peak, self.first, self.samples = doc["peak"], doc["first"], doc["samples"]
+        self.seen = {int(pid): created for pid, created in doc["seen"].items()}
 
     @property
     def mb(self) -> float:
