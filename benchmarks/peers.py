@@ -145,6 +145,7 @@ class PeakRss:
         assert self._proc.stdout is not None
         if self._proc.stdout.readline() != "ready\n":  # its first sample taken
             self._proc.kill()
+            self._proc.wait()
             raise RuntimeError("the peak memory sampler did not start")
         return self
 
@@ -155,8 +156,15 @@ class PeakRss:
         tb: TracebackType | None,
     ) -> None:
         assert self._proc is not None
-        out, _ = self._proc.communicate("stop\n", timeout=60)
-        doc = json.loads(out)
+        try:
+            out, _ = self._proc.communicate("stop\n", timeout=60)
+            doc = json.loads(out)
+        except (subprocess.TimeoutExpired, ValueError, OSError) as e:
+            self._proc.kill()
+            self._proc.wait()
+            if exc is None:  # the body's own error, if any, is the one to see
+                raise RuntimeError(f"the peak memory sampler failed: {e}") from e
+            return
         self.peak, self.first, self.samples = doc["peak"], doc["first"], doc["samples"]
         self.seen = {int(pid): created for pid, created in doc["seen"].items()}
 
