@@ -156,10 +156,17 @@ def _map_into(
             calls = map_calls(step, fmt, chunks, spec, result, universal, columns, last)
             for source in calls:
                 if sum_combine and type(source) is _DICT_ITEMS:
-                    if summing.all_ints(source.mapping.values()):
-                        summing.merge(sums, source.mapping)
-                        if len(sums) >= COMBINE_KEYS:
-                            _send_sums(shuffle, sums, part, sum_method)
+                    counts = source.mapping
+                    if summing.all_ints(counts.values()):
+                        if len(sums) + len(counts) < COMBINE_KEYS:
+                            summing.merge(sums, counts)
+                            continue
+                        # The keys one by one: the totals are sent when they reach
+                        # COMBINE_KEYS keys, at the key where the general way sends them.
+                        for key, value in counts.items():
+                            sums[key] = summed(key, 0) + value
+                            if len(sums) >= COMBINE_KEYS:
+                                _send_sums(shuffle, sums, part, sum_method)
                         continue
                     sum_combine = _stop_summing(sums, groups)
                 if last[0] and combiner is not None and not groups and type(source) is _DICT_ITEMS:

@@ -475,3 +475,21 @@ def test_a_replaced_builtin_sum_is_called() -> None:
     finally:
         builtins.sum = real
     assert summing.is_sum(plain["reduce"])
+
+
+def test_totals_reaching_combine_keys_mid_dict_go_where_the_general_way_sends_them(
+    tmp_path: Path,
+) -> None:
+    # A dict of counts crossing COMBINE_KEYS: the general way sends the first COMBINE_KEYS
+    # keys and holds the rest; a later float under a held key is then added to its count
+    # before anything is sent (not to a count sent already, which changes the float sum).
+    from cmr.cpu.shuffle import COMBINE_KEYS
+
+    first = "{" + ", ".join(f"'w{i}': 1" for i in range(COMBINE_KEYS + 1)) + "}"
+    edge = f"w{COMBINE_KEYS}"
+    chunks = [first.encode(), f"{{'{edge}': 1e16}}".encode(), f"{{'{edge}': -1e16}}".encode()]
+    fast = _sent(tmp_path, "FastLiteralChunk", chunks)
+    slow = _sent(tmp_path, "SlowLiteralChunk", chunks)
+    assert isinstance(fast, list) and isinstance(slow, list)
+    assert [p for p in fast if p[0] == edge] == [p for p in slow if p[0] == edge] == [(edge, 0.0)]
+    assert fast == slow
