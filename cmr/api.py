@@ -303,10 +303,23 @@ async def _settle(fleet: list[Worker], tasks: list[asyncio.Task[None]]) -> None:
     """Wait up to SETTLE_S for the workers to stop on their own once the job ended. The one
     that cleaned the job up stops first; each stop pokes the others, which would otherwise
     see the job gone only at their next refresh (a run of two workers ended 5 s late)."""
-    pending = set(tasks)
-    deadline = asyncio.get_running_loop().time() + SETTLE_S
+
+    def poke(stopped: set[asyncio.Future[Any]]) -> None:
+        for w in fleet:
+            w.poke()
+
+    await _until_settled(set(tasks), poke)
+
+
+async def _until_settled(
+    pending: set[asyncio.Future[Any]], poke: Callable[[set[asyncio.Future[Any]]], None]
+) -> None:
+    """Wait up to SETTLE_S for ``pending`` (workers of a job that ended) to end; after each
+    that end, ``poke(those)`` tells the rest to look at the job now."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SETTLE_S
     while pending:
-        left = deadline - asyncio.get_running_loop().time()
+        left = deadline - loop.time()
         if left <= 0:
             return
         stopped, pending = await asyncio.wait(
@@ -314,8 +327,7 @@ async def _settle(fleet: list[Worker], tasks: list[asyncio.Task[None]]) -> None:
         )
         if not stopped:
             return
-        for w in fleet:
-            w.poke()
+        poke(stopped)
 
 
 async def _run_with_processes(
@@ -347,29 +359,22 @@ async def _settle_processes(procs: list[asyncio.subprocess.Process]) -> None:
     the others (POKE), as _settle does in-process: they would otherwise see the job cleaned
     up only at their next refresh, 5 s on (every `cmr run --workers 2` on the stack ended
     5 s late)."""
-    loop = asyncio.get_running_loop()
-    waits = {asyncio.ensure_future(p.wait()): p for p in procs}
-    deadline = loop.time() + SETTLE_S
-    try:
-        while waits:
-            left = deadline - loop.time()
-            if left <= 0:
-                return
-            stopped, _ = await asyncio.wait(
-                waits, timeout=left, return_when=asyncio.FIRST_COMPLETED
-            )
-            if not stopped:
-                return
-            cleaned = False
-            for done in stopped:
-                cleaned |= waits.pop(done).returncode == 0
-            if not cleaned:
-                continue  # a worker that failed (or was killed) says nothing of the job
-            for p in waits.values():
+    waits: dict[asyncio.Future[Any], asyncio.subprocess.Process] = {
+        asyncio.ensure_future(p.wait()): p for p in procs
+    }
+
+    def poke(stopped: set[asyncio.Future[Any]]) -> None:
+        if not any(waits[f].returncode == 0 for f in stopped):
+            return  # a worker that failed (or was killed) says nothing of the job
+        for f, p in waits.items():
+            if not f.done():
                 # A worker not yet at its handler (still importing) ends at the signal: it
                 # had no part in the job, which one that stopped in order has cleaned up.
                 with contextlib.suppress(ProcessLookupError):
                     p.send_signal(POKE)
+
+    try:
+        await _until_settled(set(waits), poke)
     finally:
         for w in waits:
             w.cancel()

@@ -397,22 +397,17 @@ class Worker:
         while not self.done.is_set():
             with contextlib.suppress(BackendError):
                 await self.refresh_jobs()
-            if (
-                idle_exit is not None
-                and self.busy == 0
-                and not self._duties
-                and clock.monotonic() - self.last_work > idle_exit
-            ):
-                self.rt.log.info("idle; exiting", idle_s=idle_exit)
-                self.done.set()
             nap = self.job_refresh_s if self.only_job else FLEET_REFRESH_S
             if idle_exit is not None and self.busy == 0 and not self._duties:
+                left = idle_exit - (clock.monotonic() - self.last_work)
+                if left < 0:
+                    self.rt.log.info("idle; exiting", idle_s=idle_exit)
+                    self.done.set()
                 # Looked at again when the idle time would run out, not at the next refresh
                 # only (--idle-exit 0.5 took 5.5 s); work come meanwhile moves it on (a
                 # task or a duty under way is not idleness: the usual period then).
                 # Not under 0.5 s: tasks that keep coming just apart would otherwise have
                 # it query the table up to 20 times a second.
-                left = idle_exit - (clock.monotonic() - self.last_work)
                 nap = min(nap, max(left + 0.05, 0.5))
             if self._watched:
                 # A cleaner we watch is judged on our clock: look often enough to see it.

@@ -261,17 +261,9 @@ def _stop_summing(sums: dict[Any, int], groups: dict[Any, Any]) -> bool:
     groups hold, each key's total its first value and in the order the keys came (the int
     values a key got before it, added up: what the combine would have added first), and the
     task goes on the general way. Returns False: the task no longer sums."""
-    if not groups:  # always: nothing is grouped while the task sums
-        groups.update(sums)
-    else:
-        for key, total in sums.items():
-            held = groups.get(key, _NONE)
-            if held is _NONE:
-                groups[key] = total
-            elif type(held) is Values:
-                held.append(total)
-            else:
-                groups[key] = Values((held, total))
+    # Every source goes to the totals while the task sums: nothing is grouped yet.
+    assert not groups, "a summing map task grouped values"
+    groups.update(sums)
     sums.clear()
     return False
 

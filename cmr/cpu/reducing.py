@@ -71,8 +71,7 @@ def run_reduce(
             )
             fmt = spec.output_format or type(job).output_format  # "": the class's
             if not _sorted_rows(step, fmt, combiner, order, spools, spec, runs, result):
-                blocks = spool_blocks(spools, spec.memory_bytes)
-                _grouped(job, step, step_name, combiner, order, blocks, spec, runs, result, fmt)
+                _grouped(job, step, step_name, combiner, order, spools, spec, runs, result, fmt)
         take_counters(counted, result)
     finally:
         for r in runs:
@@ -120,17 +119,18 @@ def _grouped(
     step_name: str,
     combiner: Combiner | None,
     order: ValueOrder | None,
-    blocks: Iterator[tuple[list[tuple[Any, Any]], int]],
+    spools: list[str],
     spec: ReduceSpec,
     runs: list[str],
     result: ReduceResult,
     fmt: str,
 ) -> None:
-    """Group the spooled pairs (``blocks``: spool_blocks') by key, in memory and in runs
-    spilled past the budget, and write what reduce makes of each key's values."""
+    """Group the spooled pairs by key, in memory and in runs spilled past the budget, and
+    write what reduce makes of each key's values."""
     memory_bytes, spill_dir = spec.memory_bytes, spec.spill_dir
     groups: dict[Any, list[Any]] = {}
     held = 0
+    blocks = spool_blocks(spools, memory_bytes)
     pairs: list[tuple[Any, Any]] = []
     arrival: list[tuple[Any, Any]] = []  # the same pairs in the order they came
     rest: Iterator[tuple[list[tuple[Any, Any]], int]] | None = blocks
