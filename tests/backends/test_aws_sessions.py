@@ -154,3 +154,32 @@ def test_sessions_share_the_model_loader_but_not_credentials(
     assert two._session.get_component("data_loader") is loader
     assert loader.load_service_model("sqs", "service-2")["metadata"]["protocol"]
     assert (one.region_name, two.region_name) == ("us-east-1", "eu-west-1")
+
+
+async def test_a_plain_http_endpoint_reads_no_ca_bundle(
+    https: tuple[str, Path, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local stack's clients make no TLS connection: building a verifying context for
+    them cost ~90 ms of CPU per process. An https endpoint after it still gets one, and
+    still refuses a certificate the bundle does not vouch for."""
+    served: list[int] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        served.append(1)
+        writer.write(ANSWER)
+        await writer.drain()
+        writer.close()
+
+    monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
+    sessions._tls.cache_clear()
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        assert await _call(f"http://127.0.0.1:{port}", monkeypatch) == "Teapot"
+    assert served == [1]
+    assert sessions._tls.cache_info().currsize == 0
+    url, _, through = https
+    assert await _call(url, monkeypatch) == "SSLError"
+    assert sessions._tls.cache_info().currsize == 1
+    assert through == []

@@ -191,6 +191,29 @@ def test_hadoop_word_totals_and_the_tokenizer_they_are_checked_against(tmp_path:
     assert vs_hadoop().tokenizer_total([text]) == 11
 
 
+def _sum_to(n: int) -> int:
+    return sum(range(n))
+
+
+def _fails(what: str) -> None:
+    raise ValueError(what)
+
+
+def test_a_measured_row_runs_in_a_fresh_process_of_its_own() -> None:
+    """cmr and the Counter are measured in a spawned process: the harness's own memory (its
+    baselines) is neither in the figure nor in the way."""
+    v = vs_hadoop()
+    held = b"x" * 400_000_000  # this process's, resident: not the measured process's
+    got, wall, cpu, peak = v.measured_apart(_sum_to, 10**6)
+    assert got == sum(range(10**6))
+    assert wall > 0 and cpu > 0
+    assert 5 < peak.mb < 300, peak.mb
+    assert peak.samples >= 1
+    assert len(held) == 400_000_000
+    with pytest.raises(RuntimeError, match="ValueError: a bad corpus"):
+        v.measured_apart(_fails, "a bad corpus")
+
+
 def test_markdown_puts_each_figure_next_to_cmrs(tmp_path: Path) -> None:
     v = vs_hadoop()
     rows = [
