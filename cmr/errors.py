@@ -18,6 +18,8 @@
     │   ├── ConditionFailed       a conditional write lost; the caller decides what that means
     │   │   └── sim.ConditionalCheckFailed  ... in the simulated store (with its version)
     │   ├── BlobMissing           no blob at that URL
+    │   ├── StoreMissing          the bucket or table itself does not exist (a typo, or
+    │   │                         deleted): an answer, not a hiccup, so never retried
     │   ├── Rejected              the service refused the request as invalid (an item over
     │   │                         400 KB, a bad name): retrying the same request cannot help
     │   └── loadgen.targets.OpFailed  one load-test operation failed; ``kind`` is its column
@@ -109,6 +111,10 @@ class ConditionFailed(BackendError):
 
 class BlobMissing(BackendError):
     """No blob at that URL."""
+
+
+class StoreMissing(BackendError):
+    """The bucket or the table a call named does not exist."""
 
 
 class Rejected(BackendError):

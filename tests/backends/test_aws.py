@@ -17,12 +17,14 @@ from botocore.exceptions import ClientError
 from cmr.backends.aws import _translated, open_aws
 from cmr.backends.aws.s3 import PART_BYTES
 from cmr.backends.base import Backend, Missing
+from cmr.backends.retry import with_retries
 from cmr.errors import (
     BackendError,
     BlobMissing,
     ConditionFailed,
     QueueGone,
     Rejected,
+    StoreMissing,
     Throttled,
     Unreachable,
     UsageError,
@@ -153,6 +155,22 @@ async def test_failed_calls_keep_service_operation_and_code(aws: Backend) -> Non
     assert gone.value.code in ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")
 
 
+async def test_a_bucket_that_does_not_exist_is_an_answer_not_retried(aws: Backend) -> None:
+    """A mistyped bucket is reported at its first answer: retried as a hiccup, it took 8
+    requests and ~7.5 s of backoff before `cmr run` said so."""
+    retrying = with_retries(aws)
+    before = aws.calls()["s3.ListObjectsV2"]
+    missing = f"s3://cmr-absent-{uuid.uuid4().hex[:12]}/out/"
+    with pytest.raises(StoreMissing, match="bucket does not exist") as info:
+        await retrying.blobs.list(missing)
+    assert (info.value.service, info.value.operation, info.value.code) == (
+        "s3",
+        "ListObjectsV2",
+        "NoSuchBucket",
+    )
+    assert aws.calls()["s3.ListObjectsV2"] - before == 1
+
+
 def test_errors_without_a_service_have_empty_attributes() -> None:
     err = BackendError("plain")
     assert (err.service, err.operation, err.code) == ("", "", "")
@@ -192,7 +210,8 @@ def client_error(code: str, op: str = "Op", status: int = 400) -> ClientError:
         ("dynamodb", "ValidationException", 400, Rejected),
         ("s3", "PreconditionFailed", 412, ConditionFailed),
         ("s3", "EntityTooLarge", 400, Rejected),
-        ("s3", "NoSuchBucket", 404, BackendError),
+        ("s3", "NoSuchBucket", 404, StoreMissing),
+        ("dynamodb", "ResourceNotFoundException", 400, StoreMissing),
     ],
 )
 def test_error_translation(service: str, code: str, status: int, expected: type) -> None:

@@ -816,6 +816,14 @@ CASES: list[Case] = [
         names=("cmr-usage-no-such-bucket",),
         needs_stack=True,
     ),
+    Case(
+        "run-output-bucket-missing",
+        "`cmr run` with its output in a bucket that does not exist",
+        (*RUN[:-1], "s3://cmr-usage-no-such-bucket/out", "--store", "aws"),
+        names=("s3://cmr-usage-no-such-bucket/out", "bucket does not exist", "create it"),
+        setup=words,
+        needs_stack=True,
+    ),
     # ---------------------------------------------------------------- side files
     Case(
         "side-file-missing",

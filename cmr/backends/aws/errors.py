@@ -32,6 +32,7 @@ from cmr.errors import (
     ConditionFailed,
     QueueGone,
     Rejected,
+    StoreMissing,
     Throttled,
     Unreachable,
 )
@@ -222,9 +223,12 @@ def _judged(service: str, exc: BaseException, subject: str) -> tuple[type[Backen
     if service == "s3" and code in BLOB_MISSING:
         return BlobMissing, f"no blob at {subject or '?'}"
     if code == "NoSuchBucket":
-        return BackendError, f"s3.{op}: bucket does not exist{about}: {message}"
+        return (
+            StoreMissing,
+            f"s3.{op}: bucket does not exist{about}: create it, or name one that does",
+        )
     if code == "ResourceNotFoundException":
-        return BackendError, f"{service}.{op}: table does not exist{about}: {message}"
+        return StoreMissing, f"{service}.{op}: table does not exist{about}: {message}"
     return BackendError, f"{service}.{op} failed{about}: {code}: {message}"
 
 
