@@ -18,7 +18,7 @@
     │   ├── ConditionFailed       a conditional write lost; the caller decides what that means
     │   │   └── sim.ConditionalCheckFailed  ... in the simulated store (with its version)
     │   ├── BlobMissing           no blob at that URL
-    │   ├── StoreMissing          the bucket or table itself does not exist (a typo, or
+    │   ├── BucketOrTableMissing  the bucket or table itself does not exist (a typo, or
     │   │                         deleted): an answer, not a hiccup, so never retried
     │   ├── Rejected              the service refused the request as invalid (an item over
     │   │                         400 KB, a bad name): retrying the same request cannot help
@@ -113,7 +113,7 @@ class BlobMissing(BackendError):
     """No blob at that URL."""
 
 
-class StoreMissing(BackendError):
+class BucketOrTableMissing(BackendError):
     """The bucket or the table a call named does not exist."""
 
 

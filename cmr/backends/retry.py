@@ -30,10 +30,10 @@ from cmr.backends.middleware import Call, Middleware, Proceed, wrap
 from cmr.errors import (
     BackendError,
     BlobMissing,
+    BucketOrTableMissing,
     ConditionFailed,
     QueueGone,
     Rejected,
-    StoreMissing,
     Unreachable,
 )
 
@@ -42,7 +42,8 @@ T = TypeVar("T")
 
 def transient(exc: BaseException) -> bool:
     return isinstance(exc, BackendError) and not isinstance(
-        exc, ConditionFailed | QueueGone | BlobMissing | StoreMissing | Unreachable | Rejected
+        exc,
+        ConditionFailed | QueueGone | BlobMissing | BucketOrTableMissing | Unreachable | Rejected,
     )
 
 

@@ -21,10 +21,10 @@ from cmr.backends.retry import with_retries
 from cmr.errors import (
     BackendError,
     BlobMissing,
+    BucketOrTableMissing,
     ConditionFailed,
     QueueGone,
     Rejected,
-    StoreMissing,
     Throttled,
     Unreachable,
     UsageError,
@@ -161,7 +161,7 @@ async def test_a_bucket_that_does_not_exist_is_an_answer_not_retried(aws: Backen
     retrying = with_retries(aws)
     before = aws.calls()["s3.ListObjectsV2"]
     missing = f"s3://cmr-absent-{uuid.uuid4().hex[:12]}/out/"
-    with pytest.raises(StoreMissing, match="bucket does not exist") as info:
+    with pytest.raises(BucketOrTableMissing, match="bucket does not exist") as info:
         await retrying.blobs.list(missing)
     assert (info.value.service, info.value.operation, info.value.code) == (
         "s3",
@@ -210,8 +210,8 @@ def client_error(code: str, op: str = "Op", status: int = 400) -> ClientError:
         ("dynamodb", "ValidationException", 400, Rejected),
         ("s3", "PreconditionFailed", 412, ConditionFailed),
         ("s3", "EntityTooLarge", 400, Rejected),
-        ("s3", "NoSuchBucket", 404, StoreMissing),
-        ("dynamodb", "ResourceNotFoundException", 400, StoreMissing),
+        ("s3", "NoSuchBucket", 404, BucketOrTableMissing),
+        ("dynamodb", "ResourceNotFoundException", 400, BucketOrTableMissing),
     ],
 )
 def test_error_translation(service: str, code: str, status: int, expected: type) -> None:

@@ -29,10 +29,10 @@ from botocore.exceptions import (
 from cmr.errors import (
     BackendError,
     BlobMissing,
+    BucketOrTableMissing,
     ConditionFailed,
     QueueGone,
     Rejected,
-    StoreMissing,
     Throttled,
     Unreachable,
 )
@@ -224,11 +224,11 @@ def _judged(service: str, exc: BaseException, subject: str) -> tuple[type[Backen
         return BlobMissing, f"no blob at {subject or '?'}"
     if code == "NoSuchBucket":
         return (
-            StoreMissing,
+            BucketOrTableMissing,
             f"s3.{op}: bucket does not exist{about}: create it, or name one that does",
         )
     if code == "ResourceNotFoundException":
-        return StoreMissing, f"{service}.{op}: table does not exist{about}: {message}"
+        return BucketOrTableMissing, f"{service}.{op}: table does not exist{about}: {message}"
     return BackendError, f"{service}.{op} failed{about}: {code}: {message}"
 
 
