@@ -59,6 +59,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The same, said plainly before any worker starts: pytest-xdist's loadgroup writes
+    ``item._nodeid``, so the node id must be read from there (pytest 9.2 reads another
+    field)."""
+    if config.getvalue("dist") == "loadgroup" and "_nodeid" not in _nodeid_reads():
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} keeps node ids where pytest-xdist's --dist loadgroup "
+            "cannot group them: every xdist_group would be ignored; pin a pytest it works with "
+            "(pyproject.toml)"
+        )
+
+
+def _nodeid_reads() -> tuple[str, ...]:
+    getter = pytest.Item.nodeid.fget  # type: ignore[attr-defined]
+    return tuple(getter.__code__.co_names) if getter is not None else ()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if "PYTEST_XDIST_WORKER" not in os.environ or _held.lock is not None:

@@ -17,7 +17,25 @@ pytest_plugins = ("tests.alone", "tests.everyday")  # parallel runs; the everyda
 EMULATOR_GAP = "emulator_gap"
 
 
+def check_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under --dist loadgroup, a worker's xdist_group marks must have reached the node ids
+    (pytest-xdist adds ``@group`` to them, which is how the controller groups): with pytest
+    9.2 they silently did not, and each test of a group ran on any worker (the docs' fresh
+    copy set up once per worker, the ``alone`` tests draining the others once each). Called by
+    the collection hook below, which runs last (after pytest-xdist's)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ or not config.getvalue("loadgroup"):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid:
+            raise pytest.UsageError(
+                f"--dist loadgroup did not group {item.nodeid} (pytest {pytest.__version__}): "
+                "pin a pytest that pytest-xdist's loadgroup works with (pyproject.toml)"
+            )
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's, which check_groups checks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    check_groups(config, items)
     for item in items:
         gap = item.get_closest_marker(EMULATOR_GAP)
         if gap is None:
