@@ -7,14 +7,16 @@ import os
 import re
 import socket
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aioboto3
 import pytest
 from botocore.exceptions import ClientError
 
-from cmr.backends.aws import _translated, open_aws
+from cmr.backends.aws import _translated, open_aws, sessions
 from cmr.backends.aws.s3 import PART_BYTES
 from cmr.backends.base import Backend, Missing
 from cmr.backends.retry import with_retries
@@ -82,6 +84,31 @@ async def test_default_region_when_none_is_configured(
     async with open_aws(AwsSettings(bucket=aws_names.bucket, table=aws_names.table)) as b:
         assert b.name == "aws"
         assert b.scratch == f"s3://{aws_names.bucket}/cmr"
+
+
+@pytest.mark.usefixtures("aws_stack")
+async def test_opening_asks_for_the_bucket_and_the_table_once(
+    monkeypatch: pytest.MonkeyPatch, aws_names: AwsNames
+) -> None:
+    """The probe's HeadBucket and DescribeTable answer the set-up too: every process on
+    the stack opens the store, and asked twice, each opening cost two more requests."""
+    aws_names.used = True
+    settings = AwsSettings(bucket=aws_names.bucket, table=aws_names.table)
+    async with open_aws(settings):
+        pass  # made, if this is the session's first opening
+    asked: Counter[str] = Counter()
+    made = sessions.session
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        session = made(*args, **kwargs)
+        session._session.register("before-call", lambda model, **_: asked.update([model.name]))
+        return session
+
+    monkeypatch.setattr(sessions, "session", counted)
+    async with open_aws(settings):
+        pass
+    assert (asked["HeadBucket"], asked["DescribeTable"], asked["GetQueueUrl"]) == (1, 1, 1)
+    assert not {"CreateBucket", "CreateTable"} & set(asked), asked
 
 
 @pytest.mark.usefixtures("aws_stack")

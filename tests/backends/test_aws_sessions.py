@@ -9,6 +9,7 @@ import asyncio
 import datetime
 import ipaddress
 import ssl
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,51 @@ async def test_a_plain_http_endpoint_reads_no_ca_bundle(
     assert await _call(url, monkeypatch) == "SSLError"
     assert sessions._tls.cache_info().currsize == 1
     assert through == []
+
+
+_DEFAULTS_PROBE = """
+import asyncio, ssl, sys
+import cmr.backends.aws.sessions  # imports aioboto3, and aiohttp through lazyca
+import aiohttp
+from aiohttp import connector
+
+verified, unverified = connector._SSL_CONTEXT_VERIFIED, connector._SSL_CONTEXT_UNVERIFIED
+print(type(verified).__name__, verified.cert_store_stats()["x509_ca"])
+print("patched" if "set_default_verify_paths" in vars(ssl.SSLContext) else "restored")
+print(ssl.create_default_context().cert_store_stats()["x509_ca"] > 0)
+
+async def get(**kw):
+    async with aiohttp.ClientSession() as s:
+        try:
+            async with s.get(sys.argv[1], **kw) as r:
+                return r.status
+        except aiohttp.ClientConnectorCertificateError:
+            return "refused"
+
+print(asyncio.run(get()), verified.cert_store_stats()["x509_ca"] > 0)
+print(asyncio.run(get(ssl=False)))
+"""
+
+
+async def test_aiohttps_default_contexts_read_the_ca_bundle_at_first_use_and_still_verify(
+    https: tuple[str, Path, list[int]],
+) -> None:
+    """lazyca: importing aioboto3 no longer reads the CA bundle for aiohttp's two default
+    contexts (~180 ms of CPU per process); the verifying one reads it before its first
+    connection and refuses a certificate the bundle does not vouch for; the patch is gone
+    after the import. In a fresh process: this one has imported aiohttp already."""
+    url, _, served = https
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _DEFAULTS_PROBE, url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().splitlines() == [
+        "_CAsOnFirstUse 0",  # not read at import
+        "restored",
+        "True",  # contexts made after the import read it as ever
+        "refused True",  # verified, with the bundle read at first use
+        "400",  # ssl=False: the unverified default connects
+    ]
+    assert served == [1]

@@ -54,19 +54,28 @@ class StoreMissing(UsageError):
 
 
 async def _ensure_bucket(
-    s3: Any, bucket: str, region: str, create: bool, owner: str | None = None
+    s3: Any,
+    bucket: str,
+    region: str,
+    create: bool,
+    owner: str | None = None,
+    exists: bool | None = None,
 ) -> None:
-    try:
-        with _translate("s3", f"s3://{bucket}"):
-            await s3.head_bucket(Bucket=bucket)
-    except BlobMissing:
-        pass  # HeadBucket answers a bare 404 for a missing bucket
-    except BackendError as exc:
-        if owner and exc.code in DENIED_CODES:
-            raise UsageError(not_owned(bucket, owner)) from exc
-        if exc.code != "NoSuchBucket":
-            raise
-    else:
+    """``exists``: what the probe's HeadBucket found (None: not asked yet)."""
+    if exists is None:
+        try:
+            with _translate("s3", f"s3://{bucket}"):
+                await s3.head_bucket(Bucket=bucket)
+        except BlobMissing:
+            pass  # HeadBucket answers a bare 404 for a missing bucket
+        except BackendError as exc:
+            if owner and exc.code in DENIED_CODES:
+                raise UsageError(not_owned(bucket, owner)) from exc
+            if exc.code != "NoSuchBucket":
+                raise
+        else:
+            return
+    elif exists:
         return
     if not create:
         raise StoreMissing(
@@ -94,21 +103,27 @@ async def _ensure_bucket(
             raise
 
 
-async def _ensure_table(db: Any, table: str, create: bool) -> None:
-    try:
-        with _translate("dynamodb", table):
-            got = await db.describe_table(TableName=table)
-        if got["Table"].get("TableStatus") == "ACTIVE":
-            return
-    except BackendError as exc:
-        if exc.code != "ResourceNotFoundException":
-            raise
+async def _ensure_table(db: Any, table: str, create: bool, status: str | None = None) -> None:
+    """``status``: the TableStatus the probe's DescribeTable found, ``""`` for no such
+    table (None: not asked yet)."""
+    if status is None:
+        try:
+            with _translate("dynamodb", table):
+                got = await db.describe_table(TableName=table)
+            status = str(got["Table"].get("TableStatus", ""))
+        except BackendError as exc:
+            if exc.code != "ResourceNotFoundException":
+                raise
+            status = ""
+    if status == "ACTIVE":
+        return
+    if not status:
         if not create:
             raise StoreMissing(
                 "table",
                 table,
                 f"DynamoDB table {table} does not exist: create it or enable table creation",
-            ) from exc
+            )
         try:
             with _translate("dynamodb", table):
                 await db.create_table(
@@ -141,13 +156,18 @@ class _Slow(Exception):
 
 async def _probe(
     session: Any, region: str, settings: AwsSettings, path_style: bool, deadline: float
-) -> None:
+) -> dict[str, Any]:
     """One cheap call per service, so that a wrong setup (no credentials, nothing
     listening) fails at open time, not after minutes of backoff mid-job; a slow answer is
     tried again until ``deadline``, then reported as slow. Each call names only our own
     queue prefix, bucket or table: a least-privilege role (deploy/fleet.yaml) allows them,
-    where ListBuckets or ListTables would need "*"."""
+    where ListBuckets or ListTables would need "*".
+
+    What the calls found, for the set-up not to ask again (two requests of every opening):
+    ``{"s3": the bucket exists, "dynamodb": the table's status, "" if there is none}``."""
     from cmr.backends.aws import sessions
+
+    found: dict[str, Any] = {}
 
     # botocore does not retry: tenacity does, bounded by the deadline rather than a count.
     config = {
@@ -164,13 +184,19 @@ async def _probe(
                 await c.get_queue_url(QueueName=f"{settings.queue_prefix}probe")
             elif service == "s3":
                 await c.head_bucket(Bucket=settings.bucket)
+                found["s3"] = True
             else:
-                await c.describe_table(TableName=settings.table)
+                got = await c.describe_table(TableName=settings.table)
+                found["dynamodb"] = str(got["Table"].get("TableStatus", ""))
         except ClientError as exc:
             if service == "s3" and settings.owner and error_code(exc) in DENIED_CODES:
                 raise UsageError(not_owned(settings.bucket, settings.owner)) from exc
             if error_code(exc) not in absent:
                 raise
+            if service == "s3":
+                found["s3"] = False
+            elif service == "dynamodb":
+                found["dynamodb"] = ""
 
     async def one(service: str) -> None:
         extra = {"s3": {"addressing_style": "path"}} if service == "s3" and path_style else {}
@@ -212,6 +238,7 @@ async def _probe(
         names = ", ".join(e.service for e in slow)
         urls = sorted({e.url.rstrip("/") for e in slow})
         raise Unreachable(slow_message(names, " and ".join(urls), slow[0].what, PROBE_SECONDS))
+    return found
 
 
 @asynccontextmanager
@@ -249,11 +276,14 @@ async def open_aws(settings: AwsSettings) -> AsyncIterator[Backend]:
                     )
                 )
         expect_owner(clients["s3"], settings.owner)
-        await _probe(session, region, settings, path_style, deadline)
+        found = await _probe(session, region, settings, path_style, deadline)
         await _ensure_bucket(
-            clients["s3"], settings.bucket, region, settings.create, settings.owner
+            clients["s3"], settings.bucket, region, settings.create, settings.owner,
+            found.get("s3"),
+        )  # fmt: skip
+        await _ensure_table(
+            clients["dynamodb"], settings.table, settings.create, found.get("dynamodb")
         )
-        await _ensure_table(clients["dynamodb"], settings.table, settings.create)
         yield Backend(
             name="aws",
             queues=AwsQueues(clients["sqs"]),

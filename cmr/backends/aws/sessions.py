@@ -16,6 +16,10 @@ import functools
 import ssl
 from typing import Any
 
+# First: aiohttp imported without reading the CA bundle twice (lazyca's docstring).
+from cmr.backends.aws import lazyca  # noqa: F401
+
+# isort: split
 import aioboto3
 import aiohttp
 from aiobotocore.config import AioConfig
