@@ -63,7 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """The same, said plainly before any worker starts: pytest-xdist's loadgroup writes
     ``item._nodeid``, so the node id must be read from there (pytest 9.2 reads another
     field)."""
-    if config.getvalue("dist") == "loadgroup" and "_nodeid" not in _nodeid_reads():
+    if getattr(config.option, "dist", None) == "loadgroup" and "_nodeid" not in _nodeid_reads():
         raise pytest.UsageError(
             f"pytest {pytest.__version__} keeps node ids where pytest-xdist's --dist loadgroup "
             "cannot group them: every xdist_group would be ignored; pin a pytest it works with "

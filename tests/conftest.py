@@ -23,7 +23,9 @@ def check_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
     9.2 they silently did not, and each test of a group ran on any worker (the docs' fresh
     copy set up once per worker, the ``alone`` tests draining the others once each). Called by
     the collection hook below, which runs last (after pytest-xdist's)."""
-    if "PYTEST_XDIST_WORKER" not in os.environ or not config.getvalue("loadgroup"):
+    # workerinput: an xdist worker's own config (a pytest that a test runs inherits the
+    # worker's PYTEST_XDIST_WORKER, not its options).
+    if not hasattr(config, "workerinput") or not getattr(config.option, "loadgroup", False):
         return
     for item in items:
         if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid:
