@@ -86,6 +86,14 @@ def configure(level: int = logging.WARNING) -> None:
             ),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=_to_stderr,
         cache_logger_on_first_use=False,
     )
+
+
+def _to_stderr(*_: Any) -> Any:
+    """A logger writing to ``sys.stderr`` as it is when the logger is made, not as it was
+    when logging was configured: a process that swaps stderr (a test harness, a caller of
+    ``cmr.cli`` in-process) and closes the old one would otherwise have every later log
+    line fail on a closed file."""
+    return structlog_module().PrintLogger(sys.stderr)
