@@ -35,6 +35,7 @@ input's, so no record was lost or doubled; cmr's output is validated the same wa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import multiprocessing
 import os
@@ -47,6 +48,8 @@ from dataclasses import asdict, dataclass, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
+
+import psutil
 
 import cmr
 
@@ -117,6 +120,20 @@ def _apart(
         conn.close()
 
 
+_EXIT_S = 30.0  # how long a measured process may take to exit once it has answered
+
+
+def _kill_tree(pid: int | None) -> None:
+    """Kill the measured process and whatever it left running (its pool's processes)."""
+    if pid is None:
+        return
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for p in [*root.children(recursive=True), root]:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
 def measured_apart(
     fn: Callable[..., T], *args: Any, **kwargs: Any
 ) -> tuple[T, float, float, peers.PeakRss]:
@@ -141,14 +158,14 @@ def measured_apart(
         with peers.PeakRss(child.pid or 0) as peak:
             ours.send("go")
             kind, got = ours.recv()
-        child.join()
+        child.join(_EXIT_S)  # a child that cannot exit (a leftover thread) is killed below
     except EOFError:
-        child.join()
+        child.join(_EXIT_S)
         raise RuntimeError(f"the measured process died (exit code {child.exitcode})") from None
     finally:
-        if child.is_alive():
-            child.kill()
-            child.join()
+        if child.exitcode is None:  # still running (not reaped: its pid is still ours)
+            _kill_tree(child.pid)
+        child.join()
         ours.close()
     if kind == "timeout":
         raise TimeoutError(got)

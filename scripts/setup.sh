@@ -129,14 +129,17 @@ fi
 # What cmr runs is compiled at install (pip does it by default, uv does not): else the first
 # import of each module compiles it, in every process where PYTHONDONTWRITEBYTECODE is set
 # (containers often set it, and so does this project's CI machine) - measured: `cmr status`
-# on the local stack 3.7-4.0 CPU-s with the packages uncompiled, 1.6-2.0 compiled. The
-# development tools are not: uv compiles all of site-packages, and with them that took ~35
-# CPU-s (2 s without) for what a handful of pytest processes import.
+# on the local stack 3.7-4.0 CPU-s with the packages uncompiled, 1.6-2.0 compiled. What
+# only the development lock brings is not (the tools, and with them mrjob and the load
+# generator's libraries): uv compiles all of site-packages, and with them that took ~35
+# CPU-s (2 s without); scripts/test.sh lets the suite's processes write their bytecode.
 for file in "${locks[@]}"; do
     step "Install $file (every file checked against its sha256)"
     compile=(--compile-bytecode)
     [[ "$file" == requirements-dev.txt ]] && compile=()
-    uv_cmd pip install --python .venv/bin/python --require-hashes "${compile[@]}" -r "$file"
+    # ${a[@]+...}: an empty array under set -u, on bash before 4.4 too
+    uv_cmd pip install --python .venv/bin/python --require-hashes \
+        ${compile[@]+"${compile[@]}"} -r "$file"
 done
 
 step "Install cmr itself (editable: no hash to check; built by the hatchling just installed)"

@@ -232,3 +232,42 @@ async def test_aiohttps_default_contexts_read_the_ca_bundle_at_first_use_and_sti
         "400",  # ssl=False: the unverified default connects
     ]
     assert served == [1]
+
+
+async def test_a_server_behind_a_proxy_is_verified_too(
+    https: tuple[str, Path, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through an HTTPS_PROXY with no TLS settings of its own, aiobotocore 2.25 built its
+    connector with ssl=False: a certificate no bundle vouches for was accepted."""
+    url, cert, served = https
+    tunnels: list[str] = []
+
+    async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+        except ConnectionError:
+            pass
+        finally:
+            w.close()
+
+    async def connect(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        host, port = (await r.readuntil(b"\r\n\r\n")).split()[1].decode().rsplit(":", 1)
+        tunnels.append(f"{host}:{port}")
+        far_r, far_w = await asyncio.open_connection(host, int(port))
+        w.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await w.drain()
+        await asyncio.gather(pipe(r, far_w), pipe(far_r, w))
+
+    proxy = await asyncio.start_server(connect, "127.0.0.1", 0)
+    async with proxy:
+        port = proxy.sockets[0].getsockname()[1]
+        monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("NO_PROXY", "")
+        monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
+        assert await _call(url, monkeypatch) == "SSLError"
+        assert tunnels and served == []  # it went through the proxy, and was refused
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
+        assert await _call(url, monkeypatch) == "Teapot"  # the configured bundle vouches
+        assert len(tunnels) == 2 and served == [1]

@@ -208,7 +208,6 @@ def test_a_measured_row_runs_in_a_fresh_process_of_its_own() -> None:
     assert got == sum(range(10**6))
     assert wall > 0 and cpu > 0
     assert 5 < peak.mb < 300, peak.mb
-    assert peak.samples >= 1
     assert len(held) == 400_000_000
     with pytest.raises(RuntimeError, match="ValueError: a bad corpus"):
         v.measured_apart(_fails, "a bad corpus")

@@ -227,7 +227,7 @@ def _judged(service: str, exc: BaseException, subject: str) -> tuple[type[Backen
             BucketOrTableMissing,
             f"s3.{op}: bucket does not exist{about}: create it, or name one that does",
         )
-    if code == "ResourceNotFoundException":
+    if code == "ResourceNotFoundException" and service == "dynamodb":
         return BucketOrTableMissing, f"{service}.{op}: table does not exist{about}: {message}"
     return BackendError, f"{service}.{op} failed{about}: {code}: {message}"
 

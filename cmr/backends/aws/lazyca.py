@@ -52,12 +52,16 @@ def import_aiohttp() -> None:
     def later(self: ssl.SSLContext) -> None:
         asked.append(self)
 
-    real = ssl.SSLContext.set_default_verify_paths  # _ssl._SSLContext's, inherited
+    real = ssl.SSLContext.set_default_verify_paths  # inherited, or someone's override
+    own = vars(ssl.SSLContext).get("set_default_verify_paths")  # an override to put back
     ssl.SSLContext.set_default_verify_paths = later  # type: ignore[method-assign]
     try:
         import aiohttp  # noqa: F401  # what this module is for
     finally:
-        del ssl.SSLContext.set_default_verify_paths  # the inherited one shows again
+        if own is None:
+            del ssl.SSLContext.set_default_verify_paths  # the inherited one shows again
+        else:
+            ssl.SSLContext.set_default_verify_paths = own  # type: ignore[method-assign]
     for context in asked:
         if type(context) is ssl.SSLContext:
             context.__class__ = _CAsOnFirstUse

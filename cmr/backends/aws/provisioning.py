@@ -101,6 +101,12 @@ async def _ensure_bucket(
             ) from exc
         if exc.code != "BucketAlreadyOwnedByYou":
             raise
+    # A new bucket may answer NoSuchBucket for a moment on S3, and a missing bucket is not
+    # retried (BucketOrTableMissing): wait until it is there, as for a new table.
+    with _translate("s3", f"s3://{bucket}"):
+        await s3.get_waiter("bucket_exists").wait(
+            Bucket=bucket, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
+        )
 
 
 async def _ensure_table(db: Any, table: str, create: bool, status: str | None = None) -> None:
@@ -175,8 +181,12 @@ async def _probe(
         "connect_timeout": _PROBE_CONNECT,
         "read_timeout": _PROBE_READ,
     }
-    # "Not found" still proves the service answered and let us in.
-    absent = QUEUE_GONE | {"404", "NoSuchBucket", "NotFound", "ResourceNotFoundException"}
+    # "Not found" still proves the service answered and let us in; each service's own.
+    absent = {
+        "sqs": QUEUE_GONE,
+        "s3": {"404", "NoSuchBucket", "NotFound"},
+        "dynamodb": {"ResourceNotFoundException"},
+    }
 
     async def call(service: str, c: Any) -> None:
         try:
@@ -187,11 +197,13 @@ async def _probe(
                 found["s3"] = True
             else:
                 got = await c.describe_table(TableName=settings.table)
-                found["dynamodb"] = str(got["Table"].get("TableStatus", ""))
+                status = got.get("Table", {}).get("TableStatus")
+                if status:  # else: asked again by the set-up, as before
+                    found["dynamodb"] = str(status)
         except ClientError as exc:
             if service == "s3" and settings.owner and error_code(exc) in DENIED_CODES:
                 raise UsageError(not_owned(settings.bucket, settings.owner)) from exc
-            if error_code(exc) not in absent:
+            if error_code(exc) not in absent[service]:
                 raise
             if service == "s3":
                 found["s3"] = False

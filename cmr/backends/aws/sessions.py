@@ -61,8 +61,9 @@ def _tls(verify: bool | str) -> ssl.SSLContext:
 
 
 class SharedTLS(AIOHTTPSession):  # type: ignore[misc]  # aiobotocore ships no types
-    """aiobotocore's HTTP session with the TLS context of :func:`_tls`. A proxy, a client
-    certificate or ``verify=False`` take aiobotocore's own path, unchanged.
+    """aiobotocore's HTTP session with the TLS context of :func:`_tls`, through a proxy too.
+    A client certificate, a proxy's own CA bundle or client certificate, or
+    ``verify=False`` take aiobotocore's own path, unchanged.
 
     A client of a plain ``http://`` endpoint (the local stack) makes no TLS connection, so
     it reads no CA bundle (~90 ms of CPU, once per process: a tenth of a short ``cmr``
@@ -80,10 +81,20 @@ class SharedTLS(AIOHTTPSession):  # type: ignore[misc]  # aiobotocore ships no t
         return await super().send(request)
 
     def _create_connector(self, proxy_url: str | None) -> aiohttp.TCPConnector:
-        if proxy_url or not self._verify or self._cert_file:
+        proxy = self._proxy_config.settings if proxy_url else {}
+        if (
+            not self._verify
+            or self._cert_file
+            or proxy.get("proxy_ca_bundle") is not None
+            or proxy.get("proxy_client_cert") is not None
+        ):
             connector: aiohttp.TCPConnector = super()._create_connector(proxy_url)
             return connector
-        context: ssl.SSLContext | bool = True if self._plain else _tls(self._verify)
+        # Through a proxy with no TLS settings of its own, aiobotocore 2.25 gives the
+        # connector ssl=False: the server's certificate behind the proxy went unverified.
+        # It is verified as a direct connection's is.
+        plain = self._plain and not proxy_url
+        context: ssl.SSLContext | bool = True if plain else _tls(self._verify)
         return aiohttp.TCPConnector(
             limit=self._max_pool_connections, ssl=context, **self._connector_args
         )
