@@ -60,7 +60,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The same, said plainly before any worker starts: pytest-xdist's loadgroup writes
+    """tests/conftest.py's check_groups, said plainly before any worker starts (raised in a
+    worker, xdist shows only an INTERNALERROR): pytest-xdist's loadgroup writes
     ``item._nodeid``, so the node id must be read from there (pytest 9.2 reads another
     field)."""
     if getattr(config.option, "dist", None) == "loadgroup" and "_nodeid" not in _nodeid_reads():

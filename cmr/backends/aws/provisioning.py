@@ -53,29 +53,9 @@ class StoreMissing(UsageError):
         self.kind, self.name = kind, name
 
 
-async def _ensure_bucket(
-    s3: Any,
-    bucket: str,
-    region: str,
-    create: bool,
-    owner: str | None = None,
-    exists: bool | None = None,
-) -> None:
-    """``exists``: what the probe's HeadBucket found (None: not asked yet)."""
-    if exists is None:
-        try:
-            with _translate("s3", f"s3://{bucket}"):
-                await s3.head_bucket(Bucket=bucket)
-        except BlobMissing:
-            pass  # HeadBucket answers a bare 404 for a missing bucket
-        except BackendError as exc:
-            if owner and exc.code in DENIED_CODES:
-                raise UsageError(not_owned(bucket, owner)) from exc
-            if exc.code != "NoSuchBucket":
-                raise
-        else:
-            return
-    elif exists:
+async def _ensure_bucket(s3: Any, bucket: str, region: str, create: bool, exists: bool) -> None:
+    """``exists``: what the probe's HeadBucket found (it answers for the owner check too)."""
+    if exists:
         return
     if not create:
         raise StoreMissing(
@@ -170,7 +150,8 @@ async def _probe(
     where ListBuckets or ListTables would need "*".
 
     What the calls found, for the set-up not to ask again (two requests of every opening):
-    ``{"s3": the bucket exists, "dynamodb": the table's status, "" if there is none}``."""
+    ``{"s3": the bucket exists, "dynamodb": the table's status, "" if there is none}``;
+    "s3" is always there, "dynamodb" unless the answer had no status."""
     from cmr.backends.aws import sessions
 
     found: dict[str, Any] = {}
@@ -289,10 +270,7 @@ async def open_aws(settings: AwsSettings) -> AsyncIterator[Backend]:
                 )
         expect_owner(clients["s3"], settings.owner)
         found = await _probe(session, region, settings, path_style, deadline)
-        await _ensure_bucket(
-            clients["s3"], settings.bucket, region, settings.create, settings.owner,
-            found.get("s3"),
-        )  # fmt: skip
+        await _ensure_bucket(clients["s3"], settings.bucket, region, settings.create, found["s3"])
         await _ensure_table(
             clients["dynamodb"], settings.table, settings.create, found.get("dynamodb")
         )
