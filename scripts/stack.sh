@@ -199,6 +199,20 @@ try:
             services = json.load(r).get("services", {})
         ok = all(services.get(s) in ("available", "running") for s in ("s3", "sqs"))
         sys.exit(0 if ok else 1)
+    elif kind == "warm":
+        # LocalStack loads a service at its first request (~1 s of CPU each, more on a
+        # slower machine): done here, so that no test's or user's first call pays for it
+        # inside a timeout. One read-only call per service; LocalStack routes by the
+        # credential's service and does not check the signature.
+        auth = "AWS4-HMAC-SHA256 Credential=test/20200101/us-east-1/{}/aws4_request, SignedHeaders=host, Signature=0"
+        for req in (
+            urllib.request.Request(url, data=b"{}", method="POST", headers={
+                "Content-Type": "application/x-amz-json-1.0",
+                "X-Amz-Target": "AmazonSQS.ListQueues", "Authorization": auth.format("sqs")}),
+            urllib.request.Request(url, method="GET", headers={"Authorization": auth.format("s3")}),
+        ):
+            with urllib.request.urlopen(req, timeout=60) as r:
+                r.read()
     else:  # dynamodb: ListTables (moto does not check the signature)
         req = urllib.request.Request(url, data=b"{}", method="POST", headers={
             "Content-Type": "application/x-amz-json-1.0",
@@ -216,6 +230,7 @@ PY
 
 ls_healthy()  { probe_py localstack "http://$BIND_HOST:$LS_PORT/_localstack/health"; }
 ddb_healthy() { probe_py dynamodb "http://$BIND_HOST:$DDB_PORT/"; }
+ls_warm()     { probe_py warm "http://$BIND_HOST:$LS_PORT/"; }
 
 port_in_use() {
     # true if something accepts TCP connections on 127.0.0.1:$1
@@ -328,7 +343,11 @@ wait_healthy() {
     while :; do
         ((ls_ok)) || { ls_healthy && ls_ok=1 && log "LocalStack healthy (s3, sqs) after ${SECONDS}s"; } || true
         ((ddb_ok)) || { ddb_healthy && ddb_ok=1 && log "DynamoDB (moto) answers ListTables after ${SECONDS}s"; } || true
-        ((ls_ok && ddb_ok)) && return 0
+        if ((ls_ok && ddb_ok)); then
+            ls_warm || fail_with_log "LocalStack is healthy but did not answer its first SQS and S3 calls" "$LOG_DIR/localstack.log"
+            log "LocalStack's s3 and sqs loaded after ${SECONDS}s"
+            return 0
+        fi
         # fail fast if a server we started has died
         if ((!ls_ok)) && ! ls_pid >/dev/null && ! ls_healthy; then
             fail_with_log "LocalStack exited during startup" "$LOG_DIR/localstack.log"
@@ -353,6 +372,7 @@ with_lock() {
 
 do_start() {
     if ls_healthy && ddb_healthy; then
+        ls_warm || true   # one started by hand may not have loaded them yet
         log "stack already running and healthy"
         return
     fi

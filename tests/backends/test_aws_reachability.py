@@ -94,8 +94,13 @@ class Stall:
         return not self.closing.wait(max(left, 0.0))
 
     def _serve(self) -> None:
-        if self.at == "connect" and not self._open():
-            return
+        if self.at == "connect":
+            if not self._open():
+                return
+            # Recovered, as a loaded server does: its full backlog again. With the stall's
+            # one-connection queue, connects that came together lost their SYNs in turn
+            # (the kernel's next try is seconds later), a slowness of this proxy's own.
+            self.listener.listen(64)
         fillers = {f.getsockname() for f in self.fillers}
         while not self.closing.is_set():
             try:
