@@ -8,9 +8,10 @@ once handling it failed.
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -160,13 +161,8 @@ def _map_into(
                     if summing.all_ints(counts.values()):
                         if len(sums) + len(counts) < COMBINE_KEYS:
                             summing.merge(sums, counts)
-                            continue
-                        # The keys one by one: the totals are sent when they reach
-                        # COMBINE_KEYS keys, at the key where the general way sends them.
-                        for key, value in counts.items():
-                            sums[key] = summed(key, 0) + value
-                            if len(sums) >= COMBINE_KEYS:
-                                _send_sums(shuffle, sums, part, sum_method)
+                        else:
+                            _sum_into(sums, counts, shuffle, part, sum_method)
                         continue
                     sum_combine = _stop_summing(sums, groups)
                 if last[0] and combiner is not None and not groups and type(source) is _DICT_ITEMS:
@@ -283,6 +279,41 @@ def _send_sums(
             raise
         raise usercode.bad_output(method, shuffle.last_pair, exc) from exc
     sums.clear()
+
+
+def _sum_into(
+    sums: dict[Any, int],
+    counts: Mapping[Any, int],
+    shuffle: Shuffle,
+    part: Callable[[Any, int], int],
+    method: str,
+) -> None:
+    """Add a dict of int counts to the task's totals as the pair-by-pair loop would, the
+    totals sent each time they reach COMBINE_KEYS keys (at the key where that loop sends
+    them), with no loop of ours per key: a word count's split of real text holds ~340,000
+    distinct words, and that loop was a fifth of what counting them took. The keys that
+    make the totals full are found by C (which of them the totals lack), the part up to
+    there merged, and each full set of COMBINE_KEYS keys after it sent as it is: the keys
+    of a dict are distinct, so into empty totals each would go alone and leave unchanged."""
+    items = iter(counts.items())
+    left = len(counts)
+    if sums:
+        room = COMBINE_KEYS - len(sums)
+        fresh = itertools.compress(itertools.count(), map(_absent, map(sums.__contains__, counts)))
+        last = next(itertools.islice(fresh, room - 1, None), None)  # the room-th new key
+        if last is None:  # the totals do not fill up: all of it merged
+            summing.merge(sums, counts)
+            return
+        summing.merge(sums, dict(itertools.islice(items, last + 1)))
+        left -= last + 1
+        _send_sums(shuffle, sums, part, method)
+    while left >= COMBINE_KEYS:
+        _send(shuffle, itertools.islice(items, COMBINE_KEYS), part, method)
+        left -= COMBINE_KEYS
+    sums.update(items)
+
+
+_absent = operator.not_  # not in the totals: a new key
 
 
 def _take_distinct(

@@ -131,6 +131,23 @@ class SlowLiteralChunk(Slow):
     map_chunk = FastLiteralChunk.map_chunk
 
 
+class FastRangeChunk(Fast):
+    """Each line "KIND START STOP VALUE": a dict of VALUE under the keys START..STOP-1, as
+    str (w), int (i) or float (f: equal to the ints)."""
+
+    def map_chunk(self, name, data):
+        counts = {}
+        for line in data.decode().splitlines():
+            kind, start, stop, value = line.split()
+            make = {"w": lambda i: f"w{i}", "i": int, "f": float}[kind]
+            counts.update((make(i), int(value)) for i in range(int(start), int(stop)))
+        return counts.items()
+
+
+class SlowRangeChunk(Slow):
+    map_chunk = FastRangeChunk.map_chunk
+
+
 class FastSetFormat(Fast):
     def setup(self):
         self.format = lambda k, v: f"{k},{v}"
@@ -493,3 +510,28 @@ def test_totals_reaching_combine_keys_mid_dict_go_where_the_general_way_sends_th
     assert isinstance(fast, list) and isinstance(slow, list)
     assert [p for p in fast if p[0] == edge] == [p for p in slow if p[0] == edge] == [(edge, 0.0)]
     assert fast == slow
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        # Totals of 150,000 keys, then a dict that overlaps them and fills them mid-way (its
+        # 50,000th new key), then one that overlaps the rest held and fills them again,
+        # then one of fresh keys that fills them twice over (each sent at the key where
+        # the general way sends it, the rest held), then keys sent already.
+        ["w 0 150000 1", "w 100000 270000 2", "w 250000 460000 3", "w 460000 900000 4", "w 0 9 7"],
+        # Equal keys of other kinds add to those held (1.0 to 1), and count as held.
+        ["i 0 150000 1", "f 120000 260000 2\ni 260000 300000 5", "f 0 10 7"],
+        # A dict that fills them exactly, then one that starts afresh.
+        ["w 0 100000 1", "w 50000 150000 1\nw 150000 250000 1", "w 0 3 9"],
+    ],
+    ids=["str", "equal keys of other kinds", "exactly full"],
+)
+def test_dicts_crossing_combine_keys_send_what_the_general_way_sends(
+    tmp_path: Path, chunks: list[str]
+) -> None:
+    fast = _sent(tmp_path, "FastRangeChunk", [c.encode() for c in chunks])
+    slow = _sent(tmp_path, "SlowRangeChunk", [c.encode() for c in chunks])
+    assert isinstance(fast, list) and isinstance(slow, list)
+    assert [(type(k), k, v) for k, v in fast] == [(type(k), k, v) for k, v in slow]
+    assert len(fast) > len({k for k, _ in fast})  # a key went twice: totals were sent
