@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from cmr import counters, formats, taskprogress, usercode
+from cmr.cpu import summing
 from cmr.cpu.instances import hook, job_instance, job_step, mapper_name
 from cmr.cpu.order import ValueOrder, sorted_keys, value_sorting
 from cmr.cpu.results import ReduceResult, reported, take_counters
@@ -244,6 +245,16 @@ def write_output(
             lines: list[bytes] = []
             add_line = lines.append
             grouped = held is not None
+            if held is not None and _sums_of_ints(step.reduce, held):
+                # A reduce that is `yield key, sum(values)` (cmr.cpu.summing) over int
+                # values and str keys: its one line per key made here, with no generator
+                # made and resumed per key (a word count reducer's 400,000 keys: ~15% of
+                # this loop's time).
+                for key, values in itertools.groupby(held, _first):
+                    add_line(f"{key}\t{sum(map(_second, values))}\n".encode())
+                    if len(lines) >= LINES_JOINED:
+                        _write_lines(out, lines, result)
+                held = []  # taken: the loop below groups nothing
             for key, values in itertools.groupby(held, _first) if held is not None else keyed:
                 source = reduce(key, map(_second, values) if grouped else values)
                 pair = None
@@ -295,6 +306,18 @@ def write_output(
         if problem is exc:  # a pair of the right shape: format (ours) could not write it
             problem = usercode.unrenderable(reducer, pair, exc, source)
         raise problem from exc
+
+
+def _sums_of_ints(reduce: Any, held: list[tuple[Any, Any]]) -> bool:
+    """Whether reduce yields exactly each key and the sum of its values, as one text line
+    of Job.format's (``summing.is_sum``), for these pairs: str keys (sorted_pairs held
+    them, all of one kind) and values that are all ints (not bools: checked by C)."""
+    return (
+        bool(held)
+        and type(held[0][0]) is str
+        and summing.is_sum(reduce)
+        and set(map(type, map(_second, held))) == {int}
+    )
 
 
 def _default_format(job: Job) -> bool:
