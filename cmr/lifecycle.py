@@ -224,7 +224,7 @@ async def cleanup(backend: Backend, spec: JobSpec, state: JobState, step: Step =
         pass  # a step that handed over: the output place is the last step's to change
     elif state == JobState.SUCCEEDED:
         try:
-            plan = await load_plan(backend.blobs, scratch, spec.plan_digest)
+            plan = await load_plan(backend.blobs, scratch, spec.plan_digest, tasks=False)
         except (BlobMissing, WireError):
             pass  # the scratch is gone: a cleanup before ours got past this point
         else:

@@ -28,6 +28,7 @@ makes the task fail with a clear reason instead of feeding it other bytes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import io
 from collections.abc import Iterator, Mapping
@@ -161,14 +162,17 @@ class Plan:
         return hashlib.sha256(data).hexdigest()
 
     @staticmethod
-    def from_bytes(data: bytes, digest: str, partitions: int = wire.MAX_PARTITIONS) -> Plan:
+    def from_bytes(
+        data: bytes, digest: str, partitions: int = wire.MAX_PARTITIONS, *, tasks: bool = True
+    ) -> Plan:
         """The plan in ``data``, if its digest is ``digest`` and it is within every limit
         (a job of ``partitions`` has fewer cut points); otherwise WireError (and only
-        WireError), with a short text."""
+        WireError), with a short text. ``tasks=False``: its map tasks are skipped, not
+        built (the plan has none then): what a cleanup needs is the parts it replaced."""
         if Plan.digest(data) != digest:
             raise WireError("the job's plan does not match the digest its record names")
         try:
-            return _parse(wire.decompress(data, _plan_limit(len(data))), partitions)
+            return _parse(wire.decompress(data, _plan_limit(len(data))), partitions, tasks)
         except WireError as exc:
             raise WireError(wire.bounded(f"the job's plan is refused: {exc}")) from None
         except Exception as exc:  # msgpack's zoo, MemoryError: all mean "not a plan of ours"
@@ -224,7 +228,7 @@ def _precount(raw: bytes) -> None:
         return
 
 
-def _parse(raw: bytes, partitions: int = wire.MAX_PARTITIONS) -> Plan:
+def _parse(raw: bytes, partitions: int = wire.MAX_PARTITIONS, want_tasks: bool = True) -> Plan:
     # Every array is walked header first, and msgpack builds no array or map by itself
     # (max_len=0): a count is refused before anything is built for it, and no nesting is.
     _precount(raw)
@@ -239,7 +243,11 @@ def _parse(raw: bytes, partitions: int = wire.MAX_PARTITIONS) -> Plan:
     for _ in range(fields):
         key = up.unpack()
         if key == "tasks" and tasks is None:
-            tasks = _tasks(up)
+            if want_tasks:
+                tasks = _tasks(up)
+            else:
+                up.skip()  # bounded by _precount above
+                tasks = []
         elif key == "replaced" and replaced is None:
             replaced = _replaced(up)
         elif key == "cuts" and cuts is None:
@@ -379,9 +387,16 @@ def _key(packed: bytes) -> Any:
 
 
 async def load_plan(
-    blobs: Blobs, job_scratch: str, digest: str, partitions: int = wire.MAX_PARTITIONS
+    blobs: Blobs,
+    job_scratch: str,
+    digest: str,
+    partitions: int = wire.MAX_PARTITIONS,
+    *,
+    tasks: bool = True,
 ) -> Plan:
+    """The job's plan from its scratch (``tasks=False``: without its map tasks)."""
     data = await blobs.get(plan_url(job_scratch))
+    read = functools.partial(Plan.from_bytes, data, digest, partitions, tasks=tasks)
     if len(data) <= _ASYNC_PLAN_BYTES:
-        return Plan.from_bytes(data, digest, partitions)
-    return await asyncio.to_thread(Plan.from_bytes, data, digest, partitions)  # off the loop
+        return read()
+    return await asyncio.to_thread(read)  # off the loop

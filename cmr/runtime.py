@@ -82,7 +82,9 @@ class Runtime:
     on_job_ended: Callable[[JobSpec], None] | None = None
     _pending_stats: dict[str, Counter[str]] = field(default_factory=dict)
     _stats_flusher: asyncio.Task[None] | None = None
-    _plans: dict[str, Plan] = field(default_factory=dict)
+    # Each job's plan, read once however many tasks ask for it at the same time (a 4,000
+    # file plan takes ~0.06 s to check and build, on the event loop).
+    _plans: dict[str, asyncio.Future[Plan]] = field(default_factory=dict)
     # Jobs' side files this worker fetched (or is fetching), by job (cmr.sidefiles).
     side_files: dict[str, asyncio.Future[str]] = field(default_factory=dict)
 
@@ -104,13 +106,26 @@ class Runtime:
             self.on_job_ended(spec)
 
     async def plan(self, spec: JobSpec, job_scratch: str) -> Plan:
-        """The job's plan, read once per worker (it never changes)."""
-        plan = self._plans.get(spec.job_id)
-        if plan is None:
+        """The job's plan, read once per worker (it never changes); a read that failed is
+        tried again by the next task that asks."""
+        job = spec.job_id
+        loading = self._plans.get(job)
+        if loading is None:
             blobs = self.backend.blobs
-            plan = await load_plan(blobs, job_scratch, spec.plan_digest, spec.partitions)
-            self._plans[spec.job_id] = plan
-        return plan
+            loading = asyncio.ensure_future(
+                load_plan(blobs, job_scratch, spec.plan_digest, spec.partitions)
+            )
+            self._plans[job] = loading
+
+            def failed(done: asyncio.Future[Plan]) -> None:
+                if (done.cancelled() or done.exception() is not None) and (
+                    self._plans.get(job) is done
+                ):
+                    del self._plans[job]
+
+            loading.add_done_callback(failed)
+        # Shielded: a task cancelled while it waits leaves the read to the others.
+        return await asyncio.shield(loading)
 
     def forget_job(self, job_id: str) -> None:
         self._plans.pop(job_id, None)
