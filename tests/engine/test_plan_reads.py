@@ -46,7 +46,7 @@ async def test_a_plan_read_that_failed_is_read_again(embedded: Any, tmp_path: Pa
     plan = _plan(tmp_path)
     scratch = (tmp_path / "scratch").as_uri() + "/"
     data = plan.to_bytes()
-    spec = SimpleNamespace(job_id="j1", plan_digest=Plan.digest(data), partitions=4)
+    spec: Any = SimpleNamespace(job_id="j1", plan_digest=Plan.digest(data), partitions=4)
     rt = Runtime(embedded, WorkerSettings(), None, str(tmp_path))  # type: ignore[arg-type]
     with pytest.raises(BlobMissing):
         await rt.plan(spec, scratch)  # not written yet
