@@ -110,6 +110,8 @@ class Runtime:
         tried again by the next task that asks."""
         job = spec.job_id
         loading = self._plans.get(job)
+        if loading is not None and loading.done() and not _succeeded(loading):
+            loading = None  # failed a moment ago: its callback, which forgets it, is to come
         if loading is None:
             blobs = self.backend.blobs
             loading = asyncio.ensure_future(
@@ -118,9 +120,7 @@ class Runtime:
             self._plans[job] = loading
 
             def failed(done: asyncio.Future[Plan]) -> None:
-                if (done.cancelled() or done.exception() is not None) and (
-                    self._plans.get(job) is done
-                ):
+                if not _succeeded(done) and self._plans.get(job) is done:
                     del self._plans[job]
 
             loading.add_done_callback(failed)
@@ -211,3 +211,8 @@ class Runtime:
         await self.flush_stats()  # a write that fails is dropped: counters only
         if self._stats_flusher is not None and not self._stats_flusher.done():
             self._stats_flusher.cancel()
+
+
+def _succeeded(done: asyncio.Future[Any]) -> bool:
+    """Whether a finished future holds a result (its exception, if any, is retrieved)."""
+    return not done.cancelled() and done.exception() is None

@@ -74,7 +74,10 @@ class Stall:
                 self.fillers.append(filler)
             time.sleep(0.2)  # the fillers' handshakes complete: the queue is full
         else:
-            self.listener.listen(64)
+            try:
+                self.listener.listen(64)
+            except OSError:  # closed by __exit__ meanwhile
+                return
         self.started = time.monotonic()
         threading.Thread(target=self._serve, daemon=True).start()
         return self
@@ -100,7 +103,10 @@ class Stall:
             # Recovered, as a loaded server does: its full backlog again. With the stall's
             # one-connection queue, connects that came together lost their SYNs in turn
             # (the kernel's next try is seconds later), a slowness of this proxy's own.
-            self.listener.listen(64)
+            try:
+                self.listener.listen(64)
+            except OSError:  # closed by __exit__ meanwhile
+                return
         fillers = {f.getsockname() for f in self.fillers}
         while not self.closing.is_set():
             try:

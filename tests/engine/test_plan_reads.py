@@ -77,3 +77,49 @@ async def test_a_cleanup_reads_what_the_plan_replaced_without_its_tasks(
     assert light.replaced == ("part-00000",) and light.tasks == ()
     full = await load_plan(embedded.blobs, scratch, spec.plan_digest)
     assert full == plan
+
+
+class _GatedBlobs:
+    """The embedded store's blobs, whose reads wait for the test's word and fail while it
+    says the plan is missing (the failing read and a new ask must come in one turn of the
+    loop, which no real store times)."""
+
+    def __init__(self, blobs: Any) -> None:
+        self.blobs = blobs
+        self.gate: asyncio.Future[None] | None = None
+        self.missing = True
+
+    async def get(self, url: str) -> bytes:
+        if self.gate is not None:
+            await self.gate
+        if self.missing:
+            raise BlobMissing(url)
+        return await self.blobs.get(url)  # type: ignore[no-any-return]
+
+
+async def test_a_task_that_asks_as_the_read_fails_reads_it_again(
+    embedded: Any, tmp_path: Path
+) -> None:
+    plan = _plan(tmp_path)
+    spec, scratch = await _stored(embedded, tmp_path, plan)
+    blobs = _GatedBlobs(embedded.blobs)
+    backend = SimpleNamespace(blobs=blobs)
+    rt = Runtime(backend, WorkerSettings(), None, str(tmp_path))  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    blobs.gate = loop.create_future()
+    asked = loop.create_future()
+    first = asyncio.ensure_future(rt.plan(spec, scratch))
+
+    async def later() -> Plan:
+        await asked
+        blobs.missing = False  # there now: a new read finds it
+        return await rt.plan(spec, scratch)
+
+    second = asyncio.ensure_future(later())
+    await asyncio.sleep(0)
+    blobs.gate.set_result(None)  # the first read fails in the loop's next turn...
+    asked.set_result(None)  # ...in which the second task asks
+    blobs.gate = None
+    with pytest.raises(BlobMissing):
+        await first
+    assert await second == plan
