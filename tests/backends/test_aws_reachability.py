@@ -74,10 +74,7 @@ class Stall:
                 self.fillers.append(filler)
             time.sleep(0.2)  # the fillers' handshakes complete: the queue is full
         else:
-            try:
-                self.listener.listen(64)
-            except OSError:  # closed by __exit__ meanwhile
-                return
+            self.listener.listen(64)
         self.started = time.monotonic()
         threading.Thread(target=self._serve, daemon=True).start()
         return self
