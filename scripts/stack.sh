@@ -5,8 +5,8 @@
 #
 # Usage: scripts/stack.sh {install|start|stop|restart|status|env|logs|lock}
 #   install  install both into .stack/ (idempotent; skips what is present)
-#   start    install if needed, start both in the background, wait until healthy
-#            (a no-op when both already answer)
+#   start    install if needed, start both in the background, wait until healthy and
+#            LocalStack has loaded s3 and sqs (a no-op when both already answer)
 #   stop     stop the processes this checkout started (from .stack/run/*.pid)
 #   restart  stop, then start
 #   status   show pids and health; exit 0 only when both are healthy
