@@ -108,23 +108,15 @@ class Runtime:
     async def plan(self, spec: JobSpec, job_scratch: str) -> Plan:
         """The job's plan, read once per worker (it never changes); a read that failed is
         tried again by the next task that asks."""
-        job = spec.job_id
-        loading = self._plans.get(job)
-        if loading is not None and loading.done() and not _succeeded(loading):
-            loading = None  # failed a moment ago: its callback, which forgets it, is to come
-        if loading is None:
+        loading = self._plans.get(spec.job_id)
+        if loading is None or (loading.done() and not _succeeded(loading)):
             blobs = self.backend.blobs
             loading = asyncio.ensure_future(
                 load_plan(blobs, job_scratch, spec.plan_digest, spec.partitions)
             )
-            self._plans[job] = loading
-
-            def failed(done: asyncio.Future[Plan]) -> None:
-                if not _succeeded(done) and self._plans.get(job) is done:
-                    del self._plans[job]
-
-            loading.add_done_callback(failed)
-        # Shielded: a task cancelled while it waits leaves the read to the others.
+            self._plans[spec.job_id] = loading
+        # Shielded: a task cancelled while it waits leaves the read to the others (and
+        # the shield takes the read's exception if none of them is left to).
         return await asyncio.shield(loading)
 
     def forget_job(self, job_id: str) -> None:

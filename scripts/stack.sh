@@ -193,6 +193,8 @@ probe_py() {
     "$py" - "$@" <<'PY'
 import json, sys, urllib.request
 kind, url = sys.argv[1], sys.argv[2]
+# Neither server checks the signature; LocalStack routes by the credential's service.
+auth = "AWS4-HMAC-SHA256 Credential=test/20200101/us-east-1/{}/aws4_request, SignedHeaders=host, Signature=0"
 try:
     if kind == "localstack":
         with urllib.request.urlopen(url, timeout=3) as r:
@@ -202,9 +204,7 @@ try:
     elif kind == "warm":
         # LocalStack loads a service at its first request (~1 s of CPU each, more on a
         # slower machine): done here, so that no test's or user's first call pays for it
-        # inside a timeout. One read-only call per service; LocalStack routes by the
-        # credential's service and does not check the signature.
-        auth = "AWS4-HMAC-SHA256 Credential=test/20200101/us-east-1/{}/aws4_request, SignedHeaders=host, Signature=0"
+        # inside a timeout. One read-only call per service.
         for req in (
             urllib.request.Request(url, data=b"{}", method="POST", headers={
                 "Content-Type": "application/x-amz-json-1.0",
@@ -213,11 +213,11 @@ try:
         ):
             with urllib.request.urlopen(req, timeout=60) as r:
                 r.read()
-    else:  # dynamodb: ListTables (moto does not check the signature)
+    else:  # dynamodb: ListTables
         req = urllib.request.Request(url, data=b"{}", method="POST", headers={
             "Content-Type": "application/x-amz-json-1.0",
             "X-Amz-Target": "DynamoDB_20120810.ListTables",
-            "Authorization": "AWS4-HMAC-SHA256 Credential=test/20200101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0",
+            "Authorization": auth.format("dynamodb"),
         })
         with urllib.request.urlopen(req, timeout=3) as r:
             # moto's server (Werkzeug) only: an older checkout's DynamoDB Local answers too

@@ -307,10 +307,7 @@ def _sum_into(
         summing.merge(sums, dict(itertools.islice(items, last + 1)))
         left -= last + 1
         _send_sums(shuffle, sums, part, method)
-    while left >= COMBINE_KEYS:
-        _send(shuffle, itertools.islice(items, COMBINE_KEYS), part, method)
-        left -= COMBINE_KEYS
-    sums.update(items)
+    sums.update(_send_full_sets(items, left, shuffle, part, method))
 
 
 _absent = operator.not_  # not in the totals: a new key
@@ -328,15 +325,26 @@ def _take_distinct(
     held alone with its value (its keys are distinct and hashable), and the groups flushed
     each time they reach COMBINE_KEYS keys. Those flushed would go out as they came: they
     are sent so, never held; the rest (fewer) are held by C."""
-    pairs = iter(items)
-    left = len(items)
+    if len(items) >= COMBINE_KEYS:
+        combiner.forget()  # what a flush of the groups does first (nothing is combined after)
+    method = f"{mapper} (or {combiner.method})"
+    groups.update(_send_full_sets(iter(items), len(items), shuffle, part, method))
+
+
+def _send_full_sets(
+    pairs: Iterator[tuple[Any, Any]],
+    left: int,
+    shuffle: Shuffle,
+    part: Callable[[Any, int], int],
+    method: str,
+) -> Iterator[tuple[Any, Any]]:
+    """Pairs of distinct keys (``left`` of them) going into empty totals or groups: each
+    full COMBINE_KEYS of them is what a flush would send, in the order they came, so it is
+    sent as it is; the rest, fewer, is returned to be held."""
     while left >= COMBINE_KEYS:
-        combiner.forget()  # what a flush of the groups does first
-        _send(
-            shuffle, itertools.islice(pairs, COMBINE_KEYS), part, f"{mapper} (or {combiner.method})"
-        )
+        _send(shuffle, itertools.islice(pairs, COMBINE_KEYS), part, method)
         left -= COMBINE_KEYS
-    groups.update(pairs)
+    return pairs
 
 
 def _send(
