@@ -284,6 +284,7 @@ REFUSED = [
 ]
 
 
+@pytest.mark.usefixtures("mrjob_python")  # the examples are files of mrjob's venv
 @pytest.mark.parametrize(
     ("example", "args", "message"), spread(REFUSED, [r[0] for r in REFUSED], 5)
 )
@@ -375,6 +376,7 @@ def test_args_after_dashes_are_refused_for_a_cmr_job(tmp_path: Path) -> None:
         (("--max-ngram-size", "x"), "argument --max-ngram-size: invalid int value: 'x'"),
     ],
 )
+@pytest.mark.usefixtures("mrjob_python")
 def test_bad_job_arguments_are_named(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
     case = Case("mr_text_classifier", ("docs-to-classify",), args=args)
     done = cmr_run(case, inputs_dir(case, tmp_path), tmp_path / "out")
