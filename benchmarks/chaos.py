@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cmr import logs
 from cmr.api import cpu_pool
 from cmr.backends.faults import FaultPlan
-from cmr.testing import chaos_run, diff_outputs, read_output, sequential
+from cmr.testing import chaos_run, chaos_shuffle, diff_outputs, read_output, sequential
 from tests.engine.corpus import edge_cases
 
 JOBS = ("examples/wordcount.py", "examples/invertedindex.py")
@@ -63,7 +63,9 @@ async def chaos_totals(runs: int, pool: object) -> dict[str, object]:
             job = JOBS[seed % 2]
             out = Path(tmp) / f"out-{seed}"
             try:
-                r = await chaos_run(job, data, out, seed=seed, pool=pool, reducers=3)  # type: ignore[arg-type]
+                r = await chaos_run(  # type: ignore[arg-type]
+                    job, data, out, seed=seed, pool=pool, reducers=3, shuffle=chaos_shuffle(seed)
+                )
             except Exception:
                 failures += 1
                 return

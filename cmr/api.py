@@ -115,6 +115,8 @@ class RunOptions:
     output_format: str = ""  # cmr.formats' output format; "": the job's ``output_format``
     files: Sequence[str] = ()  # side files beyond the job class's: "PATH[#NAME]" each
     total_order: bool = False  # parts concatenate into one sorted sequence (or Job.total_order)
+    # Map output through queues or the blob store ("auto": the store for a large input).
+    shuffle: str = "auto"
 
     @staticmethod
     def of(base: RunOptions | None = None, **overrides: Any) -> RunOptions:
@@ -145,6 +147,7 @@ class RunOptions:
             input_format=self.input_format,
             output_format=self.output_format,
             total_order=self.total_order,
+            shuffle=self.shuffle,
         )
 
 

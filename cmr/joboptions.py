@@ -18,9 +18,10 @@ from cmr.errors import UsageError
 from cmr.job import Job, steps_of
 from cmr.jobload import LoadedJob
 from cmr.records import MAX_PARTITIONS, MAX_TASK_TIMEOUT_S, MAX_TASK_TRIES, MAX_VISIBILITY_S
-from cmr.settings import LineEnds
+from cmr.settings import LineEnds, ShuffleMode
 
 LINE_MODES = tuple(str(m) for m in LineEnds)
+SHUFFLE_MODES = tuple(str(m) for m in ShuffleMode)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class JobOptions:
     output_format: str = ""  # cmr.formats' output format ("": the job class's)
     files: tuple[str, ...] = ()  # side files beyond the class's, "PATH[#NAME]" (cmr.sidefiles)
     total_order: bool = False  # sample keys, partition by range (or the class's total_order)
+    shuffle: str = "auto"  # ShuffleMode: "auto" is settled by the input's size at submit
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -93,6 +95,10 @@ class JobOptions:
             ),
             f"steps {self.first_step + 1} to {self.last_step + 1} are not steps of a job of "
             f"{self.job_steps}",
+        )
+        need(
+            self.shuffle in SHUFFLE_MODES,
+            f"unknown --shuffle {self.shuffle!r}: use one of {', '.join(SHUFFLE_MODES)}",
         )
         if self.lines and self.lines not in LINE_MODES:
             raise UsageError(

@@ -70,6 +70,12 @@ def spill_url(scratch: str, job_id: str, task: int, attempt: str, p: int, seq: i
     return f"{job_scratch(scratch, job_id)}spill/{task}-{attempt}-{p}-{seq}"
 
 
+def shuffle_url(scratch: str, job_id: str, task: int, attempt: str) -> str:
+    """Where a map attempt of a blob-shuffle job puts its batches (cmr.bulk). Derived, never
+    read from a record: a commit can make a reducer read only its own attempt's object."""
+    return f"{job_scratch(scratch, job_id)}shuffle/{task}-{attempt}"
+
+
 def reduce_output_url(scratch: str, job_id: str, p: int, epoch: object, token: object) -> str:
     """Where the claim (epoch, token) of partition ``p`` uploads its output before it commits:
     a commit record must name exactly this for its own claim (cmr.finalize checks it)."""
@@ -249,8 +255,8 @@ async def cleanup(backend: Backend, spec: JobSpec, state: JobState, step: Step =
     await step("cleanup.queues", {"job": spec.job_id})
     if state == JobState.SUCCEEDED and not spec.final:
         # Its committed outputs are the next step's input: they go with the next step's
-        # cleanup. The rest (spilled values, staged input, the plan) goes now.
-        for below in ("spill/", "input/"):
+        # cleanup. The rest (spilled values, shuffle objects, staged input, the plan) goes now.
+        for below in ("spill/", "shuffle/", "input/"):
             await backend.blobs.delete_prefix(scratch + below)
         await backend.blobs.delete([plan_url(scratch)])
     else:

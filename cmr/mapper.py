@@ -23,7 +23,7 @@ from typing import Any
 
 import msgpack
 
-from cmr import failures, formats, sidefiles, wire
+from cmr import bulk, failures, formats, sidefiles, wire
 from cmr.aio import TaskGroup, first_error, sha256_hex
 from cmr.backends.base import Put, Received, item_absent
 from cmr.cpu.mapping import FileSlice, run_map
@@ -121,8 +121,17 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 rt, spec, ref, result.error, in_q, msg, permanent=result.permanent
             )
             return
+        written, spiller = None, _Spiller(rt, spec, task.task, attempt)
         try:
-            await _send_spool(rt, spec, task.task, attempt, result.spool, part_qs)
+            if spec.shuffle == "blob":
+                written = await bulk.write_object(
+                    rt, spec, task.task, attempt, result.spool, spiller.body
+                )
+                await rt.step(
+                    "map.shuffle_written", job=spec.job_id, task=task.task, attempt=attempt
+                )
+            else:
+                await _send_spool(rt, spec, task.task, attempt, result.spool, part_qs)
         finally:
             os.unlink(result.spool)
         commit = MapCommit(
@@ -132,6 +141,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             result.records_in,
             result.bytes_in,
             result.counters,
+            written.parts if written is not None else {},
         )
         try:
             # Only while the job runs: an attempt that wakes after its job ended and was
@@ -149,6 +159,10 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
         if not won:
             stats["map_attempts_filtered"] += 1
             log.info("map attempt lost to an earlier commit; its batches will be ignored")
+            if written is not None:
+                # Never read (no commit names it); the job's cleanup would delete it too.
+                with contextlib.suppress(BackendError):
+                    await rt.backend.blobs.delete([written.url, *spiller.spills])
         else:
             # For progress displays only: finalize writes exact totals from the commits.
             stats["progress_maps"] += 1
@@ -278,12 +292,31 @@ def _identity(rt: Runtime, check: Check | None) -> Check | None:
     return check
 
 
+class _Spiller:
+    """Puts a value too big for one message in a blob of its own; its batch points at it."""
+
+    def __init__(self, rt: Runtime, spec: JobSpec, task: int, attempt: str) -> None:
+        self.rt, self.spec, self.task, self.attempt = rt, spec, task, attempt
+        self.spills: list[str] = []
+
+    async def body(self, p: int, seq: int, n: int, stream: bytes) -> bytes:
+        spec = self.spec
+        url = spill_url(spec.scratch, spec.job_id, self.task, self.attempt, p, seq)
+        self.spills.append(url)
+        digest = await sha256_hex(stream)
+        await self.rt.backend.blobs.put(url, stream)
+        return wire.encode(
+            wire.Batch(spec.job_id, self.task, self.attempt, p, seq, n, b"", url, digest),
+            compress=self.rt.settings.compress,
+        )
+
+
 async def _send_spool(
     rt: Runtime, spec: JobSpec, task: int, attempt: str, spool: str, part_qs: Sequence[str]
 ) -> None:
     queues, blobs = rt.backend.queues, rt.backend.blobs
     gate = asyncio.Semaphore(SEND_CONCURRENCY)
-    spills: list[str] = []
+    spiller = _Spiller(rt, spec, task, attempt)
     sent = 0
 
     async def send(p: int, bodies: list[bytes]) -> None:
@@ -296,26 +329,15 @@ async def _send_spool(
         if sent == 1:
             await rt.step("map.partly_sent", job=spec.job_id, task=task, attempt=attempt)
 
-    async def spilled_body(p: int, seq: int, n: int, stream: bytes) -> bytes:
-        # A value too big for one message travels through the blob store instead.
-        url = spill_url(spec.scratch, spec.job_id, task, attempt, p, seq)
-        spills.append(url)
-        digest = await sha256_hex(stream)
-        await blobs.put(url, stream)
-        return wire.encode(
-            wire.Batch(spec.job_id, task, attempt, p, seq, n, b"", url, digest),
-            compress=rt.settings.compress,
-        )
-
     try:
-        await _send_all(spool, gate, send, spilled_body)
+        await _send_all(spool, gate, send, spiller.body)
     except BaseExceptionGroup as group:
         # Callers handle single backend errors (retry, abandon the attempt); not groups.
         first = first_error(group)
-        if isinstance(first, QueueGone) and spills:
+        if isinstance(first, QueueGone) and spiller.spills:
             # The job ended under us: our spilled values would outlive its cleanup.
             with contextlib.suppress(BackendError):
-                await blobs.delete(spills)
+                await blobs.delete(spiller.spills)
         raise first from None
 
 

@@ -153,6 +153,10 @@ class JobSpec:
     # the patterns of glob inputs, whose matches are read (cmr.inputs). One input: both ().
     input_roots: tuple[str, ...] = ()
     input_globs: tuple[str, ...] = ()
+    # How map output reaches the reducers (SHUFFLE_MODES): "queue", tagged batches in one
+    # queue per partition; "blob", one object per map attempt, which its commit record
+    # names part by part (cmr.bulk), and no partition queues at all.
+    shuffle: str = "queue"
 
     def owns_input(self, url: str) -> bool:
         """Whether ``url`` is (under) one of the job's recorded inputs: a plan's range
@@ -164,7 +168,10 @@ class JobSpec:
         )
 
     def queues(self) -> tuple[str, str, tuple[str, ...]]:
-        return queue_names(self.queue_prefix, self.job_id, self.partitions)
+        """The input queue, the reduce task queue and the partition queues (none when the
+        shuffle goes through the blob store)."""
+        in_q, reduce_q, part_qs = queue_names(self.queue_prefix, self.job_id, self.partitions)
+        return in_q, reduce_q, part_qs if self.shuffle == "queue" else ()
 
     def to_item(self) -> Item:
         return {
@@ -201,6 +208,7 @@ class JobSpec:
             **({"input_roots": list(self.input_roots)} if self.input_roots else {}),
             **({"input_globs": list(self.input_globs)} if self.input_globs else {}),
             **({"files": sidefiles.to_record(self.files)} if self.files else {}),
+            **({"shuffle": self.shuffle} if self.shuffle != "queue" else {}),
         }
 
     @staticmethod
@@ -238,6 +246,9 @@ class JobSpec:
         if not _QUEUE_PREFIX.fullmatch(queue_prefix):
             raise WireError(f"job record {job_id}: queue_prefix is not a queue name prefix")
         steps = _steps(fields, job_id)
+        shuffle = fields.text("shuffle", 10, default="queue")
+        if shuffle not in SHUFFLE_MODES:
+            raise WireError(f"job record {job_id}: field 'shuffle' must be one of {SHUFFLE_MODES}")
         partitions = fields.number("partitions", 1, MAX_PARTITIONS)
         if steps[3] and steps[4][steps[0] - steps[1]] != partitions:
             raise WireError(f"job record {job_id}: partitions differ from its step's")
@@ -267,6 +278,7 @@ class JobSpec:
             ),
             input_roots=fields.urls("input_roots", MAX_INPUTS),
             input_globs=fields.urls("input_globs", MAX_INPUTS),
+            shuffle=shuffle,
         )
 
 
@@ -314,6 +326,7 @@ MAX_PARAM = 64 * 1024  # a parameter's name and value together
 MAX_INPUTS = 256  # roots and globs a record names (--input options; a glob is one)
 MAX_URL = 1024  # S3 keys are at most 1,024 bytes; local paths are shorter in practice
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+SHUFFLE_MODES = ("queue", "blob")  # what a job record may say (cmr run --shuffle adds auto)
 _QUEUE_PREFIX = re.compile(r"[0-9A-Za-z_-]{0,40}")  # SQS queue names: 80 of these characters
 _URL = re.compile(r"(s3|file)://[^\x00-\x1f\x7f]+")
 
@@ -400,6 +413,11 @@ class _Fields:
 # message's (one row per partition; counts below 2^63, which is what DynamoDB sums keep).
 MAX_COMMIT_COUNTS_BYTES = 400 * 1024  # DynamoDB's item limit: no real record is larger
 MAX_COUNT = 2**63 - 1
+# A blob attempt's part digests: the first 16 bytes (128 bits) of each part's sha256, enough
+# that no bucket writer can make other bytes match, small enough that a commit of 10,000
+# partitions stays within DynamoDB's item limit.
+PART_DIGEST = 16
+MAX_PART_BYTES = 5 * 1024**4  # S3's largest object
 
 
 @dataclass(frozen=True)
@@ -413,6 +431,10 @@ class MapCommit:
     bytes_in: int = 0  # summed from winners, so a worker dying after its commit loses none
     # The attempt's Job.increment_counter totals: they count only if this commit wins.
     counters: counting.Flat = field(default_factory=dict)
+    # A blob-shuffle attempt (cmr.bulk): where each partition's batches lie in its one
+    # object, partition -> (offset, length, the first PART_DIGEST bytes of their sha256).
+    # Exactly the partitions of ``batches``, laid out in partition order from offset 0.
+    parts: dict[int, tuple[int, int, bytes]] = field(default_factory=dict)
 
     def to_item(self) -> Item:
         sparse = [[p, self.batches[p], self.records.get(p, 0)] for p in sorted(self.batches)]
@@ -424,6 +446,10 @@ class MapCommit:
         }
         if self.counters:
             item["counters"] = counting.encode(self.counters)
+        if self.parts:
+            # Offsets are not stored: they follow from the lengths, in partition order.
+            rows = [[p, self.parts[p][1], self.parts[p][2]] for p in sorted(self.parts)]
+            item["parts"] = wire.pack(rows)
         return item
 
     @staticmethod
@@ -436,6 +462,7 @@ class MapCommit:
             if not wire.is_attempt_id(attempt):
                 raise WireError("its attempt is not an attempt id (1 to 64 lowercase hex)")
             batches, records = MapCommit._counts(item.get("counts"))
+            parts = MapCommit._parts(item["parts"], batches) if "parts" in item else {}
             return MapCommit(
                 str(attempt),
                 batches,
@@ -443,6 +470,7 @@ class MapCommit:
                 MapCommit._count(item.get("records_in", 0), "records_in", MAX_COUNT),
                 MapCommit._count(item.get("bytes_in", 0), "bytes_in", MAX_COUNT),
                 counting.decode(item.get("counters")),
+                parts,
             )
         except WireError as exc:
             raise WireError(wire.bounded(f"map commit record is malformed: {exc}")) from None
@@ -479,6 +507,36 @@ class MapCommit:
         if up.tell() != len(data):
             raise WireError("extra bytes after the counts")
         return batches, records
+
+    @staticmethod
+    def _parts(data: Any, batches: dict[int, int]) -> dict[int, tuple[int, int, bytes]]:
+        """A blob attempt's parts: [partition, length, digest] rows in partition order, one
+        for each partition the counts give batches, none else."""
+        if not isinstance(data, bytes) or len(data) > MAX_COMMIT_COUNTS_BYTES:
+            raise WireError(f"parts are not msgpack bytes of at most {MAX_COMMIT_COUNTS_BYTES}")
+        up = wire.unpacker(len(data), max_str=0, max_bin=PART_DIGEST)
+        up.feed(data)
+        rows = up.read_array_header()
+        if rows != len(batches):
+            raise WireError(f"{rows} parts for {len(batches)} partitions with batches")
+        parts: dict[int, tuple[int, int, bytes]] = {}
+        offset, last = 0, -1
+        for _ in range(rows):
+            if up.read_array_header() != 3:
+                raise WireError("a part is not [partition, length, digest]")
+            p = MapCommit._count(up.unpack(), "a partition", wire.MAX_PARTITIONS - 1)
+            if p <= last or p not in batches:
+                raise WireError(f"part {p} is out of order or has no batches")
+            length = MapCommit._count(up.unpack(), "a part's length", MAX_PART_BYTES)
+            digest = up.unpack()
+            if not isinstance(digest, bytes) or len(digest) != PART_DIGEST:
+                raise WireError(f"a part's digest is not {PART_DIGEST} bytes")
+            if length == 0:
+                raise WireError(f"part {p} is empty, yet has batches")
+            parts[p], offset, last = (offset, length, digest), offset + length, p
+        if up.tell() != len(data):
+            raise WireError("extra bytes after the parts")
+        return parts
 
 
 def task_of(sk: str) -> int:

@@ -28,8 +28,8 @@ import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator
 
-from cmr import clock, failures, finalize, sidefiles, wire
-from cmr.aio import sha256_hex
+from cmr import bulk, clock, failures, finalize, sidefiles, wire
+from cmr.aio import TaskGroup, first_error, sha256_hex
 from cmr.backends.base import Received
 from cmr.claim import Claim, Refusal, claim
 from cmr.cpu.reducing import run_reduce
@@ -56,6 +56,7 @@ MAX_REPEATS_HELD = 4
 # records name do not exist (a table writer raised a count or renamed a winner, or a
 # bucket writer spoiled a spilled batch), and waiting longer would never end the job.
 MISSING_GIVE_UP_LEASES = 6
+BLOB_POLL_MAX_S = 1.0  # the blob shuffle: the longest a reducer waits between table polls
 
 
 class Drain:
@@ -87,6 +88,7 @@ class Drain:
         # Set once we hand our batches back (_let_go): from then on we hold, never keep nor
         # delete, what a receive still under way brings, and hand it back on our way out.
         self.let_go = False
+        self.due: list[int] = []  # blob shuffle: tasks whose winner's part is still to read
 
     def _unneeded(self, mid: str) -> None:
         """A message we hold that no reader will need: deleted, unless we let go meanwhile
@@ -117,8 +119,20 @@ class Drain:
         return self._first_unknown
 
     def learn_winner(self, task: int, commit: MapCommit) -> None:
+        blob = self.spec.shuffle == "blob"
+        if commit.batches.get(self.partition) and bool(commit.parts) != blob:
+            raise TaskError(
+                f"map task {task}'s commit record says its output went through "
+                f"{'queues' if blob else 'the blob store'}, yet the job's shuffle is "
+                f"{self.spec.shuffle!r}: the table was written by someone else"
+            )
         self.winners[task] = commit
         self.unknown.discard(task)
+        if blob:  # nothing comes by queue: the winner's part is read from its object
+            if self.partition in commit.parts:
+                self.due.append(task)
+                self._missing += commit.batches[self.partition]
+            return
         self._drop_unsent(task, commit)
         for attempt in self.attempts.pop(task, set()) - {commit.attempt}:
             # A losing or crashed attempt: its batches never count, for anyone.
@@ -245,32 +259,12 @@ class Drain:
             return
         pairs = batch.pairs
         if batch.spilled:
-            spec = self.spec
-            own = spill_url(
-                spec.scratch, spec.job_id, batch.task, batch.attempt, batch.partition, batch.seq
-            )
-            if batch.spilled != own:
-                self._reject(rt, m, "a spilled batch naming another blob")
-                return
             try:
-                # One pair past what a spool reader takes is refused unread (a blob
-                # replaced by a bucket writer may be any size).
-                pairs = await rt.backend.blobs.get_range(batch.spilled, 0, wire.MAX_DECODED + 1)
+                pairs = await _spilled_pairs(rt, self.spec, batch)
             except BlobMissing:
                 return  # its attempt lost and was cleaned up; a winner's spill is never deleted
-            if len(pairs) > wire.MAX_DECODED:
-                self._reject(
-                    rt, m, f"a spilled batch past {wire.MAX_DECODED:,} bytes", tag=batch.tag
-                )
-                return
-            if await sha256_hex(pairs) != batch.sha256:
-                self._reject(
-                    rt,
-                    m,
-                    "a spilled batch whose blob is not what its sender wrote (its sha256 "
-                    "differs: the bucket was written by someone else)",
-                    tag=batch.tag,
-                )
+            except _Refused as refused:
+                self._reject(rt, m, str(refused), tag=batch.tag if refused.tagged else None)
                 return
         # Only a batch kept makes its attempt known: a refused one takes no pending place.
         self.seqs.setdefault(tag, set()).add(batch.seq)
@@ -292,9 +286,71 @@ class Drain:
             with contextlib.suppress(BackendError):
                 await rt.backend.queues.delete_messages(queue, receipts)
 
+    async def read_due(self, rt: Runtime) -> None:
+        """Read this partition's part of each newly known winner's shuffle object (a few at
+        once) into the winner's spool."""
+        due, self.due = self.due, []
+        gate = asyncio.Semaphore(bulk.READ_CONCURRENCY)
+
+        async def spilled(batch: wire.Batch) -> bytes:
+            what = f"map task {batch.task}'s spilled value ({batch.spilled[:200]})"
+            try:
+                return await _spilled_pairs(rt, self.spec, batch)
+            except BlobMissing:
+                raise TaskError(f"{what} is gone, though its batch names it") from None
+            except _Refused as refused:
+                raise TaskError(f"{what}: {refused}") from None
+
+        async def read(task: int) -> None:
+            commit = self.winners[task]
+            async with gate:
+                path = self.spool(task, commit.attempt)
+                self.spooled += await bulk.read_part(
+                    rt, self.spec, self.partition, task, commit, path, spilled
+                )
+            self._missing -= commit.batches[self.partition]
+            self.stats["shuffle_parts_read"] += 1
+
+        try:
+            async with TaskGroup() as tg:
+                for task in due:
+                    tg.create_task(read(task))
+        except BaseExceptionGroup as group:
+            raise first_error(group) from None
+
     def winner_spools(self) -> list[str]:
         paths = [self.spool(t, w.attempt) for t, w in sorted(self.winners.items())]
         return [p for p in paths if os.path.exists(p)]
+
+
+class _Refused(Exception):
+    """A spilled batch refused; ``tagged``: it may be one a winner really sent (its reason is
+    worth naming if that batch never comes)."""
+
+    def __init__(self, why: str, *, tagged: bool = True) -> None:
+        super().__init__(why)
+        self.tagged = tagged
+
+
+async def _spilled_pairs(rt: Runtime, spec: JobSpec, batch: wire.Batch) -> bytes:
+    """The pairs of a batch spilled to a blob, checked against the batch: _Refused if not
+    what its sender wrote; BlobMissing if gone."""
+    own = spill_url(
+        spec.scratch, spec.job_id, batch.task, batch.attempt, batch.partition, batch.seq
+    )
+    if batch.spilled != own:
+        raise _Refused("a spilled batch naming another blob", tagged=False)
+    # One pair past what a spool reader takes is refused unread (a blob replaced by a
+    # bucket writer may be any size).
+    pairs = await rt.backend.blobs.get_range(batch.spilled, 0, wire.MAX_DECODED + 1)
+    if len(pairs) > wire.MAX_DECODED:
+        raise _Refused(f"a spilled batch past {wire.MAX_DECODED:,} bytes")
+    if await sha256_hex(pairs) != batch.sha256:
+        raise _Refused(
+            "a spilled batch whose blob is not what its sender wrote (its sha256 differs: "
+            "the bucket was written by someone else)"
+        )
+    return pairs
 
 
 async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.ReduceTask) -> None:
@@ -327,8 +383,9 @@ async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.
         return  # started too often: the job was failed
     workdir = tempfile.mkdtemp(prefix=f"reduce-{p}-", dir=rt.spool_dir)
     drain = Drain(spec, p, workdir)
+    queue = part_qs[p] if part_qs else ""  # "": the blob shuffle, no partition queue
     try:
-        await _run_claimed(rt, spec, got, drain, msg, part_qs[p], reduce_q)
+        await _run_claimed(rt, spec, got, drain, msg, queue, reduce_q)
     except QueueGone:
         await got.forget()  # the job ended while we held the partition
         raise
@@ -339,7 +396,7 @@ async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.
         # for our batches to reappear.
         with contextlib.suppress(BackendError):
             await got.release()
-            await _let_go(rt, drain, part_qs[p], lost=False)
+            await _let_go(rt, drain, queue, lost=False)
         raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -364,7 +421,7 @@ async def _run_claimed(
         if got.lost.is_set():
             await _let_go(rt, drain, queue, lost=True)
             return
-        await _reduce_and_commit(rt, spec, got, drain, msg)
+        await _reduce_and_commit(rt, spec, got, drain, msg, queue)
 
 
 @contextlib.asynccontextmanager
@@ -376,6 +433,9 @@ async def _holding(
     and gives up on batches that never come), they go back at once, even while our reduce
     still runs (its commit will be refused)."""
     keep_s = min(MAX_VISIBILITY_S, 2 * lease_s)
+    if not queue:  # the blob shuffle: we hold no message
+        yield
+        return
 
     async def renew() -> None:
         while True:
@@ -398,6 +458,10 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
     table, queues = rt.backend.table, rt.backend.queues
     pk = job_pk(spec.job_id)
     poll_max = rt.settings.idle_wait_s  # while no commit is expected, ask at most this rarely
+    if not queue:
+        # The blob shuffle: commits are all there is to wait for, and no message announces
+        # one, so the table is asked often (a query; no queue is polled at all).
+        poll_max = min(poll_max, BLOB_POLL_MAX_S)
     next_poll, poll_every = 0.0, 0.25
     stalled_since: float | None = None
     stepped = False
@@ -431,11 +495,25 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
                     continue
                 if t not in drain.winners:
                     drain.learn_winner(t, MapCommit.from_item(item))
+            if drain.due:
+                await drain.read_due(rt)
+                if not stepped:
+                    stepped = True
+                    await rt.step(
+                        "reduce.draining",
+                        job=spec.job_id,
+                        partition=drain.partition,
+                        owner=owner.owner,
+                        token=owner.token,
+                    )
             # Poll the table often while commits arrive, back off while they do not.
             poll_every = 0.25 if len(drain.winners) > known else min(poll_max, poll_every * 2)
             next_poll = clock.monotonic() + poll_every
             if drain.complete():
                 break
+        if not queue:
+            await asyncio.sleep(max(0.0, next_poll - clock.monotonic()))
+            continue
         wait_s = rt.settings.poll_s
         if len(drain.winners) < spec.maps and not drain.expecting_commits():
             # Waiting for map output: a batch ends a long poll at once, and until the
@@ -506,14 +584,15 @@ async def _let_go(rt: Runtime, drain: Drain, queue: str, *, lost: bool) -> None:
         drain.stats["leases_lost"] += 1
     drain.let_go = True
     receipts, drain.held = list(drain.held.values()), {}
-    with contextlib.suppress(BackendError):
-        await rt.backend.queues.change_visibility(queue, receipts, 0)
+    if receipts:
+        with contextlib.suppress(BackendError):
+            await rt.backend.queues.change_visibility(queue, receipts, 0)
 
 
 async def _reduce_and_commit(
-    rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, msg: Received
+    rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, msg: Received, queue: str
 ) -> None:
-    _, reduce_q, part_qs = spec.queues()
+    reduce_q = spec.queues()[1]
     out_path = os.path.join(drain.workdir, "output")
     limit = task_limit(spec.task_timeout_s, drain.spooled)
     result = await rt.cpu(
@@ -535,7 +614,7 @@ async def _reduce_and_commit(
     drain.stats["reduce_spills"] += result.spills
     if result.error:
         await owner.release()
-        await _let_go(rt, drain, part_qs[drain.partition], lost=False)
+        await _let_go(rt, drain, queue, lost=False)
         await failures.task_failed(
             rt, spec, failures.TaskRef.reduce(drain.partition), result.error, reduce_q, msg
         )

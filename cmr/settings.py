@@ -36,6 +36,14 @@ class LineEnds(StrEnum):
     universal = "universal"  # \r\n and a lone \r end lines too: Windows (and old Mac) text
 
 
+class ShuffleMode(StrEnum):
+    """How map output reaches the reducers (``cmr run --shuffle``; cmr.bulk)."""
+
+    auto = "auto"  # the blob store when the job's input is large (cmr.bulk.AUTO_BLOB_BYTES)
+    queue = "queue"  # tagged batches in one queue per partition
+    blob = "blob"  # one object per map attempt, named by its commit record
+
+
 @dataclass(frozen=True)
 class AwsSettings:
     """Where the AWS backend keeps things. Endpoints and credentials are never here: they

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cmr import adapters, formats, joboptions, logs, places, sampling, sidefiles, wire
+from cmr import adapters, bulk, formats, joboptions, logs, places, sampling, sidefiles, wire
 from cmr.backends.base import Backend, BlobInfo, Blobs
 from cmr.errors import BackendError, BlobMissing, QueueGone, UsageError
 from cmr.fileurls import file_url
@@ -574,6 +574,7 @@ async def _submit(
         files=await sidefiles.stage(backend, job_id, side),
         input_roots=listing.roots if many_roots else (),
         input_globs=listing.globs,
+        shuffle=_shuffle(options.shuffle, total),
     )
     in_q, reduce_q, part_qs = spec.queues()
     queues = backend.queues
@@ -596,3 +597,11 @@ async def _submit(
         await asyncio.to_thread(make_output_dir, place.make, output)
     await record_submit(backend, spec, extra)
     return spec
+
+
+def _shuffle(mode: str, input_bytes: int) -> str:
+    """The job record's shuffle: ``auto`` becomes the blob store for a large input (a sort
+    shuffles all of it), queues for a small one (cmr.bulk.AUTO_BLOB_BYTES)."""
+    if mode != "auto":
+        return mode
+    return "blob" if input_bytes >= bulk.AUTO_BLOB_BYTES else "queue"

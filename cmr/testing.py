@@ -398,6 +398,12 @@ class StepChaos:
     max_crashes: int = 4  # after this many, no worker crashes any more: the job must end
 
 
+def chaos_shuffle(seed: int) -> str:
+    """The shuffle a chaos seed runs with: queue and blob in turn, two seeds each, so that
+    with jobs alternating by seed every job meets both."""
+    return "blob" if seed % 4 >= 2 else "queue"
+
+
 def chaos_hook(
     rng: random.Random, chaos: StepChaos, result: ChaosResult, crash_budget: int
 ) -> Hook:
@@ -490,6 +496,7 @@ async def chaos_run(
     job_options: dict[str, Any] | None = None,
     wrap: Callable[[Backend], Backend] | None = None,
     after_submit: Callable[[Backend, JobSpec], Awaitable[None]] | None = None,
+    shuffle: str = "auto",
 ) -> ChaosResult:
     """Run a job on a fresh embedded backend under faults, and wait until every worker has
     stopped by itself (they stop once the job has ended and been cleaned up).
@@ -502,7 +509,8 @@ async def chaos_run(
     of which crash. The record is then read from the table, and ``leftovers`` lists what the
     job left behind. Raises TimeoutError if the workers are not done within ``timeout_s``.
 
-    ``job_options`` are more :class:`~cmr.submit.JobOptions` (``overwrite``,
+    ``shuffle`` is the job's (``cmr run --shuffle``; ``chaos_shuffle(seed)`` mixes both by
+    seed). ``job_options`` are more :class:`~cmr.submit.JobOptions` (``overwrite``,
     ``max_task_attempts``, ...); ``wrap`` wraps the faulty backend (inside the retries), to
     inject a fault of your own; ``after_submit`` runs between submitting and starting the
     workers.
@@ -523,7 +531,7 @@ async def chaos_run(
             params=params,
             reducers=reducers,
             visibility_s=visibility_s,
-            **(job_options or {}),
+            **{"shuffle": shuffle, **(job_options or {})},
         )
         spec = await submit.submit(
             be,

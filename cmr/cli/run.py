@@ -27,7 +27,7 @@ from cmr.cli.options import (
     shared,
 )
 from cmr.counters import lines as counter_lines
-from cmr.settings import BackendName, LineEnds, WorkerSettings, default_poll_s
+from cmr.settings import BackendName, LineEnds, ShuffleMode, WorkerSettings, default_poll_s
 
 if TYPE_CHECKING:
     from cmr import watch
@@ -128,6 +128,15 @@ def run(
             "are one sorted sequence (default: the job's `total_order`)",
         ),
     ] = False,
+    shuffle: Annotated[
+        ShuffleMode,
+        choice_option(
+            ShuffleMode,
+            "--shuffle",
+            "how map output reaches the reducers: queue (tagged batches), blob (one object "
+            "per map task: fewer requests at scale), auto (blob for inputs of 64 MiB or more)",
+        ),
+    ] = ShuffleMode.auto,
     detach: Annotated[
         bool,
         typer.Option(
@@ -221,6 +230,7 @@ def run(
         max_task_attempts=max_task_attempts,
         overwrite=overwrite,
         total_order=total_order,
+        shuffle=shuffle.value,
         lines=lines.value if lines is not None else "",
         step=step,
         from_step=from_step,

@@ -1,5 +1,6 @@
 """Seeded chaos: every fault at random rates, crashes and pauses at every protocol step.
 
+Half the seeds shuffle through the blob store, half through queues (cmr.testing.chaos_shuffle).
 Each run is compared byte for byte with a sequential run of the same job, and must leave
 nothing behind. Seeds below CLIENTLESS_FROM run with a watching client and a supervisor that
 replaces crashed workers; the others with nobody: the job is submitted and left to its three
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cmr.backends.faults import FaultPlan
-from cmr.testing import chaos_run, diff_outputs, read_output, sequential
+from cmr.testing import chaos_run, chaos_shuffle, diff_outputs, read_output, sequential
 from cmr.virtualtime import in_virtual_time
 from tests.engine.corpus import edge_cases
 
@@ -72,7 +73,8 @@ async def test_chaos_runs_match_a_sequential_run(
         job = JOBS[seed % len(JOBS)]
         out = tmp_path / f"out-{seed}"
         repro = (
-            f"seed {seed} ({job}, {FaultPlan.random(seed).describe()}); rerun: "
+            f"seed {seed} ({job}, {chaos_shuffle(seed)} shuffle, "
+            f"{FaultPlan.random(seed).describe()}); rerun: "
             f"CMR_CHAOS_SEEDS={seed} pytest tests/chaos/test_chaos_embedded.py"
         )
         try:
@@ -84,6 +86,7 @@ async def test_chaos_runs_match_a_sequential_run(
                 pool=pool,
                 reducers=REDUCERS,
                 clientless=seed >= CLIENTLESS_FROM,
+                shuffle=chaos_shuffle(seed),
             )
         except Exception as exc:  # report every failing seed, not just the first
             return f"{repro}: {type(exc).__name__}: {exc}"

@@ -1,0 +1,230 @@
+"""The blob shuffle: a map attempt's batches as one object, read back part by part.
+
+SQS bills each 64 KiB of a message as one request, so a shuffle carried in queue batches
+costs dollars per TB moved (DESIGN.md, "The shuffle at cloud scale"). A job whose shuffle is
+"blob" (``JobSpec.shuffle``; ``cmr run --shuffle``) sends no batch through a queue and has
+no partition queues:
+
+* a map attempt writes every batch it made into one object, ``shuffle/<task>-<attempt>``
+  under the job's scratch (``cmr.lifecycle.shuffle_url``): partition after partition, each
+  batch one msgpack bin holding the very body a queue would have carried, tag included.
+  Its commit record names each partition's part: offset, length and digest
+  (``MapCommit.parts``). A value too big for a batch still goes to a blob of its own, and
+  its batch is a pointer to it, as on the queue path.
+* a reducer learns the winning attempts from the commit records, as it always did, and
+  reads only its part of each winner's object, in pieces, checking the digest and every
+  batch's tag.
+
+So the three duplicate rules of the seeds hold as before: only the winner's object is ever
+read (its commit names it: method 1); no message can come twice, as there are none
+(method 2 has nothing to do); reduce claims are fenced as they always were (method 3). A
+losing attempt deletes its object; the job's cleanup deletes whatever is left under its
+scratch, a crashed attempt's included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from cmr import wire
+from cmr.errors import BlobMissing, TaskError, WireError
+from cmr.lifecycle import shuffle_url
+from cmr.records import PART_DIGEST, JobSpec, MapCommit
+from cmr.runtime import Runtime
+
+# A reducer reads a part in pieces of at most this (its memory holds a few at once).
+PIECE_BYTES = 8 * 1024 * 1024
+PIECE_MIN = 256 * 1024
+READ_CONCURRENCY = 4  # parts a reducer reads at once
+# The largest batch body in an object: what the largest queue message holds (SQS: 1 MiB);
+# a mapper packs its batches to its queue's limit, at most this.
+MAX_BODY = 1024 * 1024
+# Map output above which `--shuffle auto` picks the blob store: the job's input, as the
+# submitter sees it (a sort shuffles all of it; a combiner shrinks it). Below it, one object
+# per map task and one read per part cost more requests than the few batches they replace.
+AUTO_BLOB_BYTES = 64 * 1024 * 1024
+
+SpilledBody = Callable[[int, int, int, bytes], Coroutine[Any, Any, bytes]]
+
+
+@dataclass(frozen=True)
+class Written:
+    url: str
+    parts: dict[int, tuple[int, int, bytes]]  # partition -> (offset, length, digest)
+    size: int
+
+
+def _index(spool: str) -> dict[int, list[tuple[int, int, int, bool]]]:
+    """Where each partition's batches lie in a map task's spool: partition -> [(seq, start,
+    end, spilled?)] in seq order (the spool holds [partition, seq, records, body, spilled?]
+    arrays, as cmr.cpu.shuffle writes them)."""
+    spans: dict[int, list[tuple[int, int, int, bool]]] = {}
+    with open(spool, "rb") as f:
+        up = msgpack.Unpacker(f, raw=False, use_list=False, max_buffer_size=2**31 - 1)
+        start = 0
+        for p, seq, _n, _data, spilled in up:
+            end = up.tell()
+            spans.setdefault(p, []).append((seq, start, end, spilled))
+            start = end
+    return spans
+
+
+def _entry(f: Any, start: int, end: int) -> tuple[int, int, int, bytes, bool]:
+    f.seek(start)
+    return msgpack.unpackb(f.read(end - start), raw=False, use_list=False)  # type: ignore[no-any-return]
+
+
+def _write(
+    spool: str,
+    spans: dict[int, list[tuple[int, int, int, bool]]],
+    pointers: dict[tuple[int, int], bytes],
+    path: str,
+) -> dict[int, tuple[int, int, bytes]]:
+    """The object's file, partition after partition, and each partition's part."""
+    parts: dict[int, tuple[int, int, bytes]] = {}
+    offset = 0
+    pack = msgpack.Packer(use_bin_type=True).pack
+    with open(spool, "rb") as src, open(path, "wb") as out:
+        for p in sorted(spans):
+            digest = hashlib.sha256()
+            length = 0
+            for seq, start, end, _spilled in spans[p]:
+                body = pointers.get((p, seq))
+                if body is None:
+                    body = _entry(src, start, end)[3]
+                framed = pack(body)
+                out.write(framed)
+                digest.update(framed)
+                length += len(framed)
+            parts[p] = (offset, length, digest.digest()[:PART_DIGEST])
+            offset += length
+    return parts
+
+
+async def write_object(
+    rt: Runtime,
+    spec: JobSpec,
+    task: int,
+    attempt: str,
+    spool: str,
+    spilled_body: SpilledBody,
+) -> Written:
+    """Store a map attempt's spool as its shuffle object; the parts its commit names. A
+    spilled value is uploaded first (``spilled_body``) and its pointer batch stored."""
+    spans = await asyncio.to_thread(_index, spool)
+    pointers: dict[tuple[int, int], bytes] = {}
+    with open(spool, "rb") as f:
+        for p, entries in spans.items():
+            for seq, start, end, spilled in entries:
+                if spilled:  # a value of its own (rare, and big): uploaded, then pointed at
+                    _p, _seq, n, data, _ = _entry(f, start, end)
+                    pointers[(p, seq)] = await spilled_body(p, seq, n, data)
+    path = spool + ".object"
+    try:
+        parts = await asyncio.to_thread(_write, spool, spans, pointers, path)
+        size = os.path.getsize(path)
+        url = shuffle_url(spec.scratch, spec.job_id, task, attempt)
+        await rt.backend.blobs.upload_file(path, url, frozen=True)
+    finally:
+        with contextlib.suppress(FileNotFoundError):  # a store on this disk may keep it
+            os.unlink(path)
+    return Written(url, parts, size)
+
+
+async def read_part(
+    rt: Runtime,
+    spec: JobSpec,
+    partition: int,
+    task: int,
+    commit: MapCommit,
+    out_path: str,
+    spilled_pairs: Callable[[wire.Batch], Coroutine[Any, Any, bytes]],
+) -> int:
+    """Append partition ``partition``'s pairs of map task ``task``'s winning attempt to
+    ``out_path``: its part of the attempt's object, read in pieces, every batch checked
+    against the commit (tag, seq, count) and the part against its digest. Returns the bytes
+    of pairs appended. TaskError when the object is gone or is not what the commit says (no
+    other copy exists: the reduce task fails, with the reason)."""
+    url = shuffle_url(spec.scratch, spec.job_id, task, commit.attempt)
+    offset, length, digest = commit.parts[partition]
+    count = commit.batches.get(partition, 0)
+    piece = max(PIECE_MIN, min(PIECE_BYTES, rt.settings.memory_mb * 1024 * 1024 // 16))
+    where = f"map task {task}'s shuffle object ({url[:200]})"
+    hashed = hashlib.sha256()
+    up = wire.unpacker(piece + MAX_BODY + 8, max_bin=MAX_BODY)
+    seq = spooled = 0
+    wrong = ""  # the first thing found wrong: said once the digest is known
+    with open(out_path, "ab") as out:
+        for at in range(offset, offset + length, piece):
+            want = min(piece, offset + length - at)
+            try:
+                data = await rt.backend.blobs.get_range(url, at, at + want)
+            except BlobMissing:
+                raise TaskError(
+                    f"{where} is gone, though its commit names it: the job ended, or the "
+                    "bucket was written by someone else"
+                ) from None
+            if len(data) != want:
+                raise TaskError(f"{where} is shorter than its commit record says")
+            await asyncio.to_thread(hashed.update, data)
+            if wrong:
+                continue  # read on only to tell a spoiled object from a forged commit
+            try:
+                up.feed(data)
+                for body in up:
+                    pairs = await _pairs(body, spec, task, commit.attempt, partition, seq)
+                    if isinstance(pairs, wire.Batch):
+                        pairs = await spilled_pairs(pairs)
+                    out.write(pairs)
+                    spooled += len(pairs)
+                    seq += 1
+            except _Wrong as exc:
+                wrong = str(exc)
+            except TaskError:
+                raise  # a spilled value that is gone or not its sender's: said as it is
+            except Exception as exc:  # msgpack's zoo: whatever a spoiled object provokes
+                wrong = wire.bounded(f"it is not batches: {exc}")
+    if hashed.digest()[:PART_DIGEST] != digest:
+        raise TaskError(
+            f"{where}: part {partition} is not what its attempt wrote (its digest differs: "
+            "the bucket was written by someone else)"
+        )
+    if not wrong and seq != count:
+        wrong = f"part {partition} holds {seq} batches, its commit {count}"
+    if wrong:
+        # The bytes are the attempt's, so its commit record is not: a table writer's.
+        raise TaskError(f"{where}: {wrong} (the commit record was written by someone else)")
+    return spooled
+
+
+class _Wrong(Exception):
+    """A part's content is not what its commit says."""
+
+
+async def _pairs(
+    body: Any, spec: JobSpec, task: int, attempt: str, partition: int, seq: int
+) -> bytes | wire.Batch:
+    """A batch's pairs, or the batch itself when its pairs were spilled to a blob."""
+    if not isinstance(body, bytes):
+        raise _Wrong("it holds something other than a batch")
+    try:
+        batch = await wire.decode_async(body)
+    except WireError as exc:
+        raise _Wrong(wire.bounded(f"batch {seq} is not one: {exc}")) from None
+    if not isinstance(batch, wire.Batch) or (
+        batch.job,
+        batch.task,
+        batch.attempt,
+        batch.partition,
+        batch.seq,
+    ) != (spec.job_id, task, attempt, partition, seq):
+        raise _Wrong(f"batch {seq} of part {partition} is not the attempt's")
+    return batch if batch.spilled else batch.pairs
