@@ -308,10 +308,12 @@ def test_hadoop_teravalidate_tells_sorted_from_unsorted(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-async def test_cmr_terasort_passes_hadoops_teravalidate(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shuffle", ["queue", "blob"])
+async def test_cmr_terasort_passes_hadoops_teravalidate(tmp_path: Path, shuffle: str) -> None:
     """examples/terasort.py over TeraGen's records (several map tasks, 3 reducers, keys
-    sampled at submit): TeraValidate finds its parts, in order, sorted, with the checksum of
-    TeraGen's records (none lost or doubled)."""
+    sampled at submit), its shuffle through queues and through the blob store: TeraValidate
+    finds its parts, in order, sorted, with the checksum of TeraGen's records (none lost or
+    doubled)."""
     from cmr.api import run_on
     from cmr.backends.embedded import temporary_backend
 
@@ -327,9 +329,10 @@ async def test_cmr_terasort_passes_hadoops_teravalidate(tmp_path: Path) -> None:
     async with temporary_backend() as be:
         result = await run_on(
             be, "examples/terasort.py", str(src), str(tmp_path / "out"), reducers=3,
-            split_bytes=64 * 1024,
+            split_bytes=64 * 1024, shuffle=shuffle,
         )  # fmt: skip
     assert result.record["maps"] > 3 and result.record["records_out"] == 5000
+    assert result.record.get("shuffle", "queue") == shuffle
     ok, lines = hadoop.validate_cmr_output(tmp_path / "out", env)
     assert ok, lines
     assert want is not None and hadoop.checksum(lines) == want

@@ -329,7 +329,7 @@ class Submitted:
 
 @contextlib.asynccontextmanager
 async def submitted(
-    be: Backend, settings: AwsSettings, data: Path, out: Path
+    be: Backend, settings: AwsSettings, data: Path, out: Path, shuffle: str = "auto"
 ) -> AsyncIterator[Submitted]:
     """run_on as a task (the test process is only the client); yields once the job id is
     known, and never leaves the task running."""
@@ -346,6 +346,7 @@ async def submitted(
             aws=settings,
             split_bytes=SPLIT_BYTES,
             on_submit=got.set_result,
+            shuffle=shuffle,
         )
     )
     try:
@@ -397,16 +398,21 @@ async def maps_committed(be: Backend, job_id: str) -> int:
 # ---------------------------------------------------------------------------- tests
 
 
+@pytest.mark.parametrize("shuffle", ["queue", "blob"])
 async def test_sigkill_during_map_phase(
-    aws: tuple[Backend, AwsSettings], corpus: tuple[Path, Counter[str]], tmp_path: Path
+    aws: tuple[Backend, AwsSettings],
+    corpus: tuple[Path, Counter[str]],
+    tmp_path: Path,
+    shuffle: str,
 ) -> None:
     """Kill a worker outright as soon as the first map commits: its running map attempt
-    (and its reduce claim, reducers start draining at once) die with it."""
+    (and its reduce claim, reducers start draining at once) die with it; with the blob
+    shuffle, perhaps between writing its object and committing."""
     be, settings = aws
     data, expected = corpus
     with fleet_of(3, settings, tmp_path) as fleet:
         async with (
-            submitted(be, settings, data, tmp_path / "out") as job,
+            submitted(be, settings, data, tmp_path / "out", shuffle) as job,
             Watch(be, job.job_id) as watch,
         ):
             await watch.until("a first map commit", lambda: len(watch.maps) >= 1)
@@ -420,20 +426,26 @@ async def test_sigkill_during_map_phase(
         assert len(fleet.running()) == 2, "a survivor died"
     assert counts_from_parts(tmp_path / "out", REDUCERS) == expected
     assert result.record["state"] == "succeeded"
+    assert result.record.get("shuffle", "queue") == shuffle
     assert len(watch.maps) == watch.total_maps
     await assert_cleaned(be, settings, job.job_id)
 
 
+@pytest.mark.parametrize("shuffle", ["queue", "blob"])
 async def test_sigkill_the_owner_of_a_reduce_claim(
-    aws: tuple[Backend, AwsSettings], corpus: tuple[Path, Counter[str]], tmp_path: Path
+    aws: tuple[Backend, AwsSettings],
+    corpus: tuple[Path, Counter[str]],
+    tmp_path: Path,
+    shuffle: str,
 ) -> None:
     """Kill the process that holds a partition's claim (its pid is in the owner id) while it
-    drains: a survivor must take the partition over (epoch 2) once the lease lapses."""
+    drains (or, with the blob shuffle, reads parts): a survivor must take the partition over
+    (epoch 2) once the lease lapses."""
     be, settings = aws
     data, expected = corpus
     with fleet_of(3, settings, tmp_path) as fleet:
         async with (
-            submitted(be, settings, data, tmp_path / "out") as job,
+            submitted(be, settings, data, tmp_path / "out", shuffle) as job,
             Watch(be, job.job_id) as watch,
         ):
             claim = await watch.until(
