@@ -195,7 +195,7 @@ async def read_part(
     if hashed.digest()[:PART_DIGEST] != digest:
         raise TaskError(
             f"{where}: part {partition} is not what its attempt wrote (its digest differs: "
-            "the bucket was written by someone else)"
+            "the bucket, or the commit record, was written by someone else)"
         )
     if not wrong and seq != count:
         wrong = f"part {partition} holds {seq} batches, its commit {count}"

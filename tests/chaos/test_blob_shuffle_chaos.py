@@ -15,7 +15,7 @@ from typing import Any
 
 from cmr import lifecycle
 from cmr.backends.faults import FaultPlan
-from cmr.records import JobSpec
+from cmr.records import PART_DIGEST, JobSpec, MapCommit, job_pk, map_sk
 from cmr.runtime import Runtime, WorkerCrashed
 from cmr.testing import chaos_run, diff_outputs, read_output, sequential
 from cmr.virtualtime import in_virtual_time
@@ -166,4 +166,46 @@ async def test_a_spoiled_object_fails_the_job_with_the_reason(
     assert result.record["state"] == "failed"
     assert "is not what its attempt wrote (its digest differs" in result.record["error"]
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("part-*"))
+    assert result.leftovers == []
+
+
+@in_virtual_time
+async def test_a_commit_record_that_names_parts_in_a_queue_shuffle_fails_the_job(
+    pool: Executor, tmp_path: Path
+) -> None:
+    """A table writer adds parts to a winner's commit record in a job whose shuffle goes
+    through queues: no reducer reads an object for it (none was written), and the job fails
+    saying the record is not the job's kind."""
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"w{i % 5}\n" for i in range(200)))
+
+    async def forge(rt: Runtime, step: str, context: dict[str, Any]) -> None:
+        if step == "map.committed" and context["won"]:
+            pk, sk = job_pk(context["job"]), map_sk(context["task"])
+            item = await rt.backend.table.get(pk, sk)
+            assert item is not None
+            commit = MapCommit.from_item(item)
+            offset, forged = 0, {}
+            for p in sorted(commit.batches):
+                forged[p] = (offset, 100, bytes(PART_DIGEST))
+                offset += 100
+            changed = dataclasses.replace(commit, parts=forged)
+            await rt.backend.table.put(pk, sk, {**item, **changed.to_item()})
+
+    result = await chaos_run(
+        WORDCOUNT,
+        src,
+        tmp_path / "out",
+        seed=4,
+        pool=pool,
+        plan=_quiet(),
+        hooks=[forge],
+        workers=1,
+        reducers=1,
+        split_bytes=None,
+        job_options={"max_task_attempts": 2},
+        shuffle="queue",
+    )
+    assert result.record["state"] == "failed"
+    assert "says its output went through the blob store" in result.record["error"]
     assert result.leftovers == []
