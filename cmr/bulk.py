@@ -125,7 +125,7 @@ async def write_object(
         for p, entries in spans.items():
             for seq, start, end, spilled in entries:
                 if spilled:  # a value of its own (rare, and big): uploaded, then pointed at
-                    _p, _seq, n, data, _ = _entry(f, start, end)
+                    _p, _seq, n, data, _ = await asyncio.to_thread(_entry, f, start, end)
                     pointers[(p, seq)] = await spilled_body(p, seq, n, data)
     path = spool + ".object"
     try:
@@ -160,7 +160,7 @@ async def read_part(
     where = f"map task {task}'s shuffle object ({url[:200]})"
     hashed = hashlib.sha256()
     up = wire.unpacker(piece + MAX_BODY + 8, max_bin=MAX_BODY)
-    seq = spooled = 0
+    seq = spooled = fed = ended = 0  # ended: where the last whole batch ended
     wrong = ""  # the first thing found wrong: said once the digest is known
     with open(out_path, "ab") as out:
         for at in range(offset, offset + length, piece):
@@ -177,26 +177,37 @@ async def read_part(
             await asyncio.to_thread(hashed.update, data)
             if wrong:
                 continue  # read on only to tell a spoiled object from a forged commit
-            try:
-                up.feed(data)
-                for body in up:
+            # Only what decoding raises says the part is wrong: a store's or the disk's
+            # errors on the way (a throttled spill read, a full disk) pass on as they are,
+            # to be retried or reported as themselves.
+            up.feed(data)
+            fed += len(data)
+            while True:
+                try:
+                    body = next(up)
+                    ended = up.tell()
+                except StopIteration:
+                    break
+                except Exception as exc:  # msgpack's zoo: whatever a spoiled object provokes
+                    wrong = wire.bounded(f"it is not batches: {type(exc).__name__}: {exc}")
+                    break
+                try:
                     pairs = await _pairs(body, spec, task, commit.attempt, partition, seq)
-                    if isinstance(pairs, wire.Batch):
-                        pairs = await spilled_pairs(pairs)
-                    out.write(pairs)
-                    spooled += len(pairs)
-                    seq += 1
-            except _Wrong as exc:
-                wrong = str(exc)
-            except TaskError:
-                raise  # a spilled value that is gone or not its sender's: said as it is
-            except Exception as exc:  # msgpack's zoo: whatever a spoiled object provokes
-                wrong = wire.bounded(f"it is not batches: {exc}")
+                except _Wrong as exc:
+                    wrong = str(exc)
+                    break
+                if isinstance(pairs, wire.Batch):
+                    pairs = await spilled_pairs(pairs)  # its TaskError says what is wrong
+                out.write(pairs)
+                spooled += len(pairs)
+                seq += 1
     if hashed.digest()[:PART_DIGEST] != digest:
         raise TaskError(
             f"{where}: part {partition} is not what its attempt wrote (its digest differs: "
             "the bucket, or the commit record, was written by someone else)"
         )
+    if not wrong and ended != fed:
+        wrong = f"part {partition} ends inside a batch ({fed - ended} bytes left over)"
     if not wrong and seq != count:
         wrong = f"part {partition} holds {seq} batches, its commit {count}"
     if wrong:

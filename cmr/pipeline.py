@@ -111,7 +111,7 @@ class HandOverError(CmrError):
 # transaction's row and later writers add (state, created, counters, finished, ...) may
 # differ. These are the spec's fields ``JobSpec.to_item`` leaves out when empty.
 _SAME = ("step", "first_step", "last_step", "pipeline", "step_partitions", "job_steps",
-         "input_roots", "input_globs", "files")  # fmt: skip
+         "input_roots", "input_globs", "files", "shuffle")  # fmt: skip
 
 
 async def hand_over(

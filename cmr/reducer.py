@@ -305,9 +305,8 @@ class Drain:
             commit = self.winners[task]
             async with gate:
                 path = self.spool(task, commit.attempt)
-                self.spooled += await bulk.read_part(
-                    rt, self.spec, self.partition, task, commit, path, spilled
-                )
+                n = await bulk.read_part(rt, self.spec, self.partition, task, commit, path, spilled)
+                self.spooled += n  # after the await: parts read side by side all count
             self._missing -= commit.batches[self.partition]
             self.stats["shuffle_parts_read"] += 1
 

@@ -35,6 +35,10 @@ SORT_OVERHEAD = 8 + 8 + 16
 MIN_RUN = 1 << 20  # bytes of rows sorted at once at least, however small the budget
 MIN_BLOCK = 16 * 1024  # bytes of a run read at once at least (cmr.cpu.reducing's read_size floor)
 MAP_PIECE_RECORDS = 1 << 18  # records a map task partitions at once at most
+# Sorted runs a reducer merges at once as they lie in its spools: a map task's part of a
+# partition is one per piece it partitioned (a few per task).
+NATURAL_RUNS_MAX = 256
+Span = tuple[str, int, int]  # (path, start, end): a stretch of a file
 
 
 def _bin_header(n: int) -> bytes:
@@ -180,12 +184,18 @@ class Cuts:
 
     def partitioned(self, data: bytes | memoryview) -> Packed:
         """Whole records (``len(data)`` a multiple of the record length) as rows, grouped
-        by partition, each partition's in input order."""
+        by partition, each partition's sorted by key (stably: equal keys in input order).
+        Sorted here, a map task's part of a partition is a run its reducer can merge
+        without sorting it again (``sort_spools``)."""
         records = np.frombuffer(data, self.layout.records())
+        keys = np.ascontiguousarray(records["k"])
         if not len(self.keys):
-            return Packed(self.layout, self.layout.pack(records), np.array([0, len(records)]))
-        parts = np.searchsorted(self.keys, records["k"], side="right")
-        order = np.argsort(parts, kind="stable")
+            order = np.argsort(keys, kind="stable")
+            return Packed(
+                self.layout, self.layout.pack(records[order]), np.array([0, len(records)])
+            )
+        parts = np.searchsorted(self.keys, keys, side="right")
+        order = np.lexsort((keys, parts))  # by partition, then key; stable
         at = np.zeros(self.partitions + 1, np.int64)
         np.cumsum(np.bincount(parts, minlength=self.partitions), out=at[1:])
         return Packed(self.layout, self.layout.pack(records[order]), at)
@@ -264,6 +274,13 @@ def sort_spools(
     if any(size % layout.width for size in sizes):  # a row cut between two spools is none
         raise NotRows
     total = sum(sizes)
+    runs_in = (
+        [] if total // layout.width * layout.held <= memory_bytes else _natural_runs(spools, layout)
+    )
+    if runs_in and len(runs_in) <= NATURAL_RUNS_MAX:
+        # Past the budget, yet already sorted runs (a map task's part of the partition, in
+        # pieces: Cuts.partitioned): merged as they lie, without sorting them again.
+        return _merge(runs_in, layout, memory_bytes, out), 0
     if total // layout.width * layout.held <= memory_bytes:
         pieces = list(_read_rows(spools, layout, max(1, total)))
         records = layout.unpack(pieces[0]) if pieces else np.empty(0, layout.records())
@@ -310,31 +327,75 @@ def sort_spools(
     return _merge(runs, layout, memory_bytes, out), spilled
 
 
-class _Run:
-    """A sorted run on disk, read a block at a time."""
+def _natural_runs(spools: list[str], layout: Layout) -> list[Span]:
+    """The spools as their longest sorted runs, (path, start, end) in order, each a stretch
+    of rows whose keys never fall: reading them costs one pass, comparing keys only. Rows
+    must be whole (the caller checked each spool's size)."""
+    found: list[Span] = []
+    per = max(1, MIN_RUN // layout.width)
+    for spool in spools:
+        start, at, last = 0, 0, None
+        with open(spool, "rb") as f:
+            while data := f.read(per * layout.width):
+                records = layout.unpack(np.frombuffer(data, np.uint8))
+                if records is None:
+                    raise NotRows
+                keys = np.ascontiguousarray(records["k"])
+                falls = np.flatnonzero(keys[1:] < keys[:-1]) + 1
+                if last is not None and len(keys) and keys[0] < last:
+                    falls = np.concatenate([[0], falls])
+                for i in falls.tolist():
+                    cut = (at + i) * layout.width
+                    found.append((spool, start, cut))
+                    start = cut
+                    if len(found) > NATURAL_RUNS_MAX:
+                        return found  # too many to merge at once: they are sorted instead
+                at += len(keys)
+                last = keys[-1] if len(keys) else last
+        if at * layout.width > start:
+            found.append((spool, start, at * layout.width))
+    return found
 
-    def __init__(self, path: str, layout: Layout, rows: int) -> None:
+
+class _Run:
+    """A sorted run on disk, read a block at a time: a file of raw records (a run this
+    module spilled), or a stretch of a spool's rows (a Span: a map task's sorted piece)."""
+
+    def __init__(self, run: str | Span, layout: Layout, rows: int) -> None:
+        path, start, end = run if isinstance(run, tuple) else (run, 0, -1)
         self.f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed by the merge)
+        self.f.seek(start)
+        self.left = end - start if end >= 0 else -1  # bytes still to read; -1: to the end
+        self.layout = layout if isinstance(run, tuple) else None  # rows to unpack
         self.dtype = layout.records()
-        self.per = rows * layout.record_len
+        self.per = rows * (layout.width if self.layout is not None else layout.record_len)
         self.block = np.empty(0, self.dtype)
         self.ended = False
 
     def refill(self) -> None:
-        data = self.f.read(self.per)
-        while data and len(data) < self.per:  # a short read is not the end
-            more = self.f.read(self.per - len(data))
+        want = self.per if self.left < 0 else min(self.per, self.left)
+        data = self.f.read(want)
+        while data and len(data) < want:  # a short read is not the end
+            more = self.f.read(want - len(data))
             if not more:
                 break
             data += more
-        if len(data) < self.per:
+        if self.left >= 0:
+            self.left -= len(data)
+        if len(data) < want or self.left == 0:
             self.ended = True
             self.f.close()
-        block = np.frombuffer(data, self.dtype)
+        if self.layout is not None:
+            unpacked = self.layout.unpack(np.frombuffer(data, np.uint8))
+            if unpacked is None:  # _natural_runs read it whole: the file changed since
+                raise RuntimeError(f"{self.f.name} changed while it was merged")
+            block = unpacked
+        else:
+            block = np.frombuffer(data, self.dtype)
         self.block = np.concatenate([self.block, block]) if len(self.block) else block
 
 
-def _merge(paths: list[str], layout: Layout, memory_bytes: int, out: BinaryIO) -> int:
+def _merge(paths: Sequence[str | Span], layout: Layout, memory_bytes: int, out: BinaryIO) -> int:
     """The sorted runs merged, equal keys in run order (a stable sort of their
     concatenation): each round emits every record that sorts at or before the smallest
     (last key of its block, run) of the runs with more to read, then refills that run."""

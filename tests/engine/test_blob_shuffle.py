@@ -5,19 +5,24 @@ spoiled object: tests/chaos/test_blob_shuffle_chaos.py."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import msgpack
 import pytest
 
-from cmr import bulk
+from cmr import bulk, lifecycle, wire
 from cmr.api import run_on
 from cmr.backends.base import Backend
 from cmr.backends.faults import FaultPlan
-from cmr.errors import WireError
+from cmr.errors import TaskError, Throttled, WireError
 from cmr.lifecycle import job_scratch
 from cmr.records import PART_DIGEST, MapCommit
-from cmr.settings import AwsSettings
+from cmr.runtime import Runtime
+from cmr.settings import AwsSettings, WorkerSettings
 from cmr.testing import read_output
 
 from .corpus import edge_cases
@@ -179,3 +184,98 @@ async def test_a_blob_shuffle_on_the_aws_backend_with_worker_processes(
     assert result.record["shuffle"] == "blob"
     assert await be.queues.list(settings.queue_prefix) == []
     assert await _scratch_left(be, result.job_id) == []
+
+
+# Reading one part, on the embedded store: what cmr.bulk refuses, and what it passes on.
+
+JOB_ID = "20260101-000000-0123456789abcdef"
+ATTEMPT = "0123456789ab"
+
+
+def _spec(scratch: str) -> Any:
+    return SimpleNamespace(job_id=JOB_ID, scratch=scratch)
+
+
+def _spool(path: Path, parts: dict[int, list[bytes]]) -> None:
+    """A map task's spool as cmr.cpu.shuffle writes it: [partition, seq, records, body,
+    spilled?] arrays, partitions interleaved."""
+    packer = msgpack.Packer(use_bin_type=True)
+    with open(path, "wb") as f:
+        for seq in range(max(len(v) for v in parts.values())):
+            for p, streams in parts.items():
+                if seq < len(streams):
+                    body = wire.encode(wire.Batch(JOB_ID, 0, ATTEMPT, p, seq, 1, streams[seq]))
+                    f.write(packer.pack((p, seq, 1, body, False)))
+
+
+async def _written(
+    be: Backend, tmp_path: Path, parts: dict[int, list[bytes]]
+) -> tuple[Runtime, Any, MapCommit]:
+    rt = Runtime(be, WorkerSettings(), None, str(tmp_path))  # type: ignore[arg-type]
+    spec = _spec((tmp_path / "scratch").as_uri())
+    _spool(tmp_path / "spool", parts)
+
+    async def no_spills(p: int, seq: int, n: int, data: bytes) -> bytes:
+        raise AssertionError("nothing here is spilled")
+
+    written = await bulk.write_object(rt, spec, 0, ATTEMPT, str(tmp_path / "spool"), no_spills)
+    batches = {p: len(v) for p, v in parts.items()}
+    return rt, spec, MapCommit(ATTEMPT, batches, batches, parts=written.parts)
+
+
+def _pair(key: str) -> bytes:
+    return msgpack.packb((key, 1), use_bin_type=True)  # type: ignore[no-any-return]
+
+
+async def _never_spilled(batch: wire.Batch) -> bytes:
+    raise AssertionError("nothing here is spilled")
+
+
+async def test_a_part_reads_back_as_its_batches_pairs(embedded: Backend, tmp_path: Path) -> None:
+    parts = {0: [_pair("a"), _pair("b")], 2: [_pair("c")], 5: [_pair("d"), _pair("e")]}
+    rt, spec, commit = await _written(embedded, tmp_path, parts)
+    for p, streams in parts.items():
+        out = tmp_path / f"p{p}"
+        n = await bulk.read_part(rt, spec, p, 0, commit, str(out), _never_spilled)
+        assert out.read_bytes() == b"".join(streams) and n == len(out.read_bytes())
+
+
+async def test_a_part_that_ends_inside_a_batch_is_refused(
+    embedded: Backend, tmp_path: Path
+) -> None:
+    """A cut-off item after the last batch (a bin header), its digest made to match: the
+    part is refused, not read as if whole."""
+    rt, spec, commit = await _written(embedded, tmp_path, {0: [_pair("a")], 1: [_pair("b")]})
+    url = lifecycle.shuffle_url(spec.scratch, JOB_ID, 0, ATTEMPT)
+    data = await embedded.blobs.get(url) + b"\xc4\x10"
+    await embedded.blobs.put(url, data)
+    offset, length, _ = commit.parts[1]
+    length += 2
+    digest = hashlib.sha256(data[offset : offset + length]).digest()[:PART_DIGEST]
+    forged = dataclasses.replace(commit, parts={**commit.parts, 1: (offset, length, digest)})
+    with pytest.raises(TaskError, match="ends inside a batch"):
+        await bulk.read_part(rt, spec, 1, 0, forged, str(tmp_path / "out"), _never_spilled)
+
+
+async def test_a_store_error_on_the_way_is_passed_on_as_itself(
+    embedded: Backend, tmp_path: Path
+) -> None:
+    """A throttled read of a spilled value is the store's to retry, not a forged part: it
+    passes on as Throttled (a TaskError would fail the job at once, blaming the table)."""
+    rt, spec, commit = await _written(embedded, tmp_path, {0: [_pair("a"), _pair("b")]})
+
+    async def throttled(batch: wire.Batch) -> bytes:
+        raise Throttled("SlowDown")
+
+    # The first batch, as if spilled: its pairs are fetched through `throttled`.
+    url = lifecycle.shuffle_url(spec.scratch, JOB_ID, 0, ATTEMPT)
+    pointer = wire.encode(
+        wire.Batch(JOB_ID, 0, ATTEMPT, 0, 0, 1, b"", spec.scratch + "/spill", "00" * 32)
+    )
+    second = wire.encode(wire.Batch(JOB_ID, 0, ATTEMPT, 0, 1, 1, _pair("b")))
+    data = wire.pack(pointer) + wire.pack(second)
+    await embedded.blobs.put(url, data)
+    digest = hashlib.sha256(data).digest()[:PART_DIGEST]
+    changed = dataclasses.replace(commit, parts={0: (0, len(data), digest)})
+    with pytest.raises(Throttled):
+        await bulk.read_part(rt, spec, 0, 0, changed, str(tmp_path / "out"), throttled)

@@ -105,6 +105,27 @@ def test_rows_sort_as_the_general_path_sorts_them(
     assert (tmp_path / "direct").read_bytes() == out
 
 
+def test_spools_of_sorted_runs_are_merged_without_sorting_again(tmp_path: Path) -> None:
+    """What map tasks write since they sort each piece (Cuts.partitioned): spools of a few
+    sorted runs each. Past the budget they are merged as they lie, nothing spilled, with
+    equal keys in arrival order, as a stable sort of the spools would leave them."""
+
+    def runs(seed: int, pieces: int) -> list[tuple[bytes, bytes]]:
+        pairs = _pairs(900 * pieces, seed)
+        return list(
+            itertools.chain.from_iterable(
+                sorted(pairs[i : i + 900], key=operator.itemgetter(0))
+                for i in range(0, len(pairs), 900)
+            )
+        )
+
+    groups = [runs(1, 3), runs(2, 1), runs(3, 4)]
+    result, out = _reduce(tmp_path, spool_files(tmp_path, groups), 0)
+    assert out == _expected(groups)
+    assert result.records_out == 900 * 8
+    assert result.spills == 0  # merged as they lay: no run written
+
+
 @pytest.mark.parametrize("memory", [64 << 20, 0], ids=["in memory", "spilled"])
 def test_spools_of_other_pairs_go_the_general_way(tmp_path: Path, memory: int) -> None:
     # Rows of one layout first (sorted into runs when spilled), then values of another
@@ -156,7 +177,7 @@ def _records(n: int, seed: int) -> bytes:
 
 
 @pytest.mark.parametrize("cuts", [(), (b"\x01" * KEY,), (b"\x00" * KEY, b"A" * KEY, b"B\xff" * 5)])
-def test_a_map_task_packs_rows_partitioned_in_input_order(
+def test_a_map_task_packs_rows_partitioned_and_sorted_by_piece(
     tmp_path: Path, cuts: tuple[bytes, ...]
 ) -> None:
     data = [_records(7000, 1), _records(3000, 2)]
@@ -184,7 +205,17 @@ def test_a_map_task_packs_rows_partitioned_in_input_order(
     want: dict[int, list[tuple[bytes, bytes]]] = {}
     for k, v in records:
         want.setdefault(bisect.bisect_right(cuts, k), []).append((k, v))
-    assert got == want
+    # Each piece's part of a partition is sorted by key, equal keys in input order: the
+    # partition's records, sorted stably, are the same as a stable sort of its input...
+    assert {p: sorted(rs, key=lambda r: r[0]) for p, rs in got.items()} == {
+        p: sorted(rs, key=lambda r: r[0]) for p, rs in want.items()
+    }
+    # ...and arrive as at most one sorted run per piece a chunk was cut into.
+    per = fixedsort.Layout(KEY, RECORD - KEY).piece_records(spec.piece_bytes)
+    pieces = sum(-(-len(d) // (per * RECORD)) for d in data)
+    for rs in got.values():
+        falls = sum(1 for a, b in itertools.pairwise(rs) if b[0] < a[0])
+        assert falls < pieces, (falls, pieces)
     assert result.records == [len(want.get(p, [])) for p in range(len(cuts) + 1)]
 
 
