@@ -175,6 +175,9 @@ def measured_apart(
     return out, wall, cpu, peak
 
 
+CMR = {"shuffle": "auto"}  # --cmr-shuffle: how cmr's rows shuffle (cmr run --shuffle)
+
+
 def cmr_row(
     task: str,
     job: str,
@@ -193,7 +196,7 @@ def cmr_row(
     try:
         result, wall, cpu, peak = measured_apart(
             wordcount.cmr_run, "embedded", 1, timeout, job, str(inp), str(out),
-            reducers=reducers, overwrite=True,
+            reducers=reducers, overwrite=True, shuffle=CMR["shuffle"],
         )  # fmt: skip
     except TimeoutError:
         row.note = f"failed: no result after {timeout:g}s (hung?)"
@@ -204,6 +207,7 @@ def cmr_row(
     row.seconds, row.cpu_s, row.peak_mb, row.start_mb = wall, cpu, peak.mb, peak.first / MB
     row.maps = int(result.record.get("maps_done", 0)) or None
     row.ok, row.check = check(result)
+    row.check += f"; {result.record.get('shuffle', 'queue')} shuffle"
     return row
 
 
@@ -475,10 +479,14 @@ def main() -> int:
         "quarter of memory, as the hadoop launcher leaves it)",
     )
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--cmr-shuffle", default="auto", choices=("auto", "queue", "blob"), help="cmr's rows"
+    )
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", type=Path, default=HERE / "out" / "vs-hadoop")
     ap.add_argument("--json", type=Path, help="e.g. benchmarks/results-vs-hadoop.json")
     args = ap.parse_args()
+    CMR["shuffle"] = args.cmr_shuffle
     chosen = [t.strip() for t in args.only.split(",") if t.strip()]
     if unknown := [t for t in chosen if t not in TASKS]:
         ap.error(f"unknown task {', '.join(unknown)}: choose from {', '.join(TASKS)}")
