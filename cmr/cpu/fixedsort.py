@@ -13,7 +13,13 @@ not all rows of one layout (pairs of another job's map, a later step) go the gen
 
 Keys compare as numpy's fixed-width bytes (``S<key_len>``), byte by byte and unsigned: for
 keys of one length the order of Python's ``bytes`` (cmr's key order). A partition too big
-for the memory budget is sorted in runs on disk, merged a block of each run at a time.
+for the memory budget is sorted in runs on disk, merged a block of each run at a time; its
+spools, when they already are a few sorted runs (each piece a map task partitioned), are
+merged as they lie.
+
+Past ~400 lines for a reason: it holds both halves of one format, the rows a map task
+writes and the reducer's reading, sorting and merging of them; kept together, what one
+side writes is next to what the other side checks.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@ map over pieces of lines or over records, and send what it yields, combined when
 combines, to the shuffle (:mod:`cmr.cpu.shuffle`). What user code yields is checked as
 cheaply as the hot loops allow: one type test per pair, and a diagnosis of the pair only
 once handling it failed.
+
+Past ~400 lines for a reason: the map loop's fast paths (sums held in a dict, a dict's
+distinct keys, blocks of pairs, fixed-width rows) all act on the one loop's state (its
+groups, sums and shuffle); apart, each would take that state as arguments on every call.
 """
 
 from __future__ import annotations
