@@ -31,6 +31,7 @@ STATS_FLUSH_S = 2.0
 # The protocol steps at which tests (and chaos runs) may crash or pause a worker.
 STEPS = (
     "map.partly_sent",  # some batches are sent, the attempt is not committed
+    "map.shuffle_written",  # the blob shuffle: the attempt's object is stored, not committed
     "map.committed",  # the attempt's commit record is written, the task message not deleted
     "reduce.draining",  # part of the partition has been received
     "reduce.output_written",  # the partition's output is uploaded, not committed

@@ -71,6 +71,8 @@ async def test_worker_stopped_at_a_step(
         visibility_s=LEASE_S,
         split_bytes=4096,
         clientless=True,
+        # Where the map output goes: through the blob store for the step only it has.
+        shuffle="blob" if step == "map.shuffle_written" else "queue",
     )
     assert once.context is not None, f"no worker reached {step}"
     assert diff_outputs(expected, read_output(tmp_path / "out", REDUCERS)) == []
@@ -88,6 +90,11 @@ async def test_worker_stopped_at_a_step(
         # in batches_filtered) depends on delivery order: a reducer whose counts were met
         # first leaves it to be deleted with the queue, so that counter is not asserted.
         assert rec.get("tasks_restarted", 0) + rec.get("tasks_retried", 0) >= 1
+    elif step == "map.shuffle_written":
+        # The stopped attempt's object was never named by a commit: its task ran again, and
+        # the object went with the job's cleanup (no leftovers above).
+        assert rec.get("tasks_restarted", 0) + rec.get("tasks_retried", 0) >= 1
+        assert rec.get("shuffle") == "blob"
     elif step == "map.committed":
         assert ctx["won"]
         # Its commit stands (the job may end before its message is delivered again; if it
