@@ -47,9 +47,10 @@ READ_CONCURRENCY = 4  # parts a reducer reads at once
 # The largest batch body in an object: what the largest queue message holds (SQS: 1 MiB);
 # a mapper packs its batches to its queue's limit, at most this.
 MAX_BODY = 1024 * 1024
-# Map output above which `--shuffle auto` picks the blob store: the job's input, as the
-# submitter sees it (a sort shuffles all of it; a combiner shrinks it). Below it, one object
-# per map task and one read per part cost more requests than the few batches they replace.
+# Input above which `--shuffle auto` picks the blob store on a store that bills requests:
+# the job's input, as the submitter sees it (a sort shuffles all of it; a combiner shrinks
+# it). Below it, one object per map task and one read per part cost more requests than the
+# few batches they replace. The embedded store bills nothing: there auto keeps queues.
 AUTO_BLOB_BYTES = 64 * 1024 * 1024
 
 SpilledBody = Callable[[int, int, int, bytes], Coroutine[Any, Any, bytes]]

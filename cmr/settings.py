@@ -39,7 +39,7 @@ class LineEnds(StrEnum):
 class ShuffleMode(StrEnum):
     """How map output reaches the reducers (``cmr run --shuffle``; cmr.bulk)."""
 
-    auto = "auto"  # the blob store when the job's input is large (cmr.bulk.AUTO_BLOB_BYTES)
+    auto = "auto"  # the blob store for a large input on a billed store (cmr.bulk.AUTO_BLOB_BYTES)
     queue = "queue"  # tagged batches in one queue per partition
     blob = "blob"  # one object per map attempt, named by its commit record
 

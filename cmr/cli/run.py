@@ -134,7 +134,8 @@ def run(
             ShuffleMode,
             "--shuffle",
             "how map output reaches the reducers: queue (tagged batches), blob (one object "
-            "per map task: fewer requests at scale), auto (blob for inputs of 64 MiB or more)",
+            "per map task: fewer requests at scale), auto (blob for inputs of 64 MiB or more on "
+            "aws)",
         ),
     ] = ShuffleMode.auto,
     detach: Annotated[

@@ -115,19 +115,33 @@ async def test_a_value_too_big_for_a_batch_travels_beside_the_object(
     assert await _scratch_left(embedded, result.job_id) == []
 
 
-async def test_auto_picks_the_blob_store_for_a_large_input(
+async def test_auto_keeps_queues_on_the_embedded_store(
     embedded: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Its requests cost nothing: the blob path would only copy and hash every byte again."""
+    data = edge_cases(tmp_path / "in")
+    monkeypatch.setattr(bulk, "AUTO_BLOB_BYTES", 1)
+    result = await run_on(embedded, WORDCOUNT, str(data), str(tmp_path / "out"), reducers=2)
+    assert result.record.get("shuffle", "queue") == "queue"
+    assert counts_from_parts(tmp_path / "out", 2) == word_count(data)
+
+
+@pytest.mark.usefixtures("aws_stack")
+async def test_auto_picks_the_blob_store_for_a_large_input_on_aws(
+    aws: tuple[Backend, AwsSettings], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    be, settings = aws
     data = edge_cases(tmp_path / "in")
     size = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
     modes = []
     for threshold in (size + 1, size):
         monkeypatch.setattr(bulk, "AUTO_BLOB_BYTES", threshold)
+        out = tmp_path / f"out{threshold}"
         result = await run_on(
-            embedded, WORDCOUNT, str(data), str(tmp_path / f"out{threshold}"), reducers=2
+            be, WORDCOUNT, str(data), str(out), reducers=2, workers=1, aws=settings
         )
         modes.append(result.record.get("shuffle", "queue"))
-        assert counts_from_parts(tmp_path / f"out{threshold}", 2) == word_count(data)
+        assert counts_from_parts(out, 2) == word_count(data)
     assert modes == ["queue", "blob"]
 
 
