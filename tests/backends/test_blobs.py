@@ -323,3 +323,15 @@ async def test_copy_and_delete(backend: Backend, folder: Folder) -> None:
         await backend.blobs.copy(f"{root}/missing", f"{root}/out/other")
     await backend.blobs.delete([f"{root}/src", f"{root}/out/dst", f"{root}/never"])
     assert await backend.blobs.list(root) == []
+
+
+def test_an_upload_never_takes_more_parts_than_s3_allows() -> None:
+    """At 8 MiB a part, a file past ~78 GiB (a large reducer's output) needed more than S3's
+    10,000 parts, and its upload failed at the last part; the part grows with the file."""
+    from cmr.backends.aws.s3 import MAX_PARTS, PART_BYTES, part_bytes
+
+    assert part_bytes(1) == part_bytes(PART_BYTES) == PART_BYTES
+    assert -(-(100 << 30) // PART_BYTES) > MAX_PARTS  # what the fixed size would take
+    for size in (PART_BYTES * MAX_PARTS, PART_BYTES * MAX_PARTS + 1, 100 << 30, 5 << 40):
+        step = part_bytes(size)
+        assert -(-size // step) <= MAX_PARTS and step % (1 << 20) == 0, (size, step)

@@ -26,6 +26,16 @@ COPY_PART_BYTES = 512 * 1024 * 1024  # multipart copy part size, past CopyObject
 COPY_MAX_BYTES = 5 * 1024**3
 PART_BYTES = 8 * 1024 * 1024  # multipart upload part size (S3's minimum is 5 MiB)
 PARTS_IN_FLIGHT = 4  # bounds upload memory to PART_BYTES * PARTS_IN_FLIGHT
+MAX_PARTS = 10_000  # S3's most parts in one multipart upload
+MIB = 1024 * 1024
+
+
+def part_bytes(size: int) -> int:
+    """The part size of a file's multipart upload: PART_BYTES, or more (whole MiB) where
+    PART_BYTES would take past S3's 10,000 parts (a file past ~78 GiB); the memory in flight
+    grows with it, PARTS_IN_FLIGHT parts."""
+    least = -(-size // MAX_PARTS)
+    return max(PART_BYTES, -(-least // MIB) * MIB)
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -172,13 +182,15 @@ class AwsBlobs:
             await self.put(url, await asyncio.to_thread(Path(path).read_bytes))
             return
 
+        step = part_bytes(size)
+
         def read(offset: int) -> bytes:
             with open(path, "rb") as f:
                 f.seek(offset)
-                return f.read(PART_BYTES)
+                return f.read(step)
 
         async def part(upload_id: str, number: int) -> str:
-            chunk = await asyncio.to_thread(read, (number - 1) * PART_BYTES)
+            chunk = await asyncio.to_thread(read, (number - 1) * step)
             with _translate("s3", url):
                 got = await self._s3.upload_part(
                     Bucket=bucket,
@@ -189,7 +201,7 @@ class AwsBlobs:
                 )
             return str(got["ETag"])
 
-        await self._multipart(url, (size + PART_BYTES - 1) // PART_BYTES, part)
+        await self._multipart(url, (size + step - 1) // step, part)
 
     async def _multipart(
         self, url: str, parts: int, part: Callable[[str, int], Awaitable[str]]
