@@ -115,7 +115,7 @@ class RunOptions:
     output_format: str = ""  # cmr.formats' output format; "": the job's ``output_format``
     files: Sequence[str] = ()  # side files beyond the job class's: "PATH[#NAME]" each
     total_order: bool = False  # parts concatenate into one sorted sequence (or Job.total_order)
-    # Map output through queues or the blob store ("auto": the store for a large input).
+    # Map output through queues or the blob store ("auto": the store for a large input on aws).
     shuffle: str = "auto"
 
     @staticmethod

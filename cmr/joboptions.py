@@ -46,7 +46,7 @@ class JobOptions:
     output_format: str = ""  # cmr.formats' output format ("": the job class's)
     files: tuple[str, ...] = ()  # side files beyond the class's, "PATH[#NAME]" (cmr.sidefiles)
     total_order: bool = False  # sample keys, partition by range (or the class's total_order)
-    shuffle: str = "auto"  # ShuffleMode: "auto" is settled by the input's size at submit
+    shuffle: str = "auto"  # ShuffleMode: "auto" is settled at submit: input size, billed store
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:

@@ -280,9 +280,10 @@ def sort_spools(
     if any(size % layout.width for size in sizes):  # a row cut between two spools is none
         raise NotRows
     total = sum(sizes)
-    runs_in = (
-        [] if total // layout.width * layout.held <= memory_bytes else _natural_runs(spools, layout)
-    )
+    # More non-empty spools than runs merged at once: at least as many runs, no scan.
+    many = sum(1 for size in sizes if size) > NATURAL_RUNS_MAX
+    fits = total // layout.width * layout.held <= memory_bytes
+    runs_in = [] if fits or many else _natural_runs(spools, layout)
     if runs_in and len(runs_in) <= NATURAL_RUNS_MAX:
         # Past the budget, yet already sorted runs (a map task's part of the partition, in
         # pieces: Cuts.partitioned): merged as they lie, without sorting them again.
@@ -360,6 +361,8 @@ def _natural_runs(spools: list[str], layout: Layout) -> list[Span]:
                 last = keys[-1] if len(keys) else last
         if at * layout.width > start:
             found.append((spool, start, at * layout.width))
+            if len(found) > NATURAL_RUNS_MAX:
+                return found
     return found
 
 
