@@ -63,17 +63,28 @@ class Written:
     size: int
 
 
+def _bin_framed(n: int) -> int:
+    """Bytes msgpack packs n bytes in: bin 8, bin 16 or bin 32's header, then the bytes."""
+    return n + (2 if n < 1 << 8 else 3 if n < 1 << 16 else 5)
+
+
 def _index(spool: str) -> dict[int, list[tuple[int, int, int, bool]]]:
     """Where each partition's batches lie in a map task's spool: partition -> [(seq, start,
-    end, spilled?)] in seq order (the spool holds [partition, seq, records, body, spilled?]
-    arrays, as cmr.cpu.shuffle writes them)."""
+    end, spilled?)] in seq order. The spool holds [partition, seq, records, body, spilled?]
+    arrays, as cmr.cpu.shuffle writes them; a batch's span is its body packed as msgpack bin
+    (just before the one-byte spilled?), the very bytes the object holds for it; a spilled
+    entry's span is the whole entry."""
     spans: dict[int, list[tuple[int, int, int, bool]]] = {}
     with open(spool, "rb") as f:
         up = msgpack.Unpacker(f, raw=False, use_list=False, max_buffer_size=2**31 - 1)
         start = 0
-        for p, seq, _n, _data, spilled in up:
+        for p, seq, _n, data, spilled in up:
             end = up.tell()
-            spans.setdefault(p, []).append((seq, start, end, spilled))
+            if spilled:
+                spans.setdefault(p, []).append((seq, start, end, True))
+            else:
+                body_start = end - 1 - _bin_framed(len(data))
+                spans.setdefault(p, []).append((seq, body_start, end - 1, False))
             start = end
     return spans
 
@@ -97,11 +108,12 @@ def _write(
         for p in sorted(spans):
             digest = hashlib.sha256()
             length = 0
-            for seq, start, end, _spilled in spans[p]:
-                body = pointers.get((p, seq))
-                if body is None:
-                    body = _entry(src, start, end)[3]
-                framed = pack(body)
+            for seq, start, end, spilled in spans[p]:
+                if spilled:
+                    framed = pack(pointers[(p, seq)])
+                else:  # the body, framed as packed, copied as it lies
+                    src.seek(start)
+                    framed = src.read(end - start)
                 out.write(framed)
                 digest.update(framed)
                 length += len(framed)

@@ -131,7 +131,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                     "map.shuffle_written", job=spec.job_id, task=task.task, attempt=attempt
                 )
             else:
-                await _send_spool(rt, spec, task.task, attempt, result.spool, part_qs)
+                await _send_spool(rt, spec, task.task, attempt, result.spool, part_qs, spiller)
         finally:
             os.unlink(result.spool)
         commit = MapCommit(
@@ -312,11 +312,16 @@ class _Spiller:
 
 
 async def _send_spool(
-    rt: Runtime, spec: JobSpec, task: int, attempt: str, spool: str, part_qs: Sequence[str]
+    rt: Runtime,
+    spec: JobSpec,
+    task: int,
+    attempt: str,
+    spool: str,
+    part_qs: Sequence[str],
+    spiller: _Spiller,
 ) -> None:
     queues, blobs = rt.backend.queues, rt.backend.blobs
     gate = asyncio.Semaphore(SEND_CONCURRENCY)
-    spiller = _Spiller(rt, spec, task, attempt)
     sent = 0
 
     async def send(p: int, bodies: list[bytes]) -> None:

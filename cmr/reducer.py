@@ -468,6 +468,20 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
     missing_before, progress_at = -1, clock.monotonic()
     give_up_s = MISSING_GIVE_UP_LEASES * spec.visibility_s
     turned_at = clock.monotonic()
+
+    async def draining() -> None:
+        """The step of the first data received (a batch, or a part read), once."""
+        nonlocal stepped
+        if not stepped:
+            stepped = True
+            await rt.step(
+                "reduce.draining",
+                job=spec.job_id,
+                partition=drain.partition,
+                owner=owner.owner,
+                token=owner.token,
+            )
+
     while not drain.complete() and not owner.lost.is_set():
         await rt.awake.wait()
         if clock.monotonic() - turned_at > spec.visibility_s:
@@ -496,15 +510,7 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
                     drain.learn_winner(t, MapCommit.from_item(item))
             if drain.due:
                 await drain.read_due(rt)
-                if not stepped:
-                    stepped = True
-                    await rt.step(
-                        "reduce.draining",
-                        job=spec.job_id,
-                        partition=drain.partition,
-                        owner=owner.owner,
-                        token=owner.token,
-                    )
+                await draining()
             # Poll the table often while commits arrive, back off while they do not.
             poll_every = 0.25 if len(drain.winners) > known else min(poll_max, poll_every * 2)
             next_poll = clock.monotonic() + poll_every
@@ -530,15 +536,8 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
             # commit: their commits, which no message announces, are what we wait for. Ask
             # the table now instead of at the backed-off time.
             next_poll = 0.0
-        if got and not stepped:
-            stepped = True
-            await rt.step(
-                "reduce.draining",
-                job=spec.job_id,
-                partition=drain.partition,
-                owner=owner.owner,
-                token=owner.token,
-            )
+        if got:
+            await draining()
         # One pass over the winners, and only once all are known (it costs what
         # drain.complete() does, every turn).
         missing = drain.missing() if len(drain.winners) >= spec.maps else -1
