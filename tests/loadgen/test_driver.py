@@ -301,7 +301,10 @@ async def test_staleness_on_the_local_dynamodb() -> None:
             resources=resources,
         )
         report = staleness_report(await run_task(task))
-        assert report["writes"] >= 10 * 2 - 4 and report["reads"] > 50
+        # Enough happened for "every read was fresh" to mean something: each item
+        # written several times and read many times. Not a speed bound (a slow CI
+        # machine wrote 12 times in the second where this machine writes 20).
+        assert report["writes"] >= 3 * 2 and report["reads"] >= 20
         assert report["stale_fraction"] == 0.0 and report["unjudged_reads"] == 0
         assert report["read_your_writes_violations"]["pairs"] >= report["writes"] - 2
         assert report["gamma"]["keys"] == 2 and report["gamma"]["max_ms"] == 0.0
