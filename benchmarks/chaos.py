@@ -1,10 +1,13 @@
 """Figures for the chaos suite and the cost of the duplicate protections.
 
-    .venv/bin/python benchmarks/chaos.py [--runs 200] [--size-mb 20] [--json out.json]
+    .venv/bin/python benchmarks/chaos.py [--runs 200] [--clientless-runs 200] [--size-mb 20]
+        [--no-cost] [--json out.json]
 
-1. Runs the seeded chaos suite (the same runs as tests/chaos/test_chaos_embedded.py) and
-   totals: runs, faults injected by kind, crashes and pauses by step, duplicates handled by
-   each of the three methods, and differences from the sequential run (must be 0).
+1. Runs the seeded chaos suite (the same runs as tests/chaos/test_chaos_embedded.py, on its
+   virtual clock; half of them through the blob shuffle, half through queues; seeds from
+   1000 with nobody waiting) and totals: runs, faults injected by kind, crashes and pauses by
+   step, duplicates handled by each of the three methods, and per kind of run the jobs that
+   failed, parts differing from the sequential run and runs that left anything (all must be 0).
 2. Word count MB/s on the embedded backend with no faults, then with 10% and 30% of
    deliveries and sends duplicated, all in the same sitting on the same corpus.
 """
@@ -25,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cmr import logs
+from cmr import logs, virtualtime
 from cmr.api import cpu_pool
 from cmr.backends.faults import FaultPlan
 from cmr.testing import chaos_run, chaos_shuffle, diff_outputs, read_output, sequential
@@ -49,40 +52,66 @@ def corpus(path: Path, size_mb: float, seed: int = 5) -> Path:
     return path
 
 
-async def chaos_totals(runs: int, pool: object) -> dict[str, object]:
+CLIENTLESS_FROM = 1000  # as in tests/chaos/test_chaos_embedded.py: seeds from here run clientless
+
+
+async def chaos_totals(runs: int, clientless_runs: int, pool: object) -> dict[str, object]:
+    """The suite's runs, more of them: seeds 0.. with a watching client, seeds 1000.. with
+    nobody waiting; half of each through the blob shuffle (chaos_shuffle). Totals per kind
+    (client or clientless, queue or blob): runs, jobs that raised or did not succeed, parts
+    differing from the sequential run, runs that left anything behind."""
     with tempfile.TemporaryDirectory() as tmp:
         data = edge_cases(Path(tmp) / "in")
         expected = {job: sequential(job, data, 3) for job in JOBS}
         totals: dict[str, Counter[str]] = {
             k: Counter() for k in ("injected", "crashes", "pauses", "duplicates")
         }
-        differences = failures = 0
+        kinds: dict[str, Counter[str]] = {}
+        bad: list[str] = []
 
         async def one(seed: int) -> None:
-            nonlocal differences, failures
             job = JOBS[seed % 2]
+            shuffle = chaos_shuffle(seed)
+            clientless = seed >= CLIENTLESS_FROM
+            kind = kinds.setdefault(
+                f"{'clientless' if clientless else 'client'}/{shuffle}", Counter()
+            )
+            kind["runs"] += 1
             out = Path(tmp) / f"out-{seed}"
             try:
                 r = await chaos_run(  # type: ignore[arg-type]
-                    job, data, out, seed=seed, pool=pool, reducers=3, shuffle=chaos_shuffle(seed)
-                )
-            except Exception:
-                failures += 1
+                    job, data, out, seed=seed, pool=pool, reducers=3, shuffle=shuffle,
+                    clientless=clientless,
+                )  # fmt: skip
+            except Exception as exc:
+                kind["jobs_failed"] += 1
+                bad.append(f"seed {seed}: {type(exc).__name__}: {exc}")
                 return
-            differences += len(diff_outputs(expected[job], read_output(out, 3)))
+            differing = len(diff_outputs(expected[job], read_output(out, 3)))
+            kind["parts_differing"] += differing
+            if r.record.get("state") != "succeeded":
+                kind["not_succeeded"] += 1
+                bad.append(f"seed {seed}: job ended {r.record.get('state')}")
+            if r.leftovers:
+                kind["left_something"] += 1
+                bad.append(f"seed {seed}: left {r.leftovers}")
+            if differing:
+                bad.append(f"seed {seed}: {differing} parts differ")
             totals["injected"].update(r.injected)
             totals["crashes"].update(r.crashes)
             totals["pauses"].update(r.pauses)
             totals["duplicates"].update(r.duplicates_handled)
 
+        seeds = [*range(runs), *range(CLIENTLESS_FROM, CLIENTLESS_FROM + clientless_runs)]
         started = time.monotonic()
-        for b in range(0, runs, 25):
-            await asyncio.gather(*(one(s) for s in range(b, min(runs, b + 25))))
+        for b in range(0, len(seeds), 25):
+            # On the virtual clock, as the suite runs them: lease waits cost nothing.
+            await asyncio.gather(*(one(s) for s in seeds[b : b + 25]))
         return {
-            "runs": runs,
+            "runs": len(seeds),
             "seconds": round(time.monotonic() - started, 1),
-            "jobs_failed": failures,
-            "parts_differing": differences,
+            "by_kind": {k: dict(sorted(v.items())) for k, v in sorted(kinds.items())},
+            "problems": bad,
             **{k: dict(sorted(v.items())) for k, v in totals.items()},
         }
 
@@ -128,20 +157,21 @@ async def protection_cost(size_mb: float, pool: object, repeat: int = 3) -> list
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--runs", type=int, default=200, help="seeded runs with a watching client")
+    ap.add_argument("--clientless-runs", type=int, default=200, help="and with nobody waiting")
+    ap.add_argument("--no-cost", action="store_true", help="skip the protection-cost runs")
     ap.add_argument("--size-mb", type=float, default=100)
     ap.add_argument("--json")
     args = ap.parse_args()
     logs.configure(logging.CRITICAL)
 
-    async def go() -> dict[str, object]:
-        with cpu_pool(2) as pool:
-            return {
-                "chaos": await chaos_totals(args.runs, pool),
-                "protection_cost": await protection_cost(args.size_mb, pool),
-            }
+    async def chaos(pool: object) -> dict[str, object]:
+        return await chaos_totals(args.runs, args.clientless_runs, pool)
 
-    result = asyncio.run(go())
+    with cpu_pool(2) as pool:
+        result: dict[str, object] = {"chaos": virtualtime.run(chaos(pool))}
+        if not args.no_cost:  # on the real clock: it measures MB/s
+            result["protection_cost"] = asyncio.run(protection_cost(args.size_mb, pool))
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgpack
 
-from cmr import bulk, failures, formats, sidefiles, wire
+from cmr import bulk, failures, formats, rangefile, sidefiles, wire
 from cmr.aio import TaskGroup, first_error, sha256_hex
 from cmr.backends.base import Put, Received, item_absent
 from cmr.cpu.mapping import FileSlice, run_map
@@ -66,12 +66,14 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
         # The read is under the task's time limit too (a hostile input, say one endless
         # line, must not hold the task in this process, where no SIGALRM reaches it).
         read_limit = task_limit(spec.task_timeout_s, sum(r.end - r.start for r in ranges))
+        fetched: list[str] = []  # large ranges copied to local files (cmr.rangefile)
         try:
             async with asyncio.timeout(read_limit):
                 chunks = await asyncio.gather(
-                    *(_read_or_slice(rt, r, fmt, checks.get(r.url)) for r in ranges)
+                    *(_read_or_slice(rt, r, fmt, checks.get(r.url), fetched) for r in ranges)
                 )
         except TimeoutError:
+            _forget(fetched)
             error = (
                 f"TimeLimitExceeded: reading the input of map task {task.task} ran past its "
                 f"time limit of {read_limit:.0f} s (a slow store, or input too large for the "
@@ -79,6 +81,9 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             )
             await failures.task_failed(rt, spec, ref, error, in_q, msg)
             return
+        except BaseException:
+            _forget(fetched)
+            raise
         # Compression is told by a file's first bytes (decompressing is the pool's work);
         # a slice was told uncompressed by its head.
         codecs = tuple(
@@ -93,28 +98,31 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 c[: r.end] if k and isinstance(c, bytes) and len(c) > r.end else c
                 for r, c, k in zip(ranges, chunks, codecs, strict=True)
             ]
-        nbytes = sum(c.end - c.start if isinstance(c, FileSlice) else len(c) for c in chunks)
-        result = await rt.cpu(
-            run_map,
-            spec.ref,
-            spec.params,
-            [(r.name, data) for r, data in zip(ranges, chunks, strict=True)],
-            MapSpec.of(
-                spec,
-                rt.settings,
-                task=task.task,
-                attempt=attempt,
-                queue_limit=queues.max_message_bytes,
-                spool_dir=rt.spool_dir,
+        nbytes = sum(len(c) for c in chunks)
+        try:
+            result = await rt.cpu(
+                run_map,
+                spec.ref,
+                spec.params,
+                [(r.name, data) for r, data in zip(ranges, chunks, strict=True)],
+                MapSpec.of(
+                    spec,
+                    rt.settings,
+                    task=task.task,
+                    attempt=attempt,
+                    queue_limit=queues.max_message_bytes,
+                    spool_dir=rt.spool_dir,
+                    limit_s=task_limit(spec.task_timeout_s, nbytes),
+                    input_format=str(fmt),
+                    codecs=codecs,
+                    starts=tuple(r.start for r in ranges),
+                    files_dir=files_dir,
+                    cuts=cuts,
+                ),
                 limit_s=task_limit(spec.task_timeout_s, nbytes),
-                input_format=str(fmt),
-                codecs=codecs,
-                starts=tuple(r.start for r in ranges),
-                files_dir=files_dir,
-                cuts=cuts,
-            ),
-            limit_s=task_limit(spec.task_timeout_s, nbytes),
-        )
+            )
+        finally:
+            _forget(fetched)
         del chunks
         if result.error:
             await failures.task_failed(
@@ -199,18 +207,33 @@ def _input_format(spec: JobSpec) -> formats.InputFormat:
 
 
 async def _read_or_slice(
-    rt: Runtime, r: wire.Range, fmt: formats.InputFormat, check: Check | None = None
+    rt: Runtime,
+    r: wire.Range,
+    fmt: formats.InputFormat,
+    check: Check | None = None,
+    fetched: list[str] | None = None,
 ) -> bytes | FileSlice:
-    """A split's bytes; or, for uncompressed fixed records in a local file (a range is
-    exactly its bytes), the slice of the file the pool process reads itself."""
+    """A split's bytes; or, for uncompressed fixed records (a range is exactly its bytes),
+    a slice of a local file the pool process reads itself, a piece at a time: the input
+    file itself on a backend whose blobs are local files, or a copy of a large range
+    (cmr.rangefile; its path is added to ``fetched``, for the caller to delete)."""
     if check is not None and check.sha256:
         return await _read_verified(rt, r, check)
-    if fmt.name != "fixed" or not rt.backend.capabilities.local_files or r.start >= r.end:
+    local = rt.backend.capabilities.local_files
+    if fmt.name != "fixed" or r.start >= r.end or not (local or rangefile.streams(r.end - r.start)):
         return await _read(rt, r, fmt, check)
     if r.start == 0:  # a compressed file is one range from 0: its head tells
         head = wire.Range(r.url, 0, min(r.end, formats.SNIFF_BYTES), r.name)
         if formats.sniff(await _read(rt, head, fmt, check)):
             return await _read(rt, r, fmt, check)
+    if not local:
+        try:
+            copy = await rangefile.fetch(rt.backend.blobs, r.url, r.start, r.end, rt.spool_dir)
+        except (BlobMissing, EOFError):
+            raise _lost_input(r) from None
+        if fetched is not None:
+            fetched.append(copy)
+        return FileSlice(copy, 0, r.end - r.start, r.name)
     path = file_path(r.url)  # local_files: a file:// URL
     try:
         regular = stat.S_ISREG(path.stat().st_mode)  # a syscall: no thread hop per file
@@ -283,6 +306,13 @@ async def _read(
         raise _lost_input(r, exc) from None
     except (InputChanged, formats.InputError) as exc:
         raise TaskError(str(exc)) from None
+
+
+def _forget(paths: list[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    paths.clear()
 
 
 def _identity(rt: Runtime, check: Check | None) -> Check | None:

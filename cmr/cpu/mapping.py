@@ -15,7 +15,7 @@ import itertools
 import operator
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,12 +58,35 @@ class FileSlice:
     name: str = ""  # the input's name (in errors)
     check: Check | None = None  # the file's identity at submit (cmr.localcheck); None: none
 
+    def __len__(self) -> int:
+        return self.end - self.start
+
     def read(self) -> bytes:
         """The slice's bytes, of the file submitted (InputChanged: another is there now)."""
         fd = open_checked(self.path, self.name, self.check)
         with open(fd, "rb") as f:
             f.seek(self.start)
             return f.read(self.end - self.start)
+
+    def pieces(self, name: str, size: int) -> Iterator[bytes]:
+        """The slice's bytes, ``size`` at a time: a split larger than memory (fixed records
+        streamed from the store to a local file, cmr.rangefile) is never held whole."""
+        try:
+            fd = open_checked(self.path, self.name, self.check)
+            with open(fd, "rb") as f:
+                f.seek(self.start)
+                for at in range(self.start, self.end, size):
+                    piece = f.read(min(size, self.end - at))
+                    if not piece:
+                        raise InputChanged(f"input {name} ({self.path}) ended early")
+                    yield piece
+        except InputChanged as exc:
+            raise InputGone(str(exc)) from None
+        except OSError as exc:
+            raise InputGone(
+                f"input {name} ({self.path}) cannot be read ({exc.strerror}): it was "
+                "deleted or moved after the job was submitted"
+            ) from None
 
 
 def slice_bytes(name: str, piece: FileSlice) -> bytes:
@@ -93,7 +116,9 @@ def run_map(
         counters.collecting() as counted,
         reported(result, spec.limit_s, f"map task {spec.task}"),
     ):
-        chunks = [(n, slice_bytes(n, d) if isinstance(d, FileSlice) else d) for n, d in given]
+        # Slices stay unread here: the fixed-record path reads them piece by piece
+        # (map_calls); any other reads each whole when it comes to it.
+        chunks = list(given)
         result.bytes_in = sum(len(d) for _, d in chunks)
         _map_into(ref, params, chunks, spec, fd, result)
         result.spool = path
@@ -106,7 +131,7 @@ def run_map(
 def _map_into(
     ref: JobRef,
     params: dict[str, str],
-    chunks: list[tuple[str, bytes]],
+    chunks: list[tuple[str, bytes | FileSlice]],
     spec: MapSpec,
     fd: int,
     result: MapResult,
@@ -383,7 +408,7 @@ def _emit_final(
 def map_calls(
     step: Step,
     fmt: formats.InputFormat,
-    chunks: list[tuple[str, bytes]],
+    chunks: Sequence[tuple[str, bytes | FileSlice]],
     spec: MapSpec,
     result: MapResult,
     universal: bool,
@@ -404,7 +429,8 @@ def map_calls(
     if fmt.name == "lines":
         map_piece = piece_mapper(step)
         # One piece read ahead (our own code, never the user's) tells which is the last.
-        pieces = _line_pieces(chunks, codecs, spec.piece_bytes, result, universal, max_record)
+        whole = [(n, slice_bytes(n, d) if isinstance(d, FileSlice) else d) for n, d in chunks]
+        pieces = _line_pieces(whole, codecs, spec.piece_bytes, result, universal, max_record)
         upcoming = next(pieces, None)
         while upcoming is not None:
             name, piece = upcoming
@@ -414,15 +440,21 @@ def map_calls(
             yield map_piece(name, piece)
     else:
         map_record = step.map
-        for (name, data), codec, start in zip(chunks, codecs, starts, strict=True):
-            if columns is not None and not codec and len(data) % fmt.record_len == 0:
+        for (name, given), codec, start in zip(chunks, codecs, starts, strict=True):
+            if columns is not None and not codec and len(given) % fmt.record_len == 0:
                 per = columns.layout.piece_records(spec.piece_bytes) * fmt.record_len
-                view = memoryview(data)
-                for at in range(0, len(data), per):
+                if isinstance(given, FileSlice):
+                    for piece in given.pieces(name, per):
+                        result.records_in += len(piece) // fmt.record_len
+                        yield columns.partitioned(piece)
+                    continue
+                view = memoryview(given)
+                for at in range(0, len(given), per):
                     span = view[at : at + per]
                     result.records_in += len(span) // fmt.record_len
                     yield columns.partitioned(span)
                 continue
+            data = slice_bytes(name, given) if isinstance(given, FileSlice) else given
             read = formats.Chunk(name, data, codec, start, max_record)
             records = formats.records(fmt, read, spec.piece_bytes)
             if map_record is None:

@@ -335,3 +335,26 @@ def test_an_upload_never_takes_more_parts_than_s3_allows() -> None:
     for size in (PART_BYTES * MAX_PARTS, PART_BYTES * MAX_PARTS + 1, 100 << 30, 5 << 40):
         step = part_bytes(size)
         assert -(-size // step) <= MAX_PARTS and step % (1 << 20) == 0, (size, step)
+
+
+def test_a_large_upload_takes_few_parts_and_bounded_memory() -> None:
+    """Every part is a billed PUT: at 8 MiB a part, writing a TB cost $0.60 in parts. A
+    large file takes about PARTS_WANTED parts, and the parts held at once stay within
+    IN_FLIGHT_BYTES (one part, when a part alone is larger)."""
+    from cmr.backends.aws.s3 import (
+        GROWN_PART_BYTES,
+        IN_FLIGHT_BYTES,
+        PART_BYTES,
+        PARTS_WANTED,
+        part_bytes,
+        parts_in_flight,
+    )
+
+    assert part_bytes(PART_BYTES * PARTS_WANTED) == PART_BYTES
+    assert part_bytes(1 << 30) == 16 << 20 and -(-(1 << 30) // part_bytes(1 << 30)) == 64
+    assert part_bytes(16 << 30) == part_bytes(100 << 30) == GROWN_PART_BYTES
+    assert -(-(10**12) // part_bytes(10**12)) < 4_000  # a TB in under 4,000 PUTs, not 119,210
+    for size in (1, 100 << 20, 1 << 30, 4 << 30, 100 << 30, 5 << 40):
+        step = part_bytes(size)
+        held = parts_in_flight(step) * step
+        assert held <= max(IN_FLIGHT_BYTES, step) and parts_in_flight(step) >= 1, size

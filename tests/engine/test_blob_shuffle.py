@@ -293,3 +293,83 @@ async def test_a_store_error_on_the_way_is_passed_on_as_itself(
     changed = dataclasses.replace(commit, parts={0: (0, len(data), digest)})
     with pytest.raises(Throttled):
         await bulk.read_part(rt, spec, 0, 0, changed, str(tmp_path / "out"), throttled)
+
+
+@pytest.mark.usefixtures("aws_stack")
+async def test_a_large_fixed_record_split_is_streamed_through_a_local_file(
+    aws: tuple[Backend, AwsSettings], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A map task of fixed records larger than rangefile.STREAM_FROM reads its split in
+    ranged GETs into a local file and maps it a piece at a time (what makes map tasks of
+    gigabytes possible, and the blob shuffle's GETs few: benchmarks/cloudsort.py); the sort
+    is the same as one read whole, and the copies are gone once the tasks end."""
+    import asyncio
+    import random
+
+    from cmr import rangefile, submit
+    from cmr.api import job_ref
+    from cmr.pool import cpu_pool
+    from cmr.submit import JobOptions
+    from cmr.worker import Worker
+
+    be, settings = aws
+    rnd = random.Random(7)
+    records = [rnd.randbytes(10) + b"%088d\r\n" % i for i in range(24_000)]  # 2.4 MB
+    (tmp_path / "part-m-00000").write_bytes(b"".join(records))
+    # In the bucket: a local input is read by in-process workers as the file it is.
+    root = f"s3://{settings.bucket}/{tmp_path.name}/"
+    await be.blobs.upload_file(str(tmp_path / "part-m-00000"), root + "in/part-m-00000")
+    spools = tmp_path / "spools"
+    spools.mkdir()
+    gets = {}
+    for label, stream_from in (("whole", 1 << 40), ("streamed", 256 * 1024)):
+        monkeypatch.setattr(rangefile, "STREAM_FROM", stream_from)
+        monkeypatch.setattr(rangefile, "PIECE_BYTES", 64 * 1024)
+        spec = await submit.submit(
+            be,
+            job_ref("examples/terasort.py"),
+            root + "in/",
+            root + label + "/",
+            JobOptions(partitions=3, shuffle="blob"),
+            queue_prefix=settings.queue_prefix,
+            parallelism=1,
+            split_bytes=800_000,
+        )
+        before = be.calls()["s3.GetObject"]
+        # The worker here, on this backend: its requests are counted, and it streams.
+        ws = WorkerSettings(processes=1, poll_s=0.1, spill_dir=str(spools))
+        with cpu_pool(1) as pool:
+            await asyncio.wait_for(
+                Worker(
+                    be, ws, pool, queue_prefix=settings.queue_prefix, only_job=spec.job_id
+                ).run(),
+                120,
+            )
+        gets[label] = be.calls()["s3.GetObject"] - before
+        parts = sorted(b.url for b in await be.blobs.list(root + label + "/part-"))
+        assert len(parts) == 3
+        data = b"".join([await be.blobs.get(u) for u in parts])
+        assert data == b"".join(sorted(records))
+        assert not list(spools.rglob("split-*.range"))
+    # Each 800 KB task read in 64 KiB pieces: 13 GETs where one was made; and the task
+    # from byte 0 reads the file's head first, to tell it is not compressed.
+    assert gets["streamed"] - gets["whole"] == 3 * (13 - 1) + 1, gets
+
+
+async def test_a_range_copy_is_exact_and_a_short_object_leaves_nothing(
+    embedded: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cmr import rangefile
+
+    monkeypatch.setattr(rangefile, "PIECE_BYTES", 1000)
+    data = bytes(range(256)) * 40  # 10,240 bytes
+    url = (tmp_path / "object").as_uri()
+    await embedded.blobs.put(url, data)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    copy = await rangefile.fetch(embedded.blobs, url, 123, 9_876, str(spool))
+    assert Path(copy).read_bytes() == data[123:9_876]
+    Path(copy).unlink()
+    with pytest.raises(EOFError, match="ends at byte 10,240, before 12,000"):
+        await rangefile.fetch(embedded.blobs, url, 0, 12_000, str(spool))
+    assert list(spool.iterdir()) == []

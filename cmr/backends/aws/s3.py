@@ -25,17 +25,33 @@ from cmr.errors import BackendError, UsageError
 COPY_PART_BYTES = 512 * 1024 * 1024  # multipart copy part size, past CopyObject's 5 GiB
 COPY_MAX_BYTES = 5 * 1024**3
 PART_BYTES = 8 * 1024 * 1024  # multipart upload part size (S3's minimum is 5 MiB)
-PARTS_IN_FLIGHT = 4  # bounds upload memory to PART_BYTES * PARTS_IN_FLIGHT
+PARTS_IN_FLIGHT = 4  # parts sent at once, while they fit in IN_FLIGHT_BYTES
 MAX_PARTS = 10_000  # S3's most parts in one multipart upload
+# Each part is a PUT ($0.005 per 1,000): at 8 MiB, writing a TB costs $0.60 in parts alone,
+# more than the whole of a cheap sort's bill (benchmarks/cloudsort.py). A large file is
+# sent in about PARTS_WANTED parts, of at most GROWN_PART_BYTES (16 MiB parts at 1 GiB,
+# 256 MiB from 16 GiB: a TB then costs $0.02 a pass).
+PARTS_WANTED = 64
+GROWN_PART_BYTES = 256 * 1024 * 1024
+IN_FLIGHT_BYTES = 256 * 1024 * 1024  # an upload's parts held in memory at once, at most
+# (one part, when a part is larger: a file past 2.5 TB)
 MIB = 1024 * 1024
 
 
 def part_bytes(size: int) -> int:
-    """The part size of a file's multipart upload: PART_BYTES, or more (whole MiB) where
-    PART_BYTES would take past S3's 10,000 parts (a file past ~78 GiB); the memory in flight
-    grows with it, PARTS_IN_FLIGHT parts."""
+    """The part size of a file's multipart upload, in whole MiB: PART_BYTES for a file up
+    to PART_BYTES x PARTS_WANTED (512 MiB), then growing with the file to about
+    PARTS_WANTED parts, up to GROWN_PART_BYTES; and more only where S3's 10,000 parts
+    would not hold the file otherwise (past 2.5 TB)."""
+    grown = min(GROWN_PART_BYTES, -(-size // PARTS_WANTED))
     least = -(-size // MAX_PARTS)
-    return max(PART_BYTES, -(-least // MIB) * MIB)
+    return max(PART_BYTES, -(-max(grown, least) // MIB) * MIB)
+
+
+def parts_in_flight(step: int) -> int:
+    """How many parts of ``step`` bytes an upload sends at once: PARTS_IN_FLIGHT while they
+    fit in IN_FLIGHT_BYTES, down to one."""
+    return max(1, min(PARTS_IN_FLIGHT, IN_FLIGHT_BYTES // step))
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -201,20 +217,24 @@ class AwsBlobs:
                 )
             return str(got["ETag"])
 
-        await self._multipart(url, (size + step - 1) // step, part)
+        await self._multipart(url, (size + step - 1) // step, part, parts_in_flight(step))
 
     async def _multipart(
-        self, url: str, parts: int, part: Callable[[str, int], Awaitable[str]]
+        self,
+        url: str,
+        parts: int,
+        part: Callable[[str, int], Awaitable[str]],
+        in_flight: int = PARTS_IN_FLIGHT,
     ) -> None:
         """One multipart upload to ``url`` (a file's, or a copy's): ``part(upload_id, n)``
-        sends part n (from 1) and returns its ETag, PARTS_IN_FLIGHT at a time (each holds
-        its part in memory, or a copy in flight); then the parts are put together. Any
-        failure aborts the upload: parts of an unfinished one are stored (and billed) until
-        it is aborted."""
+        sends part n (from 1) and returns its ETag, ``in_flight`` at a time (each holds its
+        part in memory, or a copy in flight); then the parts are put together. Any failure
+        aborts the upload: parts of an unfinished one are stored (and billed) until it is
+        aborted."""
         bucket, key = _split(url)
         with _translate("s3", url):
             upload_id = (await self._s3.create_multipart_upload(Bucket=bucket, Key=key))["UploadId"]
-        gate = asyncio.Semaphore(PARTS_IN_FLIGHT)
+        gate = asyncio.Semaphore(in_flight)
         etags: dict[int, str] = {}
 
         async def one(number: int) -> None:
