@@ -53,6 +53,7 @@ def corpus(path: Path, size_mb: float, seed: int = 5) -> Path:
 
 
 CLIENTLESS_FROM = 1000  # as in tests/chaos/test_chaos_embedded.py: seeds from here run clientless
+CLIENTLESS_BEYOND = 1_000_000  # runs with a client past the suite's 1,000 take seeds from here
 
 
 async def chaos_totals(runs: int, clientless_runs: int, pool: object) -> dict[str, object]:
@@ -69,10 +70,9 @@ async def chaos_totals(runs: int, clientless_runs: int, pool: object) -> dict[st
         kinds: dict[str, Counter[str]] = {}
         bad: list[str] = []
 
-        async def one(seed: int) -> None:
+        async def one(seed: int, clientless: bool) -> None:
             job = JOBS[seed % 2]
             shuffle = chaos_shuffle(seed)
-            clientless = seed >= CLIENTLESS_FROM
             kind = kinds.setdefault(
                 f"{'clientless' if clientless else 'client'}/{shuffle}", Counter()
             )
@@ -102,11 +102,14 @@ async def chaos_totals(runs: int, clientless_runs: int, pool: object) -> dict[st
             totals["pauses"].update(r.pauses)
             totals["duplicates"].update(r.duplicates_handled)
 
-        seeds = [*range(runs), *range(CLIENTLESS_FROM, CLIENTLESS_FROM + clientless_runs)]
+        # The suite's seeds first (0.. with a client, 1000.. clientless); past them, seeds
+        # of no one else's (a seed runs once: its output directory is its own).
+        seeds = [(s if s < CLIENTLESS_FROM else CLIENTLESS_BEYOND + s, False) for s in range(runs)]
+        seeds += [(CLIENTLESS_FROM + s, True) for s in range(clientless_runs)]
         started = time.monotonic()
         for b in range(0, len(seeds), 25):
             # On the virtual clock, as the suite runs them: lease waits cost nothing.
-            await asyncio.gather(*(one(s) for s in seeds[b : b + 25]))
+            await asyncio.gather(*(one(s, c) for s, c in seeds[b : b + 25]))
         return {
             "runs": len(seeds),
             "seconds": round(time.monotonic() - started, 1),

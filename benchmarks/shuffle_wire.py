@@ -72,6 +72,10 @@ class Tally:
     sqs_billed: int = 0
     bytes_up: Counter[str] = field(default_factory=Counter)  # by service
     bytes_down: Counter[str] = field(default_factory=Counter)
+    # By "operation@kind" (kind: what the request touched, as Proxy's ``kind`` tells it):
+    # requests, and the bytes of their bodies either way.
+    by_kind: Counter[str] = field(default_factory=Counter)
+    kind_bytes: Counter[str] = field(default_factory=Counter)
 
     def by_service(self) -> Counter[str]:
         out: Counter[str] = Counter()
@@ -124,9 +128,10 @@ class Proxy:
     """A reverse proxy on 127.0.0.1 that forwards every request to ``upstream`` as it is
     (headers, Host included, and body) and counts it."""
 
-    def __init__(self, upstream: str, tally: Tally) -> None:
+    def __init__(self, upstream: str, tally: Tally, kind: Any = None) -> None:
         self.upstream = upstream.rstrip("/")
         self.tally = tally
+        self.kind = kind  # path -> a label, or None: no breakdown
         self.port = 0
         self._lock = threading.Lock()
         self.session: ClientSession | None = None
@@ -157,6 +162,10 @@ class Proxy:
             self.tally.bytes_down[service] += len(data)
             if service == "sqs":
                 self.tally.sqs_billed += max(1, math.ceil(max(len(body), len(data)) / CHUNK))
+            if self.kind is not None:
+                label = f"{op}@{self.kind(request.path)}"
+                self.tally.by_kind[label] += 1
+                self.tally.kind_bytes[label] += len(body) + len(data)
         if request.method == "HEAD":
             head = web.StreamResponse(status=status, headers=out_headers)
             await head.prepare(request)
@@ -178,8 +187,11 @@ class Proxy:
 
 
 @contextlib.contextmanager
-def proxies(localstack: str, dynamodb: str) -> Iterator[tuple[Tally, Tally, int, int]]:
-    """Two counting proxies served by a loop in a thread of their own."""
+def proxies(
+    localstack: str, dynamodb: str, kind: Any = None
+) -> Iterator[tuple[Tally, Tally, int, int]]:
+    """Two counting proxies served by a loop in a thread of their own (``kind``: the
+    breakdown of LocalStack's requests, Proxy's)."""
     aws, ddb = Tally(), Tally()
     loop = asyncio.new_event_loop()
     started = threading.Event()
@@ -189,7 +201,7 @@ def proxies(localstack: str, dynamodb: str) -> Iterator[tuple[Tally, Tally, int,
         asyncio.set_event_loop(loop)
 
         async def go() -> None:
-            p1, p2 = Proxy(localstack, aws), Proxy(dynamodb, ddb)
+            p1, p2 = Proxy(localstack, aws, kind), Proxy(dynamodb, ddb)
             made["runners"] = [await p1.start(), await p2.start()]
             made["ports"] = (p1.port, p2.port)
             made["proxies"] = (p1, p2)

@@ -80,6 +80,15 @@ def run(
         ),
     ] = [],  # noqa: B006
     memory_mb: Annotated[int, typer.Option(help="reducer memory before spilling, MB")] = 512,
+    split_mb: Annotated[
+        float | None,
+        typer.Option(
+            help="input per map task, MB (default: chosen from the input, the workers and "
+            "their memory, at most 64 MiB); fixed records on S3 take more without holding "
+            "it in memory: fewer map tasks, fewer shuffle requests at scale",
+            min=0.001,
+        ),
+    ] = None,
     lines: Annotated[
         LineEnds | None,
         choice_option(
@@ -232,6 +241,7 @@ def run(
         overwrite=overwrite,
         total_order=total_order,
         shuffle=shuffle.value,
+        split_bytes=None if split_mb is None else max(1, int(split_mb * 1_000_000)),
         lines=lines.value if lines is not None else "",
         step=step,
         from_step=from_step,
