@@ -59,7 +59,7 @@ sys.path.insert(0, str(REPO))
 
 from cmr import bulk, rangefile, reducer  # noqa: E402
 from cmr.backends.aws import s3  # noqa: E402
-from cmr.records import PART_DIGEST, MapCommit  # noqa: E402
+from cmr.records import PAGE_PARTITIONS, PART_DIGEST, MapCommit, MapPage, page_sk  # noqa: E402
 
 GB = 1_000_000_000
 BUCKET, TABLE, PREFIX = "cmr-cloudsort", "cmr-cloudsort", "cmrcs-"
@@ -315,6 +315,15 @@ def commit_bytes(reducers: int, part_bytes: int, records: int) -> int:
     )
 
 
+def page_bytes(part_bytes: int, records: int) -> int:
+    """A full page of a paged blob attempt (every one of its partitions with a part)."""
+    parts = {p: (p * part_bytes, part_bytes, b"d" * PART_DIGEST) for p in range(PAGE_PARTITIONS)}
+    counts = {p: max(1, part_bytes // (256 * 1024)) for p in range(PAGE_PARTITIONS)}
+    page = MapPage.of(0, parts, counts, {p: records for p in range(PAGE_PARTITIONS)})
+    key = {"pk": "job#20260101-000000-0123456789abcdef", "sk": page_sk(0, "0" * 12, 0)}
+    return item_bytes({**key, **page.to_item()})
+
+
 def upload_requests(size: float) -> int:
     """PUT-class requests of cmr's upload of a file (cmr.backends.aws.s3.upload_file)."""
     if size <= s3.PART_BYTES:
@@ -396,11 +405,12 @@ def bill(
 ) -> dict[str, Any]:
     """One row: the sort's dollars by what they pay for, its requests, and its time.
 
-    ``design``: "blob" (the blob shuffle as built: reducers learn the winners' parts from
-    the map commit records, which name every partition's part, polling the table from the
-    lowest task whose winner they do not know); "pointers" (not built: each map attempt
-    sends each reducer a pointer message to its part, the commit records name only the
-    attempt); "queue" (the batch path: map output as batches in SQS messages)."""
+    ``design``: "blob" (the blob shuffle as built: reducers learn the winners from their
+    commit records, polling the table from the lowest task whose winner they do not know,
+    less often the more partitions, and read their page of each winner's parts);
+    "blob-unpaged" (as it was built first, until 2026-11-28: each commit record named every
+    partition's part, and reducers polled every 0.25 to 1 s); "queue" (the batch path: map
+    output as batches in SQS messages)."""
     req_prices = json.loads((HERE / "aws_prices.json").read_text())
     ec2 = json.loads((HERE / "cloudsort_prices.json").read_text())
     kind_of = ec2["instances"][instance]
@@ -459,42 +469,48 @@ def bill(
     else:
         s3_put -= sh["shuffle_put"]
 
-    # DynamoDB. Writes: the measured run's write requests per task, each of one unit, and
-    # twice for a transaction (DynamoDB's rule); a map commit is as large as it is at
-    # these reducers (every partition's part, batches and records in it).
+    # DynamoDB. Writes: the measured run's write requests per task beyond the scaling
+    # terms, each of one unit, twice for a transaction (DynamoDB's rule); then each map's
+    # commit record and its pages. Reads: each reducer reads its page of each winner, and
+    # the reducers running at once poll the table while map commits arrive: every
+    # ``fast`` s while a poll finds a new one, backing off to ``most`` s; each poll reads
+    # the commits from the lowest unknown task on, about half the map tasks in flight.
     writes = sum(
         req[op] for op in ("dynamodb.PutItem", "dynamodb.UpdateItem", "dynamodb.DeleteItem")
     )
-    transacts = req["dynamodb.TransactWriteItems"]
-    commit = commit_bytes(
-        1 if design == "pointers" else reducers, int(d / maps / ratio / reducers), 1000
-    )
-    wru = (writes + 2 * transacts) / measured_tasks * tasks + maps * 2 * math.ceil(commit / 1024)
-    # Reads: the reducers running at once poll the table while map commits arrive: every
-    # 0.25 s while a poll finds a new one, backing off to BLOB_POLL_MAX_S; each poll reads
-    # the commits from the lowest unknown task on, about half the map tasks in flight.
+    transacts = req["dynamodb.TransactWriteItems"] - measured_maps  # pages: one per map
+    gets = req["dynamodb.GetItem"] - measured_maps * m["reducers"]  # pages read
+    per_task = ((writes + 2 * transacts) / measured_tasks, gets / measured_tasks)
+    part_bytes = int(d / maps / ratio / reducers)
+    pages = math.ceil(reducers / PAGE_PARTITIONS)
+    scale = max(1.0, reducers / bulk.POLL_PARTITIONS)
+    if design == "blob":  # as built: paged
+        commit = commit_bytes(1, part_bytes, 1000)
+        page = page_bytes(part_bytes, 1000)
+        wru = maps * 2 * (math.ceil(commit / 1024) + pages * math.ceil(page / 1024))
+        page_reads = maps * reducers * math.ceil(page / 4096)
+        fast, most = 0.25 * scale, reducer.BLOB_POLL_MAX_S * scale
+    else:  # before paging (2026-11-28 morning), and the queue path: every part in the record
+        commit = commit_bytes(reducers, part_bytes, 1000)
+        wru = maps * 2 * math.ceil(commit / 1024)
+        page_reads = 0
+        fast, most = 0.25, reducer.BLOB_POLL_MAX_S
+    wru += per_task[0] * tasks
     running = min(reducers, slots)
     rate = maps / t
-    interval = min(reducer.BLOB_POLL_MAX_S, max(0.25, 1 / rate))
+    interval = min(most, max(fast, 1 / rate))
     polls = running * t / interval
     window = min(maps, slots) / 2
     per_poll_rru = max(1, math.ceil(window * commit / 4096))
-    gets = req["dynamodb.GetItem"] / measured_tasks * tasks
-    rru = polls * per_poll_rru + gets
+    rru = polls * per_poll_rru + page_reads + per_task[1] * tasks
     if design == "queue":
-        rru = gets + req["dynamodb.Query"] / measured_tasks * tasks
-    if design == "pointers":
-        # No table polls: a reducer asks for a task's commit (one small item, one unit)
-        # when a pointer of that task first comes, as method 1 of the seeds has it.
-        polls, per_poll_rru = 0, 0
-        rru = gets + maps * reducers
+        polls = per_poll_rru = 0
+        rru = (gets + req["dynamodb.Query"]) / measured_tasks * tasks
 
     # SQS: task messages (sent ten at a time, received and deleted), lease renewals every
     # third of a 60 s visibility while a task runs, idle long polls of every slot.
     map_s = split_gb * float(m["cpu_s_per_gb"]) / util
     sqs = tasks / 10 + 2 * tasks + maps * map_s / 20 + 2 * slots * t / SQS_LONG_POLL_S
-    if design == "pointers":
-        sqs += 3 * maps * reducers / 10  # pointers: sent, received, deleted ten at a time
     if design == "queue" and wire is not None:
         per_gb = [r for r in wire["runs"] if r["shuffle"] == "queue"]
         biggest = max(per_gb, key=lambda r: r["size_mb"])
@@ -609,7 +625,8 @@ def model_main(args: argparse.Namespace) -> int:
         tb=args.tb, instance=args.instance, instances=args.instances, split_gb=args.split_gb,
         reducers=args.reducers, memory_mb=args.memory_mb,
     )  # fmt: skip
-    rows = [bill(m, wire, design=d, **options) for d in ("blob", "queue", "pointers")]  # type: ignore[arg-type]
+    designs = ("blob", "blob-unpaged", "queue")
+    rows = [bill(m, wire, design=d, **options) for d in designs]  # type: ignore[arg-type]
     for row in rows:
         row["cpu_s_per_gb_for_record"] = break_even(m, wire, row["design"], options)
     checks = predicted_vs_measured(m)

@@ -8,12 +8,15 @@ no partition queues:
 * a map attempt writes every batch it made into one object, ``shuffle/<task>-<attempt>``
   under the job's scratch (``cmr.lifecycle.shuffle_url``): partition after partition, each
   batch one msgpack bin holding the very body a queue would have carried, tag included.
-  Its commit record names each partition's part: offset, length and digest
-  (``MapCommit.parts``). A value too big for a batch still goes to a blob of its own, and
-  its batch is a pointer to it, as on the queue path.
-* a reducer learns the winning attempts from the commit records, as it always did, and
-  reads only its part of each winner's object, in pieces, checking the digest and every
-  batch's tag.
+  Before its commit record, it writes its pages (``MapPage``, one table item for each
+  PAGE_PARTITIONS partitions, keyed by its attempt): each partition's part, offset, length
+  and digest, with its batch and record counts. Its commit record names only how many
+  pages it has: a record that named every part grew with the partitions, and every reducer
+  read every one of them (benchmarks/cloudsort.py). A value too big for a batch still goes
+  to a blob of its own, and its batch is a pointer to it, as on the queue path.
+* a reducer learns the winning attempts from the commit records, as it always did, reads
+  its page of each winner, and then only its part of the winner's object, in pieces,
+  checking the digest and every batch's tag.
 
 So the three duplicate rules of the seeds hold as before: only the winner's object is ever
 read (its commit names it: method 1); no message can come twice, as there are none
@@ -35,9 +38,11 @@ from typing import Any
 import msgpack
 
 from cmr import wire
+from cmr.backends.base import Put
+from cmr.cpu.results import MapResult
 from cmr.errors import BlobMissing, TaskError, WireError
-from cmr.lifecycle import shuffle_url
-from cmr.records import PART_DIGEST, JobSpec, MapCommit
+from cmr.lifecycle import shuffle_url, write_all_while_running
+from cmr.records import PAGE_PARTITIONS, PART_DIGEST, JobSpec, MapCommit, MapPage, job_pk, page_sk
 from cmr.runtime import Runtime
 
 # A reducer reads a part in pieces of at most this (its memory holds a few at once).
@@ -150,6 +155,63 @@ async def write_object(
         with contextlib.suppress(FileNotFoundError):  # a store on this disk may keep it
             os.unlink(path)
     return Written(url, parts, size)
+
+
+# A reducer of a job of more partitions than this polls the table less often, in
+# proportion (cmr.reducer._drain).
+POLL_PARTITIONS = PAGE_PARTITIONS
+PAGE_READS = 16  # pages a reducer reads at once
+
+
+async def unpaged(
+    rt: Runtime, spec: JobSpec, partition: int, commits: list[tuple[int, MapCommit]]
+) -> list[tuple[int, MapCommit]]:
+    """Each (task, commit) as a reducer of ``partition`` needs it: a paged commit with its
+    page's part for the partition read in (MapPage.commit_for); others as they are. A page
+    is written before its commit, so a commit whose page is missing, or malformed, or
+    whose page count is not this job's, was not written by a mapper of it: WireError,
+    as a malformed commit is."""
+    gate = asyncio.Semaphore(PAGE_READS)
+    page = partition // PAGE_PARTITIONS
+
+    async def one(task: int, commit: MapCommit) -> tuple[int, MapCommit]:
+        if not commit.pages:
+            return task, commit
+        if commit.pages != pages_of(spec):
+            raise WireError(
+                f"map task {task}'s commit names {commit.pages} pages, where this job's "
+                f"{spec.partitions} partitions take {pages_of(spec)}"
+            )
+        async with gate:
+            item = await rt.backend.table.get(
+                job_pk(spec.job_id), page_sk(task, commit.attempt, page), consistent=True
+            )
+        if item is None:
+            raise WireError(f"map task {task}'s commit has no page {page}")
+        return task, MapPage.from_item(item, page, spec.partitions).commit_for(commit, partition)
+
+    return list(await asyncio.gather(*(one(t, c) for t, c in commits)))
+
+
+def pages_of(spec: JobSpec) -> int:
+    """How many pages a paged attempt of this job writes: one per PAGE_PARTITIONS."""
+    return -(-spec.partitions // PAGE_PARTITIONS)
+
+
+async def write_pages(
+    rt: Runtime, spec: JobSpec, task: int, attempt: str, written: Written, result: MapResult
+) -> None:
+    """The attempt's pages, every one of them (an empty page too: a reducer tells a page
+    with no part for it from one never written), only while the job runs (ConditionFailed
+    once it has ended: nothing of a late attempt outlives the job's cleanup)."""
+    batches = {p: b for p, b in enumerate(result.batches) if b}
+    records = {p: r for p, r in enumerate(result.records) if r}
+    pk = job_pk(spec.job_id)
+    puts = [
+        Put(pk, page_sk(task, attempt, g), MapPage.of(g, written.parts, batches, records).to_item())
+        for g in range(pages_of(spec))
+    ]
+    await write_all_while_running(rt.backend, spec.job_id, puts)
 
 
 async def read_part(

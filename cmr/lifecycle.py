@@ -17,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from cmr import clock, logs
 from cmr.backends.base import (
+    MAX_TX_WRITES,
     AllOf,
     AnyOf,
     Backend,
@@ -96,6 +97,16 @@ async def write_while_running(backend: Backend, job_id: str, write: Put | Update
     """One write, applied only while the job runs. ConditionFailed if its own condition is
     false or the job has ended."""
     await backend.table.transact([write, while_running(job_id)], token=_token())
+
+
+async def write_all_while_running(backend: Backend, job_id: str, writes: Sequence[Put]) -> None:
+    """Writes applied only while the job runs, as many to a transaction as one takes (each
+    transaction all or nothing; a failure midway leaves earlier ones applied, as records of
+    a job its cleanup deletes). ConditionFailed if the job has ended."""
+    step = MAX_TX_WRITES - 1
+    for i in range(0, len(writes), step):
+        chunk: list[TxWrite] = [*writes[i : i + step], while_running(job_id)]
+        await backend.table.transact(chunk, token=_token())
 
 
 async def record_submit(backend: Backend, spec: JobSpec, extra: Item) -> None:
@@ -270,7 +281,7 @@ async def cleanup(backend: Backend, spec: JobSpec, state: JobState, step: Step =
         # The run is over: its side files, staged once for every step, go.
         await backend.blobs.delete_prefix(side_files_url(spec.scratch, spec.pipeline_id))
     await step("cleanup.scratch", {"job": spec.job_id})
-    for prefix in ("map#", "fail#", "reduce#"):
+    for prefix in ("map#", "page#", "fail#", "reduce#"):
         items = await backend.table.query(pk, prefix=prefix)
         await asyncio.gather(*(delete_item(str(item["sk"])) for item in items))
     await step("cleanup.records", {"job": spec.job_id})

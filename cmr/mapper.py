@@ -130,11 +130,16 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             )
             return
         written, spiller = None, _Spiller(rt, spec, task.task, attempt)
+        ended = False  # the job ended before this attempt's pages were written
         try:
             if spec.shuffle == "blob":
                 written = await bulk.write_object(
                     rt, spec, task.task, attempt, result.spool, spiller.body
                 )
+                try:
+                    await bulk.write_pages(rt, spec, task.task, attempt, written, result)
+                except ConditionFailed:
+                    ended = True  # written only while the job runs: it does not
                 await rt.step(
                     "map.shuffle_written", job=spec.job_id, task=task.task, attempt=attempt
                 )
@@ -142,16 +147,19 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 await _send_spool(rt, spec, task.task, attempt, result.spool, part_qs, spiller)
         finally:
             os.unlink(result.spool)
+        paged = written is not None
         commit = MapCommit(
             attempt,
-            {p: b for p, b in enumerate(result.batches) if b},
-            {p: r for p, r in enumerate(result.records) if r},
+            {} if paged else {p: b for p, b in enumerate(result.batches) if b},
+            {} if paged else {p: r for p, r in enumerate(result.records) if r},
             result.records_in,
             result.bytes_in,
             result.counters,
-            written.parts if written is not None else {},
+            pages=bulk.pages_of(spec) if paged else 0,
         )
         try:
+            if ended:
+                raise ConditionFailed("the job ended")
             # Only while the job runs: an attempt that wakes after its job ended and was
             # cleaned up must not leave a record behind.
             put = Put(pk, map_sk(task.task), commit.to_item(), item_absent())

@@ -92,6 +92,20 @@ def reduce_sk(p: int) -> str:
     return f"reduce#{p:05d}"
 
 
+# A blob-shuffle attempt's parts are written in pages of this many partitions, one table
+# item each, beside its commit record: a reducer reads its own page of each winner. Named
+# in the commit, every partition's part made a record that grew with the partitions, which
+# every reducer read (1,280 reducers: 44 KB records, read over and over while they polled;
+# benchmarks/cloudsort.py).
+PAGE_PARTITIONS = 64
+
+
+def page_sk(task: int, attempt: str, page: int) -> str:
+    """A map attempt's page of parts: keyed by its attempt (a loser's never stands for the
+    winner's), under its own prefix (a reducer's poll of "map#" reads no page)."""
+    return f"page#{task:07d}#{attempt}#{page:05d}"
+
+
 @functools.lru_cache(maxsize=64)
 def queue_names(prefix: str, job_id: str, partitions: int) -> tuple[str, str, tuple[str, ...]]:
     """(input queue, master reduce queue, one queue per partition). Cached: a worker asks for
@@ -435,6 +449,9 @@ class MapCommit:
     # object, partition -> (offset, length, the first PART_DIGEST bytes of their sha256).
     # Exactly the partitions of ``batches``, laid out in partition order from offset 0.
     parts: dict[int, tuple[int, int, bytes]] = field(default_factory=dict)
+    # A paged blob attempt: how many page items (MapPage) hold its counts and parts; its
+    # record then holds none of them (``batches``, ``records`` and ``parts`` empty).
+    pages: int = 0
 
     def to_item(self) -> Item:
         sparse = [[p, self.batches[p], self.records.get(p, 0)] for p in sorted(self.batches)]
@@ -450,6 +467,8 @@ class MapCommit:
             # Offsets are not stored: they follow from the lengths, in partition order.
             rows = [[p, self.parts[p][1], self.parts[p][2]] for p in sorted(self.parts)]
             item["parts"] = wire.pack(rows)
+        if self.pages:
+            item["pages"] = self.pages
         return item
 
     @staticmethod
@@ -463,6 +482,9 @@ class MapCommit:
                 raise WireError("its attempt is not an attempt id (1 to 64 lowercase hex)")
             batches, records = MapCommit._counts(item.get("counts"))
             parts = MapCommit._parts(item["parts"], batches) if "parts" in item else {}
+            pages = MapCommit._count(item.get("pages", 0), "pages", MAX_PAGES)
+            if pages and (batches or parts):
+                raise WireError("a paged commit names counts or parts of its own")
             return MapCommit(
                 str(attempt),
                 batches,
@@ -471,6 +493,7 @@ class MapCommit:
                 MapCommit._count(item.get("bytes_in", 0), "bytes_in", MAX_COUNT),
                 counting.decode(item.get("counters")),
                 parts,
+                pages,
             )
         except WireError as exc:
             raise WireError(wire.bounded(f"map commit record is malformed: {exc}")) from None
@@ -537,6 +560,101 @@ class MapCommit:
         if up.tell() != len(data):
             raise WireError("extra bytes after the parts")
         return parts
+
+
+MAX_PAGES = -(-wire.MAX_PARTITIONS // PAGE_PARTITIONS)
+
+
+@dataclass(frozen=True)
+class MapPage:
+    """One page of a paged blob attempt's parts: for each partition of the page with
+    batches, (offset in the object, length, batches, records, digest). A stranger's record
+    to whoever reads it, checked as a commit is."""
+
+    page: int
+    rows: dict[int, tuple[int, int, int, int, bytes]]
+
+    @staticmethod
+    def of(
+        page: int,
+        parts: dict[int, tuple[int, int, bytes]],
+        batches: dict[int, int],
+        records: dict[int, int],
+    ) -> MapPage:
+        first = page * PAGE_PARTITIONS
+        rows = {
+            p: (parts[p][0], parts[p][1], batches[p], records.get(p, 0), parts[p][2])
+            for p in range(first, first + PAGE_PARTITIONS)
+            if p in parts
+        }
+        return MapPage(page, rows)
+
+    def to_item(self) -> Item:
+        rows = [[p, *self.rows[p]] for p in sorted(self.rows)]
+        return {"page": self.page, "rows": wire.pack(rows)}
+
+    @staticmethod
+    def from_item(item: Item, page: int, partitions: int) -> MapPage:
+        """The page ``page`` of a job of ``partitions``, or WireError: rows outside the
+        page or the job, out of order, empty, overlapping, or counts past their bounds."""
+        try:
+            if item.get("page") != page:
+                raise WireError(f"it is not page {page}")
+            data = item.get("rows")
+            if not isinstance(data, bytes) or len(data) > MAX_COMMIT_COUNTS_BYTES:
+                raise WireError("its rows are not msgpack bytes")
+            up = wire.unpacker(len(data), max_str=0, max_bin=PART_DIGEST)
+            up.feed(data)
+            n = up.read_array_header()
+            if n > PAGE_PARTITIONS:
+                raise WireError(f"{n} rows in a page of {PAGE_PARTITIONS}")
+            first = page * PAGE_PARTITIONS
+            last_p, end = first - 1, 0
+            rows: dict[int, tuple[int, int, int, int, bytes]] = {}
+            for _ in range(n):
+                if up.read_array_header() != 6:
+                    raise WireError(
+                        "a row is not [partition, offset, length, batches, records, digest]"
+                    )
+                p = MapCommit._count(up.unpack(), "a partition", wire.MAX_PARTITIONS - 1)
+                if not last_p < p < min(first + PAGE_PARTITIONS, partitions):
+                    raise WireError(f"partition {p} is out of order, or not of this page")
+                offset = MapCommit._count(up.unpack(), "an offset", MAX_PART_BYTES)
+                length = MapCommit._count(up.unpack(), "a part's length", MAX_PART_BYTES)
+                batches = MapCommit._count(up.unpack(), "a batch count", wire.MAX_SEQ + 1)
+                records = MapCommit._count(up.unpack(), "a record count", MAX_COUNT)
+                digest = up.unpack()
+                if not isinstance(digest, bytes) or len(digest) != PART_DIGEST:
+                    raise WireError(f"a part's digest is not {PART_DIGEST} bytes")
+                if length == 0 or batches == 0:
+                    raise WireError(f"part {p} is empty")
+                if offset < end:
+                    raise WireError(f"part {p} overlaps the one before")
+                rows[p] = (offset, length, batches, records, digest)
+                last_p, end = p, offset + length
+            if up.tell() != len(data):
+                raise WireError("extra bytes after the rows")
+            return MapPage(page, rows)
+        except WireError as exc:
+            raise WireError(wire.bounded(f"map page record is malformed: {exc}")) from None
+        except Exception as exc:  # msgpack's zoo
+            raise WireError(f"map page record is malformed ({type(exc).__name__})") from None
+
+    def commit_for(self, commit: MapCommit, partition: int) -> MapCommit:
+        """``commit`` as a reducer of ``partition`` needs it: its part of the page (none:
+        no batches for it), as an unpaged commit names it."""
+        row = self.rows.get(partition)
+        if row is None:
+            return MapCommit(commit.attempt, {}, {}, commit.records_in, commit.bytes_in)
+        offset, length, batches, records, digest = row
+        return MapCommit(
+            commit.attempt,
+            {partition: batches},
+            {partition: records},
+            commit.records_in,
+            commit.bytes_in,
+            parts={partition: (offset, length, digest)},
+        )
 
 
 def task_of(sk: str) -> int:

@@ -457,11 +457,17 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
     table, queues = rt.backend.table, rt.backend.queues
     pk = job_pk(spec.job_id)
     poll_max = rt.settings.idle_wait_s  # while no commit is expected, ask at most this rarely
+    poll_fast = 0.25  # while commits arrive
     if not queue:
         # The blob shuffle: commits are all there is to wait for, and no message announces
-        # one, so the table is asked often (a query; no queue is polled at all).
-        poll_max = min(poll_max, BLOB_POLL_MAX_S)
-    next_poll, poll_every = 0.0, 0.25
+        # one, so the table is asked often (a query; no queue is polled at all). With many
+        # reducers, less often: each asks for every commit past its first unknown, and
+        # 1,280 reducers asking four times a second read the table more than the sort's
+        # every other request costs (benchmarks/cloudsort.py).
+        scale = max(1.0, spec.partitions / bulk.POLL_PARTITIONS)
+        poll_max = min(poll_max, BLOB_POLL_MAX_S * scale)
+        poll_fast = min(poll_max, poll_fast * scale)
+    next_poll, poll_every = 0.0, poll_fast
     stalled_since: float | None = None
     stepped = False
     # Progress: the batches still missing; when it last fell, every map having committed.
@@ -492,6 +498,7 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
         if len(drain.winners) < spec.maps and clock.monotonic() >= next_poll:
             known = len(drain.winners)
             start = map_sk(drain.first_unknown())
+            learned: list[tuple[int, MapCommit]] = []
             for item in await table.query(pk, prefix="map#", start=start):
                 t = task_of(item["sk"])
                 if not 0 <= t < spec.maps:
@@ -507,12 +514,14 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
                         )
                     continue
                 if t not in drain.winners:
-                    drain.learn_winner(t, MapCommit.from_item(item))
+                    learned.append((t, MapCommit.from_item(item)))
+            for t, commit in await bulk.unpaged(rt, spec, drain.partition, learned):
+                drain.learn_winner(t, commit)
             if drain.due:
                 await drain.read_due(rt)
                 await draining()
             # Poll the table often while commits arrive, back off while they do not.
-            poll_every = 0.25 if len(drain.winners) > known else min(poll_max, poll_every * 2)
+            poll_every = poll_fast if len(drain.winners) > known else min(poll_max, poll_every * 2)
             next_poll = clock.monotonic() + poll_every
             if drain.complete():
                 break

@@ -209,3 +209,96 @@ async def test_a_commit_record_that_names_parts_in_a_queue_shuffle_fails_the_job
     assert result.record["state"] == "failed"
     assert "says its output went through the blob store" in result.record["error"]
     assert result.leftovers == []
+
+
+@in_virtual_time
+async def test_a_winners_missing_or_forged_page_fails_the_job_with_the_reason(
+    pool: Executor, tmp_path: Path
+) -> None:
+    """A table writer deletes a winner's page after its commit, or rewrites it to name a
+    partition of another page: its part cannot be known, and no other copy exists, so the
+    job fails, saying which record is wrong."""
+    from cmr.records import page_sk
+
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"w{i % 5}\n" for i in range(200)))
+    errors = {}
+    for how in ("deleted", "forged"):
+
+        async def spoil(rt: Runtime, step: str, context: dict[str, Any], how: str = how) -> None:
+            if step == "map.committed" and context["won"]:
+                pk = job_pk(context["job"])
+                sk = page_sk(context["task"], context["attempt"], 0)
+                if how == "deleted":
+                    await rt.backend.table.delete(pk, sk)
+                else:
+                    import msgpack
+
+                    rows = msgpack.packb([[70, 0, 10, 1, 1, bytes(PART_DIGEST)]])
+                    await rt.backend.table.put(pk, sk, {"page": 0, "rows": rows})
+
+        result = await chaos_run(
+            WORDCOUNT,
+            src,
+            tmp_path / f"out-{how}",
+            seed=5,
+            pool=pool,
+            plan=_quiet(),
+            hooks=[spoil],
+            workers=1,
+            reducers=2,
+            split_bytes=None,
+            job_options={"max_task_attempts": 2},
+            shuffle="blob",
+        )
+        assert result.record["state"] == "failed", how
+        errors[how] = result.record["error"]
+        assert result.leftovers == [], how
+    assert "commit has no page 0" in errors["deleted"], errors
+    assert "map page record is malformed: partition 70" in errors["forged"], errors
+
+
+@in_virtual_time
+async def test_a_job_of_many_partitions_pages_its_parts(pool: Executor, tmp_path: Path) -> None:
+    """130 partitions: each winner writes three pages, its commit record names none of its
+    parts (a record that did grew with the partitions, and every reducer read them all);
+    the output is exact and nothing is left."""
+    from cmr.records import PAGE_PARTITIONS, page_sk
+
+    data = edge_cases(tmp_path / "in")
+    seen: dict[str, Any] = {}
+
+    async def look(rt: Runtime, step: str, context: dict[str, Any]) -> None:
+        if step == "map.committed" and context["won"] and not seen:
+            pk = job_pk(context["job"])
+            seen["commit"] = await rt.backend.table.get(pk, map_sk(context["task"]))
+            seen["pages"] = [
+                await rt.backend.table.get(pk, page_sk(context["task"], context["attempt"], g))
+                for g in range(3)
+            ]
+
+    result = await chaos_run(
+        WORDCOUNT,
+        data,
+        tmp_path / "out",
+        seed=6,
+        pool=pool,
+        plan=_quiet(),
+        hooks=[look],
+        workers=2,
+        reducers=130,
+        split_bytes=4096,
+        shuffle="blob",
+    )
+    assert result.record["state"] == "succeeded", result.record.get("error")
+    assert diff_outputs(sequential(WORDCOUNT, data, 130), read_output(tmp_path / "out", 130)) == []
+    commit = MapCommit.from_item(seen["commit"])
+    assert commit.pages == 3 and not commit.batches and not commit.parts
+    assert "parts" not in seen["commit"] and len(seen["commit"]["counts"]) <= 2
+    assert all(page is not None for page in seen["pages"])
+    from cmr.records import MapPage
+
+    rows = [MapPage.from_item(p, g, 130).rows for g, p in enumerate(seen["pages"])]
+    assert any(rows) and all(g * PAGE_PARTITIONS <= p < (g + 1) * PAGE_PARTITIONS
+                             for g, r in enumerate(rows) for p in r)  # fmt: skip
+    assert result.leftovers == []

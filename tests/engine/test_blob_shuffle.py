@@ -373,3 +373,47 @@ async def test_a_range_copy_is_exact_and_a_short_object_leaves_nothing(
     with pytest.raises(EOFError, match="ends at byte 10,240, before 12,000"):
         await rangefile.fetch(embedded.blobs, url, 0, 12_000, str(spool))
     assert list(spool.iterdir()) == []
+
+
+def test_a_page_of_parts_is_checked() -> None:
+    """A page is a table record: each way a stranger's could be wrong is refused."""
+    from cmr.records import PAGE_PARTITIONS, MapPage
+
+    d = b"x" * PART_DIGEST
+    good = MapPage.of(
+        1, {64: (0, 10, d), 70: (10, 5, d), 3: (15, 1, d)}, {64: 2, 70: 1, 3: 1}, {64: 9}
+    )
+    assert set(good.rows) == {64, 70}  # partition 3 is page 0's
+    assert MapPage.from_item(good.to_item(), 1, 130) == good
+    commit = MapCommit("abcdef012345", {}, {}, 7, 8, pages=3)
+    assert good.commit_for(commit, 70).parts == {70: (10, 5, d)}
+    assert good.commit_for(commit, 70).batches == {70: 1}
+    assert good.commit_for(commit, 65).batches == {} and not good.commit_for(commit, 65).parts
+
+    def page(rows: Any, number: int = 1) -> dict[str, Any]:
+        return {"page": number, "rows": msgpack.packb(rows)}
+
+    row = [64, 0, 10, 2, 9, d]
+    bad = {
+        "another page's number": page([row], 2),
+        "a partition of another page": page([[3, 0, 10, 1, 1, d]]),
+        "past the page": page([[64 + PAGE_PARTITIONS, 0, 10, 1, 1, d]]),
+        "out of order": page([[70, 10, 5, 1, 1, d], row]),
+        "overlapping parts": page([row, [70, 5, 5, 1, 1, d]]),
+        "an empty part": page([[64, 0, 0, 1, 1, d]]),
+        "no batches": page([[64, 0, 10, 0, 1, d]]),
+        "a short digest": page([[64, 0, 10, 1, 1, b"x"]]),
+        "a short row": page([[64, 0, 10, 1, d]]),
+        "too many rows": page([[64 + i, i * 10, 10, 1, 1, d] for i in range(PAGE_PARTITIONS + 1)]),
+        "rows not bytes": {"page": 1, "rows": "x"},
+        "extra bytes": {"page": 1, "rows": msgpack.packb([row]) + b"\x00"},
+        "a negative count": page([[64, 0, 10, -1, 1, d]]),
+    }
+    for why, item in bad.items():
+        with pytest.raises(WireError, match="map page record is malformed"):
+            MapPage.from_item(item, 1, 130)
+        assert why
+    with pytest.raises(WireError, match="partition 75 is out of order, or not of this page"):
+        MapPage.from_item(page([[75, 0, 10, 1, 1, d]]), 1, 70)  # a job of 70 partitions
+    with pytest.raises(WireError, match="a paged commit names counts"):
+        MapCommit.from_item({**MapCommit("abcdef012345", {1: 1}, {1: 1}).to_item(), "pages": 2})
