@@ -620,6 +620,12 @@ def break_even(m: dict[str, Any], wire: Any, design: str, options: dict[str, Any
 
 def model_main(args: argparse.Namespace) -> int:
     m = json.loads(args.measured.read_text())
+    if args.cpu_s_per_gb is not None:
+        m = {
+            **m,
+            "cpu_s_per_gb": args.cpu_s_per_gb,
+            "when": m["when"] + " (CPU per GB set by hand)",
+        }
     wire = json.loads(args.wire.read_text()) if args.wire.exists() else None
     options = dict(
         tb=args.tb, instance=args.instance, instances=args.instances, split_gb=args.split_gb,
@@ -662,6 +668,11 @@ def main() -> int:
     mo.add_argument("--split-gb", type=float, default=32)
     mo.add_argument("--reducers", type=int, default=1280)
     mo.add_argument("--memory-mb", type=int, default=4096)
+    mo.add_argument(
+        "--cpu-s-per-gb",
+        type=float,
+        help="instead of the measured figure: what if cmr's CPU per GB were this",
+    )
     mo.add_argument("--json", type=Path)
     mo.add_argument("--markdown", type=Path)
     args = ap.parse_args()
