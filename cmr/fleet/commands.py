@@ -78,6 +78,13 @@ def up(
     processes: Annotated[
         int | None, typer.Option(help=f"worker processes per instance [{DEFAULTS['Processes']}]")
     ] = None,
+    volume_gib: Annotated[
+        int | None,
+        typer.Option(
+            help="each instance's root volume, GiB, where workers spool (a large sort "
+            f"needs terabytes) [{DEFAULTS['VolumeGiB']}]"
+        ),
+    ] = None,
     idle_exit: Annotated[
         int | None,
         typer.Option(
@@ -154,6 +161,7 @@ def up(
         on_demand_base=on_demand_base,
         max_count=max_count,
         processes=processes,
+        volume_gib=volume_gib,
         idle_exit=idle_exit,
         jobs_from=tuple(jobs_from) if jobs_from else None,
         outputs_under=tuple(outputs_under) if outputs_under else None,

@@ -26,6 +26,9 @@ DEFAULTS = {
     "OnDemandBase": "0",
     "MaxCount": "20",
     "Processes": "2",
+    # Each instance's root volume, where its workers spool: split copies, shuffle spools,
+    # a reducer's runs and output before upload (a 100 TB sort wants terabytes: docs/fleet.md).
+    "VolumeGiB": "20",
     "IdleExitSeconds": "300",
     # The one job module this project's wheel ships (the load generator's): a fleet serves
     # load tests at once, and the user's own job modules once named with --jobs-from.
@@ -104,6 +107,7 @@ class UpOptions:
     on_demand_base: int | None = None
     max_count: int | None = None
     processes: int | None = None
+    volume_gib: int | None = None
     idle_exit: int | None = None
     jobs_from: Sequence[str] | None = None  # each a module name; ("",): back to the default
     outputs_under: Sequence[str] | None = None  # each an s3:// prefix; ("",): the whole bucket
@@ -220,6 +224,11 @@ def resolve(opts: UpOptions, found: Found) -> dict[str, str]:
     prev = found.previous
     if opts.count is not None and opts.count < 0:
         raise FleetError(f"--count {opts.count}: give 0 or more instances")
+    if opts.volume_gib is not None and not 8 <= opts.volume_gib <= 16384:
+        raise FleetError(
+            f"--volume-gib {opts.volume_gib}: give 8 (the image's own size) to 16384 "
+            "(a gp3 volume's largest)"
+        )
     given = {
         "TableName": _opt(opts.table),
         "QueuePrefix": _opt(opts.queue_prefix),
@@ -228,6 +237,7 @@ def resolve(opts: UpOptions, found: Found) -> dict[str, str]:
         "OnDemandBase": _opt(opts.on_demand_base),
         "MaxCount": _opt(opts.max_count),
         "Processes": _opt(opts.processes),
+        "VolumeGiB": _opt(opts.volume_gib),
         "IdleExitSeconds": _opt(opts.idle_exit),
         "JobsFrom": _listed(opts.jobs_from, "JobsFrom"),
         "OutputsUnder": _listed(opts.outputs_under, "OutputsUnder"),

@@ -303,3 +303,19 @@ def test_modules_the_wheel_installs(tmp_path: Path) -> None:
         "myjobs",
         "cmr.job",
     ]
+
+
+def test_the_root_volume_is_sized_by_volume_gib_and_kept_on_an_update() -> None:
+    """A large sort spools terabytes per instance (docs/fleet.md, "A sort of 100 TB"):
+    --volume-gib sets the template's VolumeGiB, an update without it keeps the stack's, and
+    a size no gp3 root volume can have is refused before anything is made."""
+    assert resolve(UpOptions(volume_gib=6000), NEW)["VolumeGiB"] == "6000"
+    assert (
+        resolve(
+            UpOptions(), Found(**{**NEW.__dict__, "previous": {**PREVIOUS, "VolumeGiB": "6000"}})
+        )["VolumeGiB"]
+        == "6000"
+    )
+    for wrong in (4, 20_000):
+        with pytest.raises(FleetError, match=f"--volume-gib {wrong}"):
+            resolve(UpOptions(volume_gib=wrong), NEW)
