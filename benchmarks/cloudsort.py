@@ -483,13 +483,12 @@ def bill(
     per_task = ((writes + 2 * transacts) / measured_tasks, gets / measured_tasks)
     part_bytes = int(d / maps / ratio / reducers)
     pages = math.ceil(reducers / PAGE_PARTITIONS)
-    scale = max(1.0, reducers / bulk.POLL_PARTITIONS)
     if design == "blob":  # as built: paged
         commit = commit_bytes(1, part_bytes, 1000)
         page = page_bytes(part_bytes, 1000)
         wru = maps * 2 * (math.ceil(commit / 1024) + pages * math.ceil(page / 1024))
         page_reads = maps * reducers * math.ceil(page / 4096)
-        fast, most = 0.25 * scale, reducer.BLOB_POLL_MAX_S * scale
+        fast, most = bulk.poll_intervals(reducers)
     else:  # before paging (2026-11-28 morning), and the queue path: every part in the record
         commit = commit_bytes(reducers, part_bytes, 1000)
         wru = maps * 2 * math.ceil(commit / 1024)
@@ -565,6 +564,10 @@ def bill(
             "sqs_billed": round(sqs / d_gb, 2),
         },
         "commit_record_bytes": commit,
+        # All on the job's one partition key: DynamoDB serves one partition at most 3,000
+        # read and 1,000 write units a second, unless it splits it by sort key for heat.
+        "table_read_units_per_s": round(rru / t),
+        "table_write_units_per_s": round(wru / t),
         "reducer_polls": round(polls),
         "units_per_poll": per_poll_rru,
     }

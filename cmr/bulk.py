@@ -160,6 +160,22 @@ async def write_object(
 # A reducer of a job of more partitions than this polls the table less often, in
 # proportion (cmr.reducer._drain).
 POLL_PARTITIONS = PAGE_PARTITIONS
+
+
+def poll_intervals(partitions: int) -> tuple[float, float]:
+    """How often a reducer of the blob shuffle asks the table for commits: (while they
+    arrive, at most while none does), seconds. Each poll reads every commit past the
+    reducer's first unknown task, all under the job's one partition key, which DynamoDB
+    serves at most 3,000 read units a second: 1,280 reducers polling every 0.25 to 5 s
+    would read ~5,900 (benchmarks/cloudsort.py). Past POLL_PARTITIONS reducers, they poll
+    in proportion less often, the job's polls a second staying about the same: 1,280
+    reducers every 20 to 40 s."""
+    scale = partitions / POLL_PARTITIONS
+    if scale <= 1:
+        return 0.25, 1.0
+    return scale, 2 * scale
+
+
 PAGE_READS = 16  # pages a reducer reads at once
 
 

@@ -65,13 +65,17 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
         fmt = _input_format(spec)
         # The read is under the task's time limit too (a hostile input, say one endless
         # line, must not hold the task in this process, where no SIGALRM reaches it).
-        read_limit = task_limit(spec.task_timeout_s, sum(r.end - r.start for r in ranges))
-        fetched: list[str] = []  # large ranges copied to local files (cmr.rangefile)
+        task_bytes = sum(r.end - r.start for r in ranges)
+        read_limit = task_limit(spec.task_timeout_s, task_bytes)
+        # A large task of fixed records is copied to local files (cmr.rangefile), its
+        # ranges' GETs under one gate; the copies' paths, for deleting once mapped.
+        copy = _Copies(rangefile.gate()) if rangefile.streams(task_bytes) else None
+        fetched = copy.paths if copy is not None else []
         try:
             async with asyncio.timeout(read_limit):
-                chunks = await asyncio.gather(
-                    *(_read_or_slice(rt, r, fmt, checks.get(r.url), fetched) for r in ranges)
-                )
+                # In a task group: one range failing stops the others' reads (a copy still
+                # being made would be left behind otherwise).
+                chunks = await _read_all(rt, ranges, fmt, checks, copy)
         except TimeoutError:
             _forget(fetched)
             error = (
@@ -214,34 +218,64 @@ def _input_format(spec: JobSpec) -> formats.InputFormat:
         raise TaskError(str(exc)) from None
 
 
+class _Copies:
+    """A map task's ranges copied to local files: the GETs' gate, and the copies made."""
+
+    def __init__(self, held: asyncio.Semaphore) -> None:
+        self.held = held
+        self.paths: list[str] = []
+
+
+async def _read_all(
+    rt: Runtime,
+    ranges: Sequence[wire.Range],
+    fmt: formats.InputFormat,
+    checks: Mapping[str, Check],
+    copy: _Copies | None,
+) -> list[bytes | FileSlice]:
+    """Every range's bytes or slice, in order; the first error, as itself, once the other
+    reads have stopped."""
+    try:
+        async with TaskGroup() as group:
+            reads = [
+                group.create_task(_read_or_slice(rt, r, fmt, checks.get(r.url), copy))
+                for r in ranges
+            ]
+    except BaseExceptionGroup as errors:
+        raise first_error(errors) from None
+    return [t.result() for t in reads]
+
+
 async def _read_or_slice(
     rt: Runtime,
     r: wire.Range,
     fmt: formats.InputFormat,
     check: Check | None = None,
-    fetched: list[str] | None = None,
+    copy: _Copies | None = None,
 ) -> bytes | FileSlice:
     """A split's bytes; or, for uncompressed fixed records (a range is exactly its bytes),
     a slice of a local file the pool process reads itself, a piece at a time: the input
-    file itself on a backend whose blobs are local files, or a copy of a large range
-    (cmr.rangefile; its path is added to ``fetched``, for the caller to delete)."""
+    file itself on a backend whose blobs are local files, or, in a large task (``copy``),
+    a copy of the range (cmr.rangefile; its path is added to ``copy.paths``, for the
+    caller to delete)."""
     if check is not None and check.sha256:
         return await _read_verified(rt, r, check)
     local = rt.backend.capabilities.local_files
-    if fmt.name != "fixed" or r.start >= r.end or not (local or rangefile.streams(r.end - r.start)):
+    if fmt.name != "fixed" or r.start >= r.end or not (local or copy is not None):
         return await _read(rt, r, fmt, check)
     if r.start == 0:  # a compressed file is one range from 0: its head tells
         head = wire.Range(r.url, 0, min(r.end, formats.SNIFF_BYTES), r.name)
         if formats.sniff(await _read(rt, head, fmt, check)):
             return await _read(rt, r, fmt, check)
-    if not local:
+    if not local and copy is not None:
         try:
-            copy = await rangefile.fetch(rt.backend.blobs, r.url, r.start, r.end, rt.spool_dir)
+            made = await rangefile.fetch(
+                rt.backend.blobs, r.url, r.start, r.end, rt.spool_dir, copy.held
+            )
         except (BlobMissing, EOFError):
             raise _lost_input(r) from None
-        if fetched is not None:
-            fetched.append(copy)
-        return FileSlice(copy, 0, r.end - r.start, r.name)
+        copy.paths.append(made)
+        return FileSlice(made, 0, r.end - r.start, r.name, copy=True)
     path = file_path(r.url)  # local_files: a file:// URL
     try:
         regular = stat.S_ISREG(path.stat().st_mode)  # a syscall: no thread hop per file

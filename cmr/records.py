@@ -457,10 +457,13 @@ class MapCommit:
         sparse = [[p, self.batches[p], self.records.get(p, 0)] for p in sorted(self.batches)]
         item: Item = {
             "attempt": self.attempt,
-            "counts": wire.pack(sparse),
             "records_in": self.records_in,
             "bytes_in": self.bytes_in,
         }
+        if not self.pages:
+            # A paged record has no counts at all: a worker of before pages refuses it
+            # (its counts are not bytes) rather than read it as an attempt with no batches.
+            item["counts"] = wire.pack(sparse)
         if self.counters:
             item["counters"] = counting.encode(self.counters)
         if self.parts:
@@ -480,11 +483,11 @@ class MapCommit:
             attempt = item.get("attempt")
             if not wire.is_attempt_id(attempt):
                 raise WireError("its attempt is not an attempt id (1 to 64 lowercase hex)")
-            batches, records = MapCommit._counts(item.get("counts"))
-            parts = MapCommit._parts(item["parts"], batches) if "parts" in item else {}
             pages = MapCommit._count(item.get("pages", 0), "pages", MAX_PAGES)
-            if pages and (batches or parts):
+            if pages and ("counts" in item or "parts" in item):
                 raise WireError("a paged commit names counts or parts of its own")
+            batches, records = MapCommit._counts(item.get("counts")) if not pages else ({}, {})
+            parts = MapCommit._parts(item["parts"], batches) if "parts" in item else {}
             return MapCommit(
                 str(attempt),
                 batches,

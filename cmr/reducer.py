@@ -460,13 +460,10 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
     poll_fast = 0.25  # while commits arrive
     if not queue:
         # The blob shuffle: commits are all there is to wait for, and no message announces
-        # one, so the table is asked often (a query; no queue is polled at all). With many
-        # reducers, less often: each asks for every commit past its first unknown, and
-        # 1,280 reducers asking four times a second read the table more than the sort's
-        # every other request costs (benchmarks/cloudsort.py).
-        scale = max(1.0, spec.partitions / bulk.POLL_PARTITIONS)
-        poll_max = min(poll_max, BLOB_POLL_MAX_S * scale)
-        poll_fast = min(poll_max, poll_fast * scale)
+        # one, so the table is asked often (a query; no queue is polled at all); with many
+        # reducers, less often (bulk.poll_intervals).
+        poll_fast, most = bulk.poll_intervals(spec.partitions)
+        poll_max = min(poll_max, most) if most <= BLOB_POLL_MAX_S else most
     next_poll, poll_every = 0.0, poll_fast
     stalled_since: float | None = None
     stepped = False

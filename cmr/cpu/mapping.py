@@ -57,6 +57,9 @@ class FileSlice:
     end: int
     name: str = ""  # the input's name (in errors)
     check: Check | None = None  # the file's identity at submit (cmr.localcheck); None: none
+    # A worker's own copy of a stored range (cmr.rangefile): failing to read it is this
+    # worker's disk's fault, retried elsewhere, never the input gone (which fails the job).
+    copy: bool = False
 
     def __len__(self) -> int:
         return self.end - self.start
@@ -77,12 +80,19 @@ class FileSlice:
                 f.seek(self.start)
                 for at in range(self.start, self.end, size):
                     piece = f.read(min(size, self.end - at))
-                    if not piece:
+                    if len(piece) != min(size, self.end - at):
                         raise InputChanged(f"input {name} ({self.path}) ended early")
                     yield piece
         except InputChanged as exc:
+            if self.copy:
+                raise OSError(f"this worker's copy of input {name} is cut short: {exc}") from None
             raise InputGone(str(exc)) from None
         except OSError as exc:
+            if self.copy:
+                raise OSError(
+                    f"this worker's copy of input {name} ({self.path}) cannot be read "
+                    f"({exc.strerror})"
+                ) from None
             raise InputGone(
                 f"input {name} ({self.path}) cannot be read ({exc.strerror}): it was "
                 "deleted or moved after the job was submitted"
@@ -97,6 +107,8 @@ def slice_bytes(name: str, piece: FileSlice) -> bytes:
     except InputChanged as exc:
         raise InputGone(str(exc)) from None
     except OSError as exc:
+        if piece.copy:  # this worker's disk's fault: retried elsewhere
+            raise OSError(f"this worker's copy of input {name} cannot be read: {exc}") from None
         raise InputGone(
             f"input {name} ({piece.path}) cannot be read ({exc.strerror}): it was deleted or "
             "moved after the job was submitted"

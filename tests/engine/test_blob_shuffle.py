@@ -299,10 +299,11 @@ async def test_a_store_error_on_the_way_is_passed_on_as_itself(
 async def test_a_large_fixed_record_split_is_streamed_through_a_local_file(
     aws: tuple[Backend, AwsSettings], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A map task of fixed records larger than rangefile.STREAM_FROM reads its split in
-    ranged GETs into a local file and maps it a piece at a time (what makes map tasks of
+    """A map task of fixed records larger than rangefile.STREAM_FROM reads its ranges in
+    ranged GETs into local files and maps them a piece at a time (what makes map tasks of
     gigabytes possible, and the blob shuffle's GETs few: benchmarks/cloudsort.py); the sort
-    is the same as one read whole, and the copies are gone once the tasks end."""
+    is the same as one read whole, and the copies are gone once the tasks end. The task's
+    size decides, not a range's: a task of several smaller files streams too."""
     import asyncio
     import random
 
@@ -315,14 +316,17 @@ async def test_a_large_fixed_record_split_is_streamed_through_a_local_file(
     be, settings = aws
     rnd = random.Random(7)
     records = [rnd.randbytes(10) + b"%088d\r\n" % i for i in range(24_000)]  # 2.4 MB
-    (tmp_path / "part-m-00000").write_bytes(b"".join(records))
-    # In the bucket: a local input is read by in-process workers as the file it is.
+    # In the bucket: a local input is read by in-process workers as the file it is. Six
+    # files of 400 KB, each under STREAM_FROM below; three to a task of 1.2 MB, over it.
     root = f"s3://{settings.bucket}/{tmp_path.name}/"
-    await be.blobs.upload_file(str(tmp_path / "part-m-00000"), root + "in/part-m-00000")
+    for f in range(6):
+        local = tmp_path / f"part-m-{f:05d}"
+        local.write_bytes(b"".join(records[f * 4000 : (f + 1) * 4000]))
+        await be.blobs.upload_file(str(local), root + f"in/{local.name}")
     spools = tmp_path / "spools"
     spools.mkdir()
     gets = {}
-    for label, stream_from in (("whole", 1 << 40), ("streamed", 256 * 1024)):
+    for label, stream_from in (("whole", 1 << 40), ("streamed", 1_000_000)):
         monkeypatch.setattr(rangefile, "STREAM_FROM", stream_from)
         monkeypatch.setattr(rangefile, "PIECE_BYTES", 64 * 1024)
         spec = await submit.submit(
@@ -333,7 +337,7 @@ async def test_a_large_fixed_record_split_is_streamed_through_a_local_file(
             JobOptions(partitions=3, shuffle="blob"),
             queue_prefix=settings.queue_prefix,
             parallelism=1,
-            split_bytes=800_000,
+            split_bytes=1_200_000,
         )
         before = be.calls()["s3.GetObject"]
         # The worker here, on this backend: its requests are counted, and it streams.
@@ -351,9 +355,9 @@ async def test_a_large_fixed_record_split_is_streamed_through_a_local_file(
         data = b"".join([await be.blobs.get(u) for u in parts])
         assert data == b"".join(sorted(records))
         assert not list(spools.rglob("split-*.range"))
-    # Each 800 KB task read in 64 KiB pieces: 13 GETs where one was made; and the task
-    # from byte 0 reads the file's head first, to tell it is not compressed.
-    assert gets["streamed"] - gets["whole"] == 3 * (13 - 1) + 1, gets
+    # Each 400 KB file read in 64 KiB pieces: 7 GETs where one was made; and each, read
+    # from byte 0, has its head read first, to tell it is not compressed.
+    assert gets["streamed"] - gets["whole"] == 6 * (7 - 1) + 6, gets
 
 
 async def test_a_range_copy_is_exact_and_a_short_object_leaves_nothing(
@@ -367,11 +371,11 @@ async def test_a_range_copy_is_exact_and_a_short_object_leaves_nothing(
     await embedded.blobs.put(url, data)
     spool = tmp_path / "spool"
     spool.mkdir()
-    copy = await rangefile.fetch(embedded.blobs, url, 123, 9_876, str(spool))
+    copy = await rangefile.fetch(embedded.blobs, url, 123, 9_876, str(spool), rangefile.gate())
     assert Path(copy).read_bytes() == data[123:9_876]
     Path(copy).unlink()
     with pytest.raises(EOFError, match="ends at byte 10,240, before 12,000"):
-        await rangefile.fetch(embedded.blobs, url, 0, 12_000, str(spool))
+        await rangefile.fetch(embedded.blobs, url, 0, 12_000, str(spool), rangefile.gate())
     assert list(spool.iterdir()) == []
 
 
@@ -417,3 +421,46 @@ def test_a_page_of_parts_is_checked() -> None:
         MapPage.from_item(page([[75, 0, 10, 1, 1, d]]), 1, 70)  # a job of 70 partitions
     with pytest.raises(WireError, match="a paged commit names counts"):
         MapCommit.from_item({**MapCommit("abcdef012345", {1: 1}, {1: 1}).to_item(), "pages": 2})
+
+
+async def test_a_range_copy_survives_short_writes_and_refuses_a_full_disk(
+    embedded: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """write(2) may write less than asked (a disk nearly full): the copy writes the rest
+    rather than leave a hole of zeros that would be sorted as records; a write of nothing
+    is an error, and the copy is gone."""
+    import os
+
+    from cmr import rangefile
+
+    monkeypatch.setattr(rangefile, "PIECE_BYTES", 1000)
+    data = bytes(range(256)) * 12
+    url = (tmp_path / "object").as_uri()
+    await embedded.blobs.put(url, data)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    real = os.pwrite
+
+    def half(fd: int, buf: Any, at: int) -> int:
+        return real(fd, bytes(buf)[: max(1, len(buf) // 2)], at)
+
+    monkeypatch.setattr(os, "pwrite", half)
+    copy = await rangefile.fetch(embedded.blobs, url, 0, len(data), str(spool), rangefile.gate())
+    assert Path(copy).read_bytes() == data
+    Path(copy).unlink()
+    monkeypatch.setattr(os, "pwrite", lambda fd, buf, at: 0)
+    with pytest.raises(OSError, match="no room to write"):
+        await rangefile.fetch(embedded.blobs, url, 0, len(data), str(spool), rangefile.gate())
+    assert list(spool.iterdir()) == []
+
+
+def test_many_reducers_poll_the_table_less_often_each() -> None:
+    """Every reducer's poll reads the commits past its first unknown task, all under the
+    job's one partition key (DynamoDB: at most 3,000 read units a second on it): a job's
+    polls a second stay bounded however many reducers it has, and a small job's are as
+    quick as before."""
+    assert bulk.poll_intervals(3) == (0.25, 1.0)
+    for partitions in (1, 64, 65, 130, 1280, 10_000):
+        fast, most = bulk.poll_intervals(partitions)
+        assert fast <= most and partitions / fast <= 256, partitions
+    assert bulk.poll_intervals(1280) == (20.0, 40.0)
