@@ -93,6 +93,23 @@ def user_env(stack: bool) -> dict[str, str]:
     return env
 
 
+def with_uv(env: dict[str, str], root: Path) -> dict[str, str]:
+    """``env`` with uv on PATH, which docs/fleet.md asks for (`cmr fleet up` builds and locks
+    the wheel with it; without it, it tries ``python -m build``, which the copy's .venv has
+    not): the user's own uv, else the copy's ``.tools/bin/uv``, the hash-checked uv that the
+    README's scripts/setup.sh installs when it finds none (scripts/uv.sh), installed here if
+    setup.sh ran ``python3 -m uv`` instead. scripts/test.sh puts the checkout's own on the
+    suite's PATH likewise: without this, the page passed there and failed in a bare
+    ``pytest`` run whose PATH had no uv."""
+    if shutil.which("uv", path=env.get("PATH")) is not None:
+        return env
+    tools = root / ".tools" / "bin"
+    if not (tools / "uv").exists():
+        done = sh("source scripts/uv.sh\n_uv_bootstrap", root, env)
+        assert done.returncode == 0, shown(done)
+    return {**env, "PATH": os.pathsep.join([str(tools), env.get("PATH", "")])}
+
+
 def sh(
     script: str, cwd: Path, env: dict[str, str], timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
@@ -155,7 +172,7 @@ def test_docs_page_first_example_runs(
     done = sh(
         "source .venv/bin/activate\n" + example.script,
         quick_start,
-        user_env(stack=example.where == "stack"),
+        with_uv(user_env(stack=example.where == "stack"), quick_start),
     )
     assert done.returncode == example.code, shown(done)
     if example.code:

@@ -76,7 +76,9 @@ def test_peak_rss_counts_a_child_that_allocates_150_mb() -> None:
         time.sleep(0.2)  # several samples while the child holds its memory
         child.stdin.close()
         child.wait()
-    assert peak.samples >= 5
+    # Sampled repeatedly, not once: a floor, not a rate (15-17 samples here in the ~0.3 s
+    # at 20 ms; a slower, loaded machine's sampler takes fewer in the same wall time).
+    assert peak.samples >= 3
     assert peak.mb >= 150
     assert peak.mb - peak.first / MB >= 140, "the peak comes from the child, not from us"
 
