@@ -340,21 +340,37 @@ async def test_a_large_fixed_record_split_is_streamed_through_a_local_file(
             split_bytes=1_200_000,
         )
         before = be.calls()["s3.GetObject"]
+        left: list[str] = []
+
+        async def look(
+            rt: Runtime, step: str, context: dict[str, Any], left: list[str] = left
+        ) -> None:
+            # While the worker lives (it deletes its whole spool when it stops): a task's
+            # copies are gone once it has mapped them.
+            if step == "map.committed":
+                left.extend(str(p) for p in spools.rglob("split-*.range"))
+                left.append("a commit")
+
         # The worker here, on this backend: its requests are counted, and it streams.
         ws = WorkerSettings(processes=1, poll_s=0.1, spill_dir=str(spools))
         with cpu_pool(1) as pool:
             await asyncio.wait_for(
                 Worker(
-                    be, ws, pool, queue_prefix=settings.queue_prefix, only_job=spec.job_id
+                    be,
+                    ws,
+                    pool,
+                    queue_prefix=settings.queue_prefix,
+                    only_job=spec.job_id,
+                    hook=look,
                 ).run(),
                 120,
             )
+        assert left == ["a commit"] * spec.maps, left
         gets[label] = be.calls()["s3.GetObject"] - before
         parts = sorted(b.url for b in await be.blobs.list(root + label + "/part-"))
         assert len(parts) == 3
         data = b"".join([await be.blobs.get(u) for u in parts])
         assert data == b"".join(sorted(records))
-        assert not list(spools.rglob("split-*.range"))
     # Each 400 KB file read in 64 KiB pieces: 7 GETs where one was made; and each, read
     # from byte 0, has its head read first, to tell it is not compressed.
     assert gets["streamed"] - gets["whole"] == 6 * (7 - 1) + 6, gets
@@ -464,3 +480,64 @@ def test_many_reducers_poll_the_table_less_often_each() -> None:
         fast, most = bulk.poll_intervals(partitions)
         assert fast <= most and partitions / fast <= 256, partitions
     assert bulk.poll_intervals(1280) == (20.0, 40.0)
+
+
+@pytest.mark.usefixtures("aws_stack")
+async def test_a_failing_range_leaves_no_copy_of_its_task_siblings(
+    aws: tuple[Backend, AwsSettings], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A streamed task of two files, one deleted after submit: its read fails, the other's
+    copy is stopped and deleted (it had gone on downloading into the spool, where nothing
+    deleted it until the worker stopped); the job fails, saying which input went."""
+    import asyncio
+    import random
+
+    from cmr import rangefile, submit
+    from cmr.api import job_ref
+    from cmr.pool import cpu_pool
+    from cmr.submit import JobOptions
+    from cmr.worker import Worker
+
+    be, settings = aws
+    rnd = random.Random(8)
+    root = f"s3://{settings.bucket}/{tmp_path.name}/"
+    for f, rows in (("a", 8000), ("b", 100)):
+        local = tmp_path / f"part-{f}"
+        local.write_bytes(b"".join(rnd.randbytes(10) + b"%088d\r\n" % i for i in range(rows)))
+        await be.blobs.upload_file(str(local), root + f"in/{local.name}")
+    monkeypatch.setattr(rangefile, "STREAM_FROM", 100_000)
+    monkeypatch.setattr(rangefile, "PIECE_BYTES", 16 * 1024)
+    monkeypatch.setattr(rangefile, "IN_FLIGHT", 1)  # the big copy takes 49 GETs in a row
+    spec = await submit.submit(
+        be,
+        job_ref("examples/terasort.py"),
+        root + "in/",
+        root + "out/",
+        JobOptions(partitions=2, shuffle="blob", max_task_attempts=1),
+        queue_prefix=settings.queue_prefix,
+        parallelism=1,
+        split_bytes=2_000_000,
+    )
+    assert spec.maps == 1
+    await be.blobs.delete([root + "in/part-b"])
+    spools = tmp_path / "spools"
+    spools.mkdir()
+    seen: list[list[str]] = []
+
+    async def look(rt: Runtime, step: str, context: dict[str, Any]) -> None:
+        if step == "cleanup.done":  # the worker still lives: its spool is there to see
+            await asyncio.sleep(0.5)  # time for a copy going on regardless to land
+            seen.append([str(p) for p in spools.rglob("split-*.range")])
+
+    ws = WorkerSettings(processes=1, poll_s=0.1, spill_dir=str(spools))
+    with cpu_pool(1) as pool:
+        await asyncio.wait_for(
+            Worker(
+                be, ws, pool, queue_prefix=settings.queue_prefix, only_job=spec.job_id, hook=look
+            ).run(),
+            120,
+        )
+    assert seen == [[]], seen
+    record = await be.table.get(f"job#{spec.job_id}", "job")
+    assert record is not None and record["state"] == "failed"
+    assert "part-b" in record["error"] and "no longer exists" in record["error"]
