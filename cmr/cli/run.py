@@ -84,8 +84,9 @@ def run(
         float | None,
         typer.Option(
             help="input per map task, MB (default: chosen from the input, the workers and "
-            "their memory, at most 64 MiB); fixed records on S3 take more without holding "
-            "it in memory: fewer map tasks, fewer shuffle requests at scale",
+            "their memory, at most 64 MiB); a sort of fixed records on S3 (no map, no "
+            "combiner) takes more without holding it in memory: fewer map tasks, fewer "
+            "shuffle requests at scale; any other job holds its task's input whole",
             min=0.001,
         ),
     ] = None,
