@@ -399,3 +399,20 @@ async def test_local_inputs_staged_for_aws_keep_apart_and_skip_hidden(
         aws=settings,
     )  # fmt: skip
     assert pairs(tmp_path / "out") == {"one": ["a/part-0", "b/part-0", "c.txt"]}
+
+
+@pytest.mark.slow
+def test_split_mb_sets_the_map_tasks_and_refuses_nonsense(tmp_path: Path) -> None:
+    """`cmr run --split-mb`: 3,000 bytes of TeraGen rows in splits of 0.001 MB (a record
+    each, at least: thirty map tasks) sort as one would; 0 is refused before anything is
+    submitted."""
+    teragen(tmp_path / "teragen")
+    done = cmr(tmp_path, TERASORT, "-i", "teragen", "-o", "sorted", "--split-mb", "0.001")
+    assert done.returncode == 0, done.stderr
+    data = b"".join(p.read_bytes() for p in sorted((tmp_path / "sorted").glob("part-*")))
+    assert len(data) == 30 * 100
+    keys = [data[i : i + 10] for i in range(0, len(data), 100)]
+    assert keys == sorted(keys)
+    refused = cmr(tmp_path, TERASORT, "-i", "teragen", "-o", "other", "--split-mb", "0")
+    assert refused.returncode == 2 and "--split-mb" in refused.stderr
+    assert not (tmp_path / "other").exists()
