@@ -48,6 +48,7 @@ from cmr.records import (
     JobState,
     job_pk,
     step_job_id,
+    task_pages,
 )
 from cmr.sidefiles import side_files_url
 
@@ -281,6 +282,12 @@ async def cleanup(backend: Backend, spec: JobSpec, state: JobState, step: Step =
         # The run is over: its side files, staged once for every step, go.
         await backend.blobs.delete_prefix(side_files_url(spec.scratch, spec.pipeline_id))
     await step("cleanup.scratch", {"job": spec.job_id})
+    # A blob job's pages, one map task's at a time: all of them at once would be held in
+    # memory (100 TB sorted in 3,125 tasks of 1,280 partitions: 62,500 items, ~220 MB).
+    for t in range(spec.maps if spec.shuffle == "blob" else 0):
+        items = await backend.table.query(pk, prefix=task_pages(t))
+        await asyncio.gather(*(delete_item(str(item["sk"])) for item in items))
+    # Then every record left, pages a table writer made for no task included.
     for prefix in ("map#", "page#", "fail#", "reduce#"):
         items = await backend.table.query(pk, prefix=prefix)
         await asyncio.gather(*(delete_item(str(item["sk"])) for item in items))

@@ -103,7 +103,12 @@ PAGE_PARTITIONS = 64
 def page_sk(task: int, attempt: str, page: int) -> str:
     """A map attempt's page of parts: keyed by its attempt (a loser's never stands for the
     winner's), under its own prefix (a reducer's poll of "map#" reads no page)."""
-    return f"page#{task:07d}#{attempt}#{page:05d}"
+    return f"{task_pages(task)}{attempt}#{page:05d}"
+
+
+def task_pages(task: int) -> str:
+    """The prefix of every page of every attempt of a map task."""
+    return f"page#{task:07d}#"
 
 
 @functools.lru_cache(maxsize=64)
