@@ -225,20 +225,27 @@ def test_example_on_embedded_equals_inline(
 
 
 @pytest.mark.usefixtures("aws_stack")
+@pytest.mark.parametrize("shuffle", ["queue", "blob"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 @pytest.mark.slow
 def test_example_on_local_stack_equals_inline(
     case: Case,
+    shuffle: str,
     mrjob_python: Path,
     inline: Inline,
     aws: tuple[Backend, AwsSettings],
     tmp_path: Path,
 ) -> None:
+    """mrjob's own examples on the local stack, their map output through queues and
+    through the blob store (its pages, its objects), against mrjob's inline runner."""
     _, s = aws
     expected = inline_output(case, mrjob_python, inline, tmp_path)
     root = inputs_dir(case, inline.tmp)
     store = ["--backend", "aws", "--bucket", s.bucket, "--table", s.table]
-    done = cmr_run(case, root, tmp_path / "out", *store, "--queue-prefix", s.queue_prefix)
+    done = cmr_run(
+        case, root, tmp_path / "out", *store, "--queue-prefix", s.queue_prefix,
+        "--shuffle", shuffle,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert_same(case, parts(tmp_path / "out"), expected)
 
