@@ -57,9 +57,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from cmr import bulk, rangefile, reducer  # noqa: E402
+from cmr import bulk, rangefile  # noqa: E402
 from cmr.backends.aws import s3  # noqa: E402
-from cmr.records import PAGE_PARTITIONS, PART_DIGEST, MapCommit, MapPage, page_sk  # noqa: E402
+from cmr.records import PAGE_PARTITIONS, PART_DIGEST, MapCommit, MapPage, page_sk, pages_for  # noqa: E402
 
 GB = 1_000_000_000
 BUCKET, TABLE, PREFIX = "cmr-cloudsort", "cmr-cloudsort", "cmrcs-"
@@ -482,7 +482,7 @@ def bill(
     gets = req["dynamodb.GetItem"] - measured_maps * m["reducers"]  # pages read
     per_task = ((writes + 2 * transacts) / measured_tasks, gets / measured_tasks)
     part_bytes = int(d / maps / ratio / reducers)
-    pages = math.ceil(reducers / PAGE_PARTITIONS)
+    pages = pages_for(reducers)
     if design == "blob":  # as built: paged
         commit = commit_bytes(1, part_bytes, 1000)
         page = page_bytes(part_bytes, 1000)
@@ -493,7 +493,7 @@ def bill(
         commit = commit_bytes(reducers, part_bytes, 1000)
         wru = maps * 2 * math.ceil(commit / 1024)
         page_reads = 0
-        fast, most = 0.25, reducer.BLOB_POLL_MAX_S
+        fast, most = bulk.poll_intervals(1)  # as a small job's reducers still poll
     wru += per_task[0] * tasks
     running = min(reducers, slots)
     rate = maps / t

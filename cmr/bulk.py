@@ -42,7 +42,16 @@ from cmr.backends.base import Put
 from cmr.cpu.results import MapResult
 from cmr.errors import BlobMissing, TaskError, WireError
 from cmr.lifecycle import shuffle_url, write_all_while_running
-from cmr.records import PAGE_PARTITIONS, PART_DIGEST, JobSpec, MapCommit, MapPage, job_pk, page_sk
+from cmr.records import (
+    PAGE_PARTITIONS,
+    PART_DIGEST,
+    JobSpec,
+    MapCommit,
+    MapPage,
+    job_pk,
+    page_sk,
+    pages_for,
+)
 from cmr.runtime import Runtime
 
 # A reducer reads a part in pieces of at most this (its memory holds a few at once).
@@ -162,6 +171,9 @@ async def write_object(
 POLL_PARTITIONS = PAGE_PARTITIONS
 
 
+BLOB_POLL_MAX_S = 1.0  # the longest a reducer of a small job waits between table polls
+
+
 def poll_intervals(partitions: int) -> tuple[float, float]:
     """How often a reducer of the blob shuffle asks the table for commits: (while they
     arrive, at most while none does), seconds. Each poll reads every commit past the
@@ -172,7 +184,7 @@ def poll_intervals(partitions: int) -> tuple[float, float]:
     reducers every 20 to 40 s."""
     scale = partitions / POLL_PARTITIONS
     if scale <= 1:
-        return 0.25, 1.0
+        return 0.25, BLOB_POLL_MAX_S
     return scale, 2 * scale
 
 
@@ -193,10 +205,10 @@ async def unpaged(
     async def one(task: int, commit: MapCommit) -> tuple[int, MapCommit]:
         if not commit.pages:
             return task, commit
-        if commit.pages != pages_of(spec):
+        if commit.pages != pages_for(spec.partitions):
             raise WireError(
                 f"map task {task}'s commit names {commit.pages} pages, where this job's "
-                f"{spec.partitions} partitions take {pages_of(spec)}"
+                f"{spec.partitions} partitions take {pages_for(spec.partitions)}"
             )
         async with gate:
             item = await rt.backend.table.get(
@@ -207,11 +219,6 @@ async def unpaged(
         return task, MapPage.from_item(item, page, spec.partitions).commit_for(commit, partition)
 
     return list(await asyncio.gather(*(one(t, c) for t, c in commits)))
-
-
-def pages_of(spec: JobSpec) -> int:
-    """How many pages a paged attempt of this job writes: one per PAGE_PARTITIONS."""
-    return -(-spec.partitions // PAGE_PARTITIONS)
 
 
 async def write_pages(
@@ -225,7 +232,7 @@ async def write_pages(
     pk = job_pk(spec.job_id)
     puts = [
         Put(pk, page_sk(task, attempt, g), MapPage.of(g, written.parts, batches, records).to_item())
-        for g in range(pages_of(spec))
+        for g in range(pages_for(spec.partitions))
     ]
     await write_all_while_running(rt.backend, spec.job_id, puts)
 

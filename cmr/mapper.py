@@ -18,7 +18,7 @@ import os
 import secrets
 import stat
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -34,7 +34,7 @@ from cmr.lease import message_lease
 from cmr.lifecycle import job_scratch, spill_url, write_while_running
 from cmr.localcheck import CheckedFile, InputChanged
 from cmr.plan import Check
-from cmr.records import JobSpec, MapCommit, job_pk, map_sk
+from cmr.records import JobSpec, MapCommit, job_pk, map_sk, pages_for
 from cmr.runtime import Runtime
 from cmr.split import read_range
 from cmr.timelimit import task_limit
@@ -68,42 +68,36 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
         task_bytes = sum(r.end - r.start for r in ranges)
         read_limit = task_limit(spec.task_timeout_s, task_bytes)
         # A large task of fixed records is copied to local files (cmr.rangefile), its
-        # ranges' GETs under one gate; the copies' paths, for deleting once mapped.
-        copy = _Copies(rangefile.gate()) if rangefile.streams(task_bytes) else None
-        fetched = copy.paths if copy is not None else []
-        try:
-            async with asyncio.timeout(read_limit):
-                # In a task group: one range failing stops the others' reads (a copy still
-                # being made would be left behind otherwise).
-                chunks = await _read_all(rt, ranges, fmt, checks, copy)
-        except TimeoutError:
-            _forget(fetched)
-            error = (
-                f"TimeLimitExceeded: reading the input of map task {task.task} ran past its "
-                f"time limit of {read_limit:.0f} s (a slow store, or input too large for the "
-                "task; give the job more with --task-timeout SECONDS if it needs it)"
+        # ranges' GETs under one gate; the copies are deleted once mapped, however it ends.
+        with _copies(task_bytes) as copy:
+            try:
+                async with asyncio.timeout(read_limit):
+                    # In a task group: one range failing stops the others' reads (a copy still
+                    # being made would be left behind otherwise).
+                    chunks = await _read_all(rt, ranges, fmt, checks, copy)
+            except TimeoutError:
+                error = (
+                    f"TimeLimitExceeded: reading the input of map task {task.task} ran past its "
+                    f"time limit of {read_limit:.0f} s (a slow store, or input too large for the "
+                    "task; give the job more with --task-timeout SECONDS if it needs it)"
+                )
+                await failures.task_failed(rt, spec, ref, error, in_q, msg)
+                return
+            # Compression is told by a file's first bytes (decompressing is the pool's work);
+            # a slice was told uncompressed by its head.
+            codecs = tuple(
+                formats.sniff(c[: formats.SNIFF_BYTES])
+                if r.start == 0 and not isinstance(c, FileSlice)
+                else ""
+                for r, c in zip(ranges, chunks, strict=True)
             )
-            await failures.task_failed(rt, spec, ref, error, in_q, msg)
-            return
-        except BaseException:
-            _forget(fetched)
-            raise
-        # Compression is told by a file's first bytes (decompressing is the pool's work);
-        # a slice was told uncompressed by its head.
-        codecs = tuple(
-            formats.sniff(c[: formats.SNIFF_BYTES])
-            if r.start == 0 and not isinstance(c, FileSlice)
-            else ""
-            for r, c in zip(ranges, chunks, strict=True)
-        )
-        if any(codecs):
-            # A compressed file is a whole-file range: nothing past its end is ours.
-            chunks = [
-                c[: r.end] if k and isinstance(c, bytes) and len(c) > r.end else c
-                for r, c, k in zip(ranges, chunks, codecs, strict=True)
-            ]
-        nbytes = sum(len(c) for c in chunks)
-        try:
+            if any(codecs):
+                # A compressed file is a whole-file range: nothing past its end is ours.
+                chunks = [
+                    c[: r.end] if k and isinstance(c, bytes) and len(c) > r.end else c
+                    for r, c, k in zip(ranges, chunks, codecs, strict=True)
+                ]
+            nbytes = sum(len(c) for c in chunks)
             result = await rt.cpu(
                 run_map,
                 spec.ref,
@@ -125,9 +119,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                 ),
                 limit_s=task_limit(spec.task_timeout_s, nbytes),
             )
-        finally:
-            _forget(fetched)
-        del chunks
+            del chunks
         if result.error:
             await failures.task_failed(
                 rt, spec, ref, result.error, in_q, msg, permanent=result.permanent
@@ -159,7 +151,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             result.records_in,
             result.bytes_in,
             result.counters,
-            pages=bulk.pages_of(spec) if paged else 0,
+            pages=pages_for(spec.partitions) if paged else 0,
         )
         try:
             if ended:
@@ -350,11 +342,16 @@ async def _read(
         raise TaskError(str(exc)) from None
 
 
-def _forget(paths: list[str]) -> None:
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-    paths.clear()
+@contextlib.contextmanager
+def _copies(task_bytes: int) -> Iterator[_Copies | None]:
+    """The task's copies (None: its input is read as it lies), deleted at the end."""
+    copy = _Copies(rangefile.gate()) if rangefile.streams(task_bytes) else None
+    try:
+        yield copy
+    finally:
+        for path in copy.paths if copy is not None else ():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 def _identity(rt: Runtime, check: Check | None) -> Check | None:

@@ -100,6 +100,11 @@ def reduce_sk(p: int) -> str:
 PAGE_PARTITIONS = 64
 
 
+def pages_for(partitions: int) -> int:
+    """How many pages a paged attempt of a job of ``partitions`` writes."""
+    return -(-partitions // PAGE_PARTITIONS)
+
+
 def page_sk(task: int, attempt: str, page: int) -> str:
     """A map attempt's page of parts: keyed by its attempt (a loser's never stands for the
     winner's), under its own prefix (a reducer's poll of "map#" reads no page)."""
@@ -570,7 +575,7 @@ class MapCommit:
         return parts
 
 
-MAX_PAGES = -(-wire.MAX_PARTITIONS // PAGE_PARTITIONS)
+MAX_PAGES = pages_for(wire.MAX_PARTITIONS)
 
 
 @dataclass(frozen=True)

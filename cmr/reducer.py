@@ -56,7 +56,6 @@ MAX_REPEATS_HELD = 4
 # records name do not exist (a table writer raised a count or renamed a winner, or a
 # bucket writer spoiled a spilled batch), and waiting longer would never end the job.
 MISSING_GIVE_UP_LEASES = 6
-BLOB_POLL_MAX_S = 1.0  # the blob shuffle: the longest a reducer waits between table polls
 
 
 class Drain:
@@ -463,7 +462,9 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
         # one, so the table is asked often (a query; no queue is polled at all); with many
         # reducers, less often (bulk.poll_intervals).
         poll_fast, most = bulk.poll_intervals(spec.partitions)
-        poll_max = min(poll_max, most) if most <= BLOB_POLL_MAX_S else most
+        # A small job's reducer polls at least as often as its worker's idle wait; a large
+        # job's as its share of the job's polls allows.
+        poll_max = min(poll_max, most) if spec.partitions <= bulk.POLL_PARTITIONS else most
     next_poll, poll_every = 0.0, poll_fast
     stalled_since: float | None = None
     stepped = False

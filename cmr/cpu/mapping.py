@@ -64,16 +64,11 @@ class FileSlice:
     def __len__(self) -> int:
         return self.end - self.start
 
-    def read(self) -> bytes:
-        """The slice's bytes, of the file submitted (InputChanged: another is there now)."""
-        fd = open_checked(self.path, self.name, self.check)
-        with open(fd, "rb") as f:
-            f.seek(self.start)
-            return f.read(self.end - self.start)
-
     def pieces(self, name: str, size: int) -> Iterator[bytes]:
-        """The slice's bytes, ``size`` at a time: a split larger than memory (fixed records
-        streamed from the store to a local file, cmr.rangefile) is never held whole."""
+        """The slice's bytes, ``size`` at a time, of the file submitted: a split larger
+        than memory (fixed records streamed from the store to a local file, cmr.rangefile)
+        is never held whole. InputGone when the file went or changed since the job was
+        submitted; for a worker's own copy, an OSError (retried elsewhere)."""
         try:
             fd = open_checked(self.path, self.name, self.check)
             with open(fd, "rb") as f:
@@ -100,19 +95,8 @@ class FileSlice:
 
 
 def slice_bytes(name: str, piece: FileSlice) -> bytes:
-    """A slice's bytes; InputGone when the file went or changed since the job was
-    submitted."""
-    try:
-        return piece.read()
-    except InputChanged as exc:
-        raise InputGone(str(exc)) from None
-    except OSError as exc:
-        if piece.copy:  # this worker's disk's fault: retried elsewhere
-            raise OSError(f"this worker's copy of input {name} cannot be read: {exc}") from None
-        raise InputGone(
-            f"input {name} ({piece.path}) cannot be read ({exc.strerror}): it was deleted or "
-            "moved after the job was submitted"
-        ) from None
+    """A slice's bytes, whole (FileSlice.pieces: one piece, its errors)."""
+    return b"".join(piece.pieces(name, max(1, len(piece))))
 
 
 def run_map(
