@@ -212,13 +212,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     tag = time.strftime("%H%M%S")
     out_prefix = f"{OUT_KEY}{tag}/"
     env = dict(os.environ)
-    with shuffle_wire.proxies(
-        env.get("AWS_ENDPOINT_URL", "http://127.0.0.1:4566"),
-        env.get("AWS_ENDPOINT_URL_DYNAMODB", "http://127.0.0.1:8000"),
-        kind,
-    ) as (aws, ddb, aws_port, ddb_port):
-        env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{aws_port}"
-        env["AWS_ENDPOINT_URL_DYNAMODB"] = f"http://127.0.0.1:{ddb_port}"
+    scheme = "https" if args.https else "http"
+    with contextlib.ExitStack() as stack:
+        tls = None
+        if args.https:  # as a fleet speaks to AWS: TLS, and no payload signing
+            tls, env["AWS_CA_BUNDLE"] = stack.enter_context(shuffle_wire.self_signed())
+        aws, ddb, aws_port, ddb_port = stack.enter_context(
+            shuffle_wire.proxies(
+                env.get("AWS_ENDPOINT_URL", "http://127.0.0.1:4566"),
+                env.get("AWS_ENDPOINT_URL_DYNAMODB", "http://127.0.0.1:8000"),
+                kind,
+                tls,
+            )
+        )
+        env["AWS_ENDPOINT_URL"] = f"{scheme}://127.0.0.1:{aws_port}"
+        env["AWS_ENDPOINT_URL_DYNAMODB"] = f"{scheme}://127.0.0.1:{ddb_port}"
         argv = [
             sys.executable, "-m", "cmr", "run", str(REPO / "examples" / "terasort.py"),
             "--store", f"aws://{BUCKET}/{TABLE}?prefix={PREFIX}",
@@ -246,6 +254,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "size_mb": args.size_mb,
+        "scheme": scheme,
         "input_bytes": input_bytes,
         "split_mb": args.split_mb,
         "reducers": args.reducers,
@@ -662,6 +671,12 @@ def main() -> int:
     me.add_argument("--data", type=Path, default=HERE / "data")
     me.add_argument("--scratch", type=Path, default=HERE / "out" / "cloudsort")
     me.add_argument("--json", type=Path)
+    me.add_argument(
+        "--https",
+        action="store_true",
+        help="speak https to the counting proxies, as a fleet does to AWS (botocore signs "
+        "no payload over TLS; over http it hashes every one)",
+    )
     mo = sub.add_parser("model", help="the bill of a large sort, from a measured run")
     mo.add_argument("--measured", type=Path, required=True)
     mo.add_argument("--wire", type=Path, default=HERE / "results-shuffle-wire.json")

@@ -29,8 +29,10 @@ import math
 import os
 import platform
 import shutil
+import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -62,6 +64,53 @@ _HOP = {
     "upgrade",
     "content-length",
 }
+
+
+@contextlib.contextmanager
+def self_signed() -> Iterator[tuple[ssl.SSLContext, str]]:
+    """A TLS server context for 127.0.0.1 with a throwaway self-signed certificate, and the
+    path of that certificate: a client that trusts it (``AWS_CA_BUNDLE``) speaks https to
+    the proxies as it would to AWS, so botocore signs no payload (it hashes every payload
+    it sends over plain http) and pays for TLS instead."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    with tempfile.TemporaryDirectory(prefix="cmr-tls-") as d:
+        crt, pem = Path(d) / "proxy.crt", Path(d) / "proxy.key"
+        crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        pem.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(crt, pem)
+        yield context, str(crt)
 
 
 @dataclass
@@ -172,7 +221,7 @@ class Proxy:
             return head
         return web.Response(status=status, body=data, headers=out_headers)
 
-    async def start(self) -> web.AppRunner:
+    async def start(self, tls: ssl.SSLContext | None = None) -> web.AppRunner:
         self.session = ClientSession(
             connector=TCPConnector(limit=256), timeout=ClientTimeout(total=None)
         )
@@ -180,7 +229,7 @@ class Proxy:
         app.router.add_route("*", "/{tail:.*}", self.handle)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         return runner
@@ -188,10 +237,12 @@ class Proxy:
 
 @contextlib.contextmanager
 def proxies(
-    localstack: str, dynamodb: str, kind: Any = None
+    localstack: str, dynamodb: str, kind: Any = None, tls: ssl.SSLContext | None = None
 ) -> Iterator[tuple[Tally, Tally, int, int]]:
     """Two counting proxies served by a loop in a thread of their own (``kind``: the
-    breakdown of LocalStack's requests, Proxy's)."""
+    breakdown of LocalStack's requests, Proxy's). With ``tls`` they serve https, as AWS
+    does, and forward plain http to the local stack: the TLS is the clients' and this
+    process's, never the stack's."""
     aws, ddb = Tally(), Tally()
     loop = asyncio.new_event_loop()
     started = threading.Event()
@@ -202,7 +253,7 @@ def proxies(
 
         async def go() -> None:
             p1, p2 = Proxy(localstack, aws, kind), Proxy(dynamodb, ddb)
-            made["runners"] = [await p1.start(), await p2.start()]
+            made["runners"] = [await p1.start(tls), await p2.start(tls)]
             made["ports"] = (p1.port, p2.port)
             made["proxies"] = (p1, p2)
             started.set()

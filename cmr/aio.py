@@ -1,24 +1,12 @@
-"""asyncio's TaskGroup as Python 3.12 has it, on 3.11 too, and what to raise for its errors;
-and a sha256 that keeps a large buffer's hashing off the event loop."""
+"""asyncio's TaskGroup as Python 3.12 has it, on 3.11 too, and what to raise for its
+errors."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import sys
 from types import TracebackType
 from typing import Any
-
-SHA256_ON_LOOP = 1024 * 1024  # bytes hashed on the event loop (~1 ms); more go to a thread
-
-
-async def sha256_hex(data: bytes) -> str:
-    """``data``'s sha256 (hex), in a thread when it is large: hashlib lets go of the GIL
-    there, so the loop keeps serving while a big spill or step output is checked."""
-    if len(data) <= SHA256_ON_LOOP:
-        return hashlib.sha256(data).hexdigest()
-    return await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
-
 
 # 3.11's TaskGroup never uncancels the task that runs it when a child fails after the
 # ``async with`` body has ended (CPython fixed it in 3.12).

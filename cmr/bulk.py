@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from typing import Any
 
 import msgpack
 
+from cmr import digest as digests
 from cmr import wire
 from cmr.backends.base import Put
 from cmr.cpu.results import MapResult
@@ -120,7 +120,7 @@ def _write(
     pack = msgpack.Packer(use_bin_type=True).pack
     with open(spool, "rb") as src, open(path, "wb") as out:
         for p in sorted(spans):
-            digest = hashlib.sha256()
+            digest = digests.new()
             length = 0
             for seq, start, end, spilled in spans[p]:
                 if spilled:
@@ -256,7 +256,7 @@ async def read_part(
     count = commit.batches.get(partition, 0)
     piece = max(PIECE_MIN, min(PIECE_BYTES, rt.settings.memory_mb * 1024 * 1024 // 16))
     where = f"map task {task}'s shuffle object ({url[:200]})"
-    hashed = hashlib.sha256()
+    hashed = digests.new()
     up = wire.unpacker(piece + MAX_BODY + 8, max_bin=MAX_BODY)
     seq = spooled = fed = ended = 0  # ended: where the last whole batch ended
     wrong = ""  # the first thing found wrong: said once the digest is known

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from cmr import clock, counters
+from cmr import digest as digests
 from cmr.backends.base import AllOf, Condition, Eq, Missing, Table, Update
 from cmr.errors import BackendError, ConditionFailed
 from cmr.lease import in_background
@@ -89,11 +90,12 @@ class Claim:
         nbytes: int,
         counted: counters.Flat | None = None,
         *,
-        sha256: str = "",
+        digest: str = "",
     ) -> bool:
         """The fenced commit: succeeds only if nobody took the partition over meanwhile, and
         the job still runs (a commit after the job ended would leave its output blob behind
-        a cleanup that has already swept the scratch). ``nbytes`` and ``sha256`` (hex): what
+        a cleanup that has already swept the scratch). ``nbytes`` and ``digest`` (hex,
+        :mod:`cmr.digest`): what
         the output blob holds, which a pipeline's next step checks before it decodes a byte
         (a commit without a digest is refused there). ``counted``: the reduce's
         Job.increment_counter totals, which count only as part of the commit that stands."""
@@ -104,8 +106,8 @@ class Claim:
             "bytes": nbytes,
             "committed_at": clock.wall(),
         }
-        if sha256:
-            fields["sha256"] = sha256
+        if digest:
+            fields[digests.NAME] = digest
         if counted:
             fields["counters"] = counters.encode(counted)
         commit = Update(*self.key, set_=fields, condition=self._ours())

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from cmr import counters, failures, pipeline
+from cmr import digest as digests
 from cmr.backends.base import Eq, Update
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, WireError
 from cmr.lifecycle import begin_publishing, end, job_scratch, reduce_output_url
@@ -57,13 +58,13 @@ async def committed_parts(rt: Runtime, spec: JobSpec) -> list[Source] | None:
         # Every reduce commit records its output's digest; one without (of an older worker,
         # or written by someone else) is refused as malformed, for a last step too: one
         # rule for every commit, and no fleet of mixed versions needs the other.
-        digest = item.get("sha256")
+        digest = item.get(digests.NAME)
         if type(digest) is not str or Check(source.bytes, digest).problem():
             raise WireError(
-                f"the commit record of partition {source.partition} names no sha256 of its "
-                "output (64 lowercase hex digits) or a size out of bounds"
+                f"the commit record of partition {source.partition} names no {digests.NAME} "
+                "digest of its output (64 lowercase hex digits) or a size out of bounds"
             )
-        sources.append(replace(source, sha256=digest))
+        sources.append(replace(source, digest=digest))
     if sorted(s.partition for s in sources) != list(range(spec.partitions)):
         raise WireError("the job's commit records do not name each partition once")
     return sources

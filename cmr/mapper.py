@@ -24,7 +24,8 @@ from typing import Any
 import msgpack
 
 from cmr import bulk, failures, formats, rangefile, sidefiles, wire
-from cmr.aio import TaskGroup, first_error, sha256_hex
+from cmr import digest as digests
+from cmr.aio import TaskGroup, first_error
 from cmr.backends.base import Put, Received, item_absent
 from cmr.cpu.mapping import FileSlice, run_map
 from cmr.cpu.specs import MapSpec, map_max_record, map_piece_bytes
@@ -250,7 +251,7 @@ async def _read_or_slice(
     file itself on a backend whose blobs are local files, or, in a large task (``copy``),
     a copy of the range (cmr.rangefile; its path is added to ``copy.paths``, for the
     caller to delete)."""
-    if check is not None and check.sha256:
+    if check is not None and check.digest:
         return await _read_verified(rt, r, check)
     local = rt.backend.capabilities.local_files
     if fmt.name != "fixed" or r.start >= r.end or not (local or copy is not None):
@@ -283,7 +284,7 @@ async def _read_or_slice(
 
 async def _read_verified(rt: Runtime, r: wire.Range, check: Check) -> bytes:
     """The whole object ``r`` names, only if it is what the plan says (a pipeline step's
-    committed output: its size and sha256, as its commit recorded). Read at most one byte
+    committed output: its size and digest, as its commit recorded). Read at most one byte
     past that size, and compared before anything decodes it: a bucket writer who replaced
     the part makes the task fail (permanently: a retry would read the same bytes), and a
     bomb put in its place is never decompressed."""
@@ -298,15 +299,15 @@ async def _read_verified(rt: Runtime, r: wire.Range, check: Check) -> bytes:
         raise _lost_input(r) from None
     except OSError as exc:
         raise _lost_input(r, exc) from None
-    digest = await sha256_hex(data)
-    if len(data) != check.size or digest != check.sha256:
+    digest = await digests.hex_async(data)
+    if len(data) != check.size or digest != check.digest:
         got = f"{check.size:,}+" if len(data) > check.size else f"{len(data):,}"
         raise TaskError(
             f"input {r.name} of the step before ({r.url[:200]}) is not what its commit "
             f"recorded: {got} bytes, "
-            f"sha256 {digest[:16]}..., where the commit says {check.size:,} bytes, sha256 "
-            f"{check.sha256[:16]}...; the bucket was written by someone else (rerun the "
-            "job; a step's outputs are written only by its reducers)"
+            f"{digests.NAME} {digest[:16]}..., where the commit says {check.size:,} bytes, "
+            f"{digests.NAME} {check.digest[:16]}...; the bucket was written by someone else "
+            "(rerun the job; a step's outputs are written only by its reducers)"
         )
     return data
 
@@ -372,7 +373,7 @@ class _Spiller:
         spec = self.spec
         url = spill_url(spec.scratch, spec.job_id, self.task, self.attempt, p, seq)
         self.spills.append(url)
-        digest = await sha256_hex(stream)
+        digest = await digests.hex_async(stream)
         await self.rt.backend.blobs.put(url, stream)
         return wire.encode(
             wire.Batch(spec.job_id, self.task, self.attempt, p, seq, n, b"", url, digest),

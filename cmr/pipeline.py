@@ -78,10 +78,10 @@ def next_tasks(sources: Sequence[Source]) -> list[tuple[Range, ...]]:
 
 
 def next_checks(sources: Sequence[Source]) -> dict[str, Check]:
-    """What each committed output must be when the next step reads it: the size and sha256
+    """What each committed output must be when the next step reads it: the size and digest
     its commit recorded. The plan holds them, and the job record names the plan's digest,
     so a bucket writer who replaces a part makes the next step fail, not read other bytes."""
-    return {s.url: Check(s.bytes, s.sha256) for s in sources}
+    return {s.url: Check(s.bytes, s.digest) for s in sources}
 
 
 def next_spec(spec: JobSpec, plan_digest: str, maps: int) -> JobSpec:

@@ -18,7 +18,7 @@ job's partitions, strictly increasing by ``cmr.usercode.sort_key``; a plan whose
 break any of this is refused like any other malformed plan.
 
 A plan may also hold, per input URL, what that object must be when a map task reads it
-(``checks``, :class:`Check`): its size and sha256 (a pipeline step's committed output,
+(``checks``, :class:`Check`): its size and digest (a pipeline step's committed output,
 whose digest its commit record names), or its file identity (a local input: device and
 inode at submit). The reader compares before it decodes anything, so a bucket writer who
 replaces a step's output, or whoever swaps a link into an input directory after submit,
@@ -37,6 +37,7 @@ from typing import Any
 
 import msgpack
 
+from cmr import digest as digests
 from cmr import wire
 from cmr.backends.base import Blobs
 from cmr.errors import UsageError, WireError
@@ -55,7 +56,7 @@ MAX_OFFSET = 2**62  # ranges lie in [0, 2^62): S3's objects stop at 5 TiB (2^42)
 MAX_TASK_BYTES = 64 * 1024**3  # what one task may read; cmr.split's tasks are ~2x a split
 MAX_REPLACED = 2 * wire.MAX_PARTITIONS  # parts a publication replaces (one per partition)
 _PLAN_FIELDS = 8
-_CHECK_FIELDS = 4  # [size, sha256, device, inode]
+_CHECK_FIELDS = 4  # [size, digest, device, inode]
 _ASYNC_PLAN_BYTES = 256 * 1024  # a plan blob larger than this is parsed in a thread
 
 
@@ -65,12 +66,12 @@ def plan_url(job_scratch: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """What an input object must be when read whole: ``size`` bytes, and either its sha256
-    (hex; a step's committed output) or, for a local file, its (device, inode) at submit
-    (-1: not recorded)."""
+    """What an input object must be when read whole: ``size`` bytes, and either its digest
+    (:mod:`cmr.digest`, hex; a step's committed output) or, for a local file, its (device,
+    inode) at submit (-1: not recorded)."""
 
     size: int
-    sha256: str = ""
+    digest: str = ""
     device: int = -1
     inode: int = -1
 
@@ -78,19 +79,13 @@ class Check:
         """What makes this check malformed ("" if nothing)."""
         if not 0 <= self.size < MAX_OFFSET:
             return "its size is out of bounds"
-        if self.sha256 and not _is_sha256(self.sha256):
-            return "its sha256 is not 64 lowercase hex digits"
+        if self.digest and not digests.is_hex(self.digest):
+            return "its digest is not 64 lowercase hex digits"
         if not (-1 <= self.device < 2**64 and -1 <= self.inode < 2**64):
             return "its device or inode is out of bounds"
-        if not self.sha256 and self.inode < 0:
-            return "it names neither a sha256 nor a file identity"
+        if not self.digest and self.inode < 0:
+            return "it names neither a digest nor a file identity"
         return ""
-
-
-def _is_sha256(value: object) -> bool:
-    return (
-        isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
-    )
 
 
 @dataclass(frozen=True)
@@ -115,7 +110,7 @@ class Plan:
             doc["cuts"] = [wire.pack(c) for c in self.cuts]
         if self.checks:
             doc["checks"] = [
-                [u, [c.size, c.sha256, c.device, c.inode]] for u, c in sorted(self.checks.items())
+                [u, [c.size, c.digest, c.device, c.inode]] for u, c in sorted(self.checks.items())
             ]
         raw = wire.pack(doc)
         data = wire.compress(raw)
@@ -324,14 +319,14 @@ def _checks(up: msgpack.Unpacker) -> dict[str, Check]:
             raise WireError(f"input check {i} is not [url, check]")
         url = unpack()
         if header() != _CHECK_FIELDS:
-            raise WireError(f"input check {i} is not [size, sha256, device, inode]")
-        size, sha256, device, inode = unpack(), unpack(), unpack(), unpack()
+            raise WireError(f"input check {i} is not [size, digest, device, inode]")
+        size, digest, device, inode = unpack(), unpack(), unpack(), unpack()
         if not (type(url) is str and url and wire.is_url(url)) or url in checks:
             raise WireError(f"input check {i} has an empty, repeated or malformed URL")
-        if not (type(size) is int and type(sha256) is str and type(device) is int
+        if not (type(size) is int and type(digest) is str and type(device) is int
                 and type(inode) is int):  # fmt: skip
             raise WireError(f"input check {i} has a field of the wrong type")
-        c = Check(size, sha256, device, inode)
+        c = Check(size, digest, device, inode)
         if problem := c.problem():
             raise WireError(f"input check {i}: {problem}")
         checks[url] = c

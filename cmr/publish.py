@@ -127,10 +127,10 @@ class Source:
     records: int
     bytes: int
     attempt: str = ""  # default: the URL's last segment (an attempt output's own name)
-    # What the part's bytes hash to (sha256, hex), as its reduce commit recorded: a
+    # What the part's bytes hash to (cmr.digest, hex), as its reduce commit recorded: a
     # pipeline's next step reads the part only if it still does. "": not known (a part
     # read back from a published manifest).
-    sha256: str = ""
+    digest: str = ""
 
 
 Transfer = Callable[[str, str], Awaitable[None]]  # (source URL, destination URL)

@@ -8,7 +8,7 @@
     pk=job#<id>      sk=map#<task>        the task's winning attempt and its per-partition counts
     pk=job#<id>      sk=fail#<m|r><n>     how often a map task or partition failed or restarted
     pk=job#<id>      sk=reduce#<p>        the partition's claim (owner, token, epoch, beat) and
-                                          commit (output, records, bytes, sha256)
+                                          commit (output, records, bytes, blake3)
 
 Every decision record is written once with a condition, so whoever reads it later — any
 worker, any time — reaches the same conclusion (the "stable decisions" invariant). A job's
@@ -437,7 +437,7 @@ class _Fields:
 # message's (one row per partition; counts below 2^63, which is what DynamoDB sums keep).
 MAX_COMMIT_COUNTS_BYTES = 400 * 1024  # DynamoDB's item limit: no real record is larger
 MAX_COUNT = 2**63 - 1
-# A blob attempt's part digests: the first 16 bytes (128 bits) of each part's sha256, enough
+# A blob attempt's part digests: the first 16 bytes (128 bits) of each part's BLAKE3, enough
 # that no bucket writer can make other bytes match, small enough that a commit of 10,000
 # partitions stays within DynamoDB's item limit.
 PART_DIGEST = 16
@@ -456,7 +456,7 @@ class MapCommit:
     # The attempt's Job.increment_counter totals: they count only if this commit wins.
     counters: counting.Flat = field(default_factory=dict)
     # A blob-shuffle attempt (cmr.bulk): where each partition's batches lie in its one
-    # object, partition -> (offset, length, the first PART_DIGEST bytes of their sha256).
+    # object, partition -> (offset, length, the first PART_DIGEST bytes of their digest).
     # Exactly the partitions of ``batches``, laid out in partition order from offset 0.
     parts: dict[int, tuple[int, int, bytes]] = field(default_factory=dict)
     # A paged blob attempt: how many page items (MapPage) hold its counts and parts; its

@@ -29,7 +29,8 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 from cmr import bulk, clock, failures, finalize, sidefiles, wire
-from cmr.aio import TaskGroup, first_error, sha256_hex
+from cmr import digest as digests
+from cmr.aio import TaskGroup, first_error
 from cmr.backends.base import Received
 from cmr.claim import Claim, Refusal, claim
 from cmr.cpu.reducing import run_reduce
@@ -343,9 +344,9 @@ async def _spilled_pairs(rt: Runtime, spec: JobSpec, batch: wire.Batch) -> bytes
     pairs = await rt.backend.blobs.get_range(batch.spilled, 0, wire.MAX_DECODED + 1)
     if len(pairs) > wire.MAX_DECODED:
         raise _Refused(f"a spilled batch past {wire.MAX_DECODED:,} bytes")
-    if await sha256_hex(pairs) != batch.sha256:
+    if await digests.hex_async(pairs) != batch.digest:
         raise _Refused(
-            "a spilled batch whose blob is not what its sender wrote (its sha256 differs: "
+            "a spilled batch whose blob is not what its sender wrote (its digest differs: "
             "the bucket was written by someone else)"
         )
     return pairs
@@ -636,7 +637,7 @@ async def _reduce_and_commit(
     # The digest, hashed as the pool wrote the file, goes into the commit next to its size:
     # the next step of a pipeline reads only the bytes this commit names.
     if not await owner.commit(
-        url, result.records_out, nbytes, result.counters, sha256=result.sha256
+        url, result.records_out, nbytes, result.counters, digest=result.digest
     ):
         drain.stats["leases_lost"] += 1
         rt.log.warning(

@@ -34,6 +34,7 @@ from typing import Any, BinaryIO
 import msgpack
 import zstandard
 
+from cmr import digest as digests
 from cmr.errors import WireError
 
 MAGIC = b"CMR1"
@@ -126,9 +127,9 @@ class Batch:
     records: int
     pairs: bytes  # a concatenated msgpack stream of [key, value] arrays
     spilled: str = ""  # when set, ``pairs`` is empty and the stream lives in this blob
-    # The spilled stream's sha256 (hex): the blob lies in the bucket, where a writer who
-    # cannot send to the queue could otherwise replace what the reducer reads.
-    sha256: str = ""
+    # The spilled stream's digest (cmr.digest, hex): the blob lies in the bucket, where a
+    # writer who cannot send to the queue could otherwise replace what the reducer reads.
+    digest: str = ""
 
     @property
     def tag(self) -> tuple[int, str, int]:
@@ -252,7 +253,7 @@ def encode(msg: Message, *, compress: bool = True) -> bytes:
                 "spill": msg.spilled,
             }
             if msg.spilled:
-                doc["sum"] = msg.sha256
+                doc["sum"] = msg.digest
     packed = pack(doc)
     return MAGIC + (_zstd()[0].compress(packed) if compress else packed)
 
@@ -419,15 +420,15 @@ def _batch(doc: dict[str, Any]) -> Batch:
     pairs: bytes = _field(doc, "pairs", bytes)
     spill: str = _field(doc, "spill", str)
     records = _nat(doc, "n", MAX_SEQ + 1)
-    sha256 = ""
+    digest = ""
     if spill:
         if pairs:
             raise WireError("a spilled batch carries pairs of its own")
         if not is_url(spill):
             raise WireError("field 'spill' is not a URL")
-        sha256 = _field(doc, "sum", str)
-        if len(sha256) != 64 or sha256.strip("0123456789abcdef"):
-            raise WireError("field 'sum' of a spilled batch is not a sha256 (64 hex digits)")
+        digest = _field(doc, "sum", str)
+        if not digests.is_hex(digest):
+            raise WireError("field 'sum' of a spilled batch is not a digest (64 hex digits)")
     elif records > len(pairs) // _MIN_PAIR_BYTES:
         raise WireError(f"field 'n' counts {records} records in {len(pairs)} bytes of pairs")
     return Batch(
@@ -439,7 +440,7 @@ def _batch(doc: dict[str, Any]) -> Batch:
         records,
         pairs,
         spill,
-        sha256,
+        digest,
     )
 
 

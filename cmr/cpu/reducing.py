@@ -6,7 +6,6 @@ order, and write what it yields in the output format to a file hashed as it is w
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import itertools
 import operator
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from cmr import counters, formats, taskprogress, usercode
+from cmr import digest as digests
 from cmr.cpu import summing
 from cmr.cpu.instances import hook, job_instance, job_step, mapper_name
 from cmr.cpu.order import ValueOrder, sorted_keys, value_sorting
@@ -333,13 +333,13 @@ def _write_lines(out: BinaryIO, lines: list[bytes], result: ReduceResult) -> Non
 
 
 class _Hashing(io.RawIOBase):
-    """A file that hashes what it writes: the reduce output's sha256, which its commit
-    names and the next step checks, costs no second read of the file."""
+    """A file that hashes what it writes: the reduce output's digest (cmr.digest), which
+    its commit names and the next step checks, costs no second read of the file."""
 
     def __init__(self, path: str) -> None:
         super().__init__()
         self.file = io.FileIO(path, "wb")
-        self.hash = hashlib.sha256()
+        self.hash = digests.new()
 
     def writable(self) -> bool:
         return True
@@ -356,9 +356,9 @@ class _Hashing(io.RawIOBase):
 
 @contextlib.contextmanager
 def _output(out_path: str, result: ReduceResult) -> Iterator[BinaryIO]:
-    """The reduce output file, opened for writing; once closed, ``result.sha256`` is the
+    """The reduce output file, opened for writing; once closed, ``result.digest`` is the
     digest of what it holds."""
     raw = _Hashing(out_path)
     with io.BufferedWriter(raw, 1 << 16) as out:
         yield out
-    result.sha256 = raw.hash.hexdigest()
+    result.digest = raw.hash.hexdigest()

@@ -37,7 +37,8 @@ class MapResult:
 class ReduceResult:
     records_out: int = 0
     spills: int = 0
-    sha256: str = ""  # of the output file, hashed as it was written (the commit names it)
+    # The output file's digest (cmr.digest), hashed as it was written; the commit names it.
+    digest: str = ""
     error: str = ""
     counters: counters.Flat = field(default_factory=dict)
     status: str = ""

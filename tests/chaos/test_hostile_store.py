@@ -415,7 +415,7 @@ def reduce_commit_counts(a: Adversary) -> None:
     # Names stay right; counts, size and any digest the commit carries are made wrong.
     item = committed_reduce(a)
     wrong: dict[str, Any] = {"records": 1, "bytes": 3}
-    for name in ("digest", "sha256"):
+    for name in ("digest", "blake3"):
         if name in item:
             wrong[name] = hashlib.sha256(b"not this").hexdigest()
     a.rewrite(str(item["sk"]), **wrong)

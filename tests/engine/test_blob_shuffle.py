@@ -6,13 +6,13 @@ spoiled object: tests/chaos/test_blob_shuffle_chaos.py."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import msgpack
 import pytest
+from blake3 import blake3
 
 from cmr import bulk, lifecycle, wire
 from cmr.api import run_on
@@ -265,7 +265,7 @@ async def test_a_part_that_ends_inside_a_batch_is_refused(
     await embedded.blobs.put(url, data)
     offset, length, _ = commit.parts[1]
     length += 2
-    digest = hashlib.sha256(data[offset : offset + length]).digest()[:PART_DIGEST]
+    digest = blake3(data[offset : offset + length]).digest()[:PART_DIGEST]
     forged = dataclasses.replace(commit, parts={**commit.parts, 1: (offset, length, digest)})
     with pytest.raises(TaskError, match="ends inside a batch"):
         await bulk.read_part(rt, spec, 1, 0, forged, str(tmp_path / "out"), _never_spilled)
@@ -289,7 +289,7 @@ async def test_a_store_error_on_the_way_is_passed_on_as_itself(
     second = wire.encode(wire.Batch(JOB_ID, 0, ATTEMPT, 0, 1, 1, _pair("b")))
     data = wire.pack(pointer) + wire.pack(second)
     await embedded.blobs.put(url, data)
-    digest = hashlib.sha256(data).digest()[:PART_DIGEST]
+    digest = blake3(data).digest()[:PART_DIGEST]
     changed = dataclasses.replace(commit, parts={0: (0, len(data), digest)})
     with pytest.raises(Throttled):
         await bulk.read_part(rt, spec, 0, 0, changed, str(tmp_path / "out"), throttled)

@@ -55,8 +55,8 @@ def pairs_bomb(decoded: int, value: int = 1000) -> bytes:
 class Tamper:
     """At step 1's first reduce commit, act as a stranger with the bucket or the table:
     replace the committed output (``bomb``: a zstd bomb; ``same_size``: other bytes of the
-    same size), or rewrite the commit record's sha256 (``wrong_digest``; ``no_digest``:
-    remove it, as a record of before digests)."""
+    same size), or rewrite the commit record's digest (``wrong_digest``; ``no_digest``:
+    remove it, as a record of before digests, or of before BLAKE3: its field was sha256)."""
 
     def __init__(self, how: str) -> None:
         self.how = how
@@ -75,12 +75,13 @@ class Tamper:
             data[-1] ^= 1  # still msgpack pairs: a count changed by one
             await be.blobs.put(url, bytes(data))
         elif self.how == "wrong_digest":
-            other = hashlib.sha256(b"someone else's part").hexdigest()
-            await be.table.update(Update(*key, set_={"sha256": other}))
+            other = hashlib.sha256(b"someone else's part").hexdigest()  # well-formed
+            await be.table.update(Update(*key, set_={"blake3": other}))
         else:
             item = await be.table.get(*key)
-            assert item is not None and len(str(item["sha256"])) == 64
-            kept = {k: v for k, v in item.items() if k not in ("pk", "sk", "sha256")}
+            assert item is not None and len(str(item["blake3"])) == 64
+            kept = {k: v for k, v in item.items() if k not in ("pk", "sk", "blake3")}
+            kept["sha256"] = item["blake3"]  # the field of before, as an older worker wrote
             await be.table.put(*key, kept)
 
 
@@ -120,7 +121,7 @@ async def test_a_commit_record_without_a_digest_is_refused(pool: Executor, tmp_p
     record = result.record
     assert record["step"] == 0 and record["state"] == JobState.FAILED.value, record
     error = str(record["error"])
-    assert "names no sha256" in error and len(error) < 1000, error
+    assert "names no blake3 digest" in error and len(error) < 1000, error
     assert result.leftovers == []
 
 

@@ -372,7 +372,7 @@ def test_a_reduce_task_writes_what_calling_reduce_writes(
         result = run_reduce(_ref(tmp_path, cls), {}, spool_files(tmp_path, groups), spec)
         assert result.error == ""
         assert os.listdir(spill) == []
-        outs.append((out.read_bytes(), result.records_out, result.sha256))
+        outs.append((out.read_bytes(), result.records_out, result.digest))
     assert outs[0] == outs[1]
     lines = outs[0][0].decode().splitlines()
     assert len(lines) == len({k for g in groups for k, _ in g})
