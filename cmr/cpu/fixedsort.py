@@ -105,13 +105,23 @@ class Layout:
     def records(self) -> np.dtype[Any]:
         return np.dtype([("k", f"S{self.key_len}"), ("v", f"V{self.value_len}")])
 
-    def pack(self, records: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """Records as msgpack rows."""
-        rows = np.empty(len(records), self.rows())
-        rows["h"] = np.void(self.head)
-        rows["k"] = records["k"]
-        rows["m"] = np.void(self.mid)
-        rows["v"] = records["v"]
+    def pack(
+        self, records: np.ndarray[Any, Any], order: np.ndarray[Any, Any] | None = None
+    ) -> np.ndarray[Any, Any]:
+        """Records (in ``order``, if given: indexes into them) as msgpack rows, bytes of
+        shape (records, width). A record is gathered whole, as one opaque item (a field
+        by field gather of the structured array took 2.5 times as long), then its key
+        and value are copied into place around the two constant headers."""
+        whole = records.view(f"V{self.record_len}")
+        if order is not None:
+            whole = np.take(whole, order)
+        gathered = whole.view(np.uint8).reshape(len(whole), self.record_len)
+        rows = np.empty((len(whole), self.width), np.uint8)
+        h, k = len(self.head), self.key_len
+        rows[:, :h] = np.frombuffer(self.head, np.uint8)
+        rows[:, h : h + k] = gathered[:, :k]
+        rows[:, h + k : h + k + len(self.mid)] = np.frombuffer(self.mid, np.uint8)
+        rows[:, h + k + len(self.mid) :] = gathered[:, k:]
         return rows
 
     def unpack(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
@@ -195,16 +205,14 @@ class Cuts:
         without sorting it again (``sort_spools``)."""
         records = np.frombuffer(data, self.layout.records())
         keys = np.ascontiguousarray(records["k"])
-        if not len(self.keys):
-            order = np.argsort(keys, kind="stable")
-            return Packed(
-                self.layout, self.layout.pack(records[order]), np.array([0, len(records)])
-            )
-        parts = np.searchsorted(self.keys, keys, side="right")
-        order = np.lexsort((keys, parts))  # by partition, then key; stable
-        at = np.zeros(self.partitions + 1, np.int64)
-        np.cumsum(np.bincount(parts, minlength=self.partitions), out=at[1:])
-        return Packed(self.layout, self.layout.pack(records[order]), at)
+        order = key_order(keys)
+        at = np.empty(self.partitions + 1, np.int64)
+        at[0], at[-1] = 0, len(records)
+        if len(self.keys):
+            # Sorted by key is grouped by partition: a key's part counts the cuts at or
+            # before it, so part p starts at the first key at or past cut p - 1.
+            at[1:-1] = np.searchsorted(keys[order], self.keys, side="left")
+        return Packed(self.layout, self.layout.pack(records, order), at)
 
 
 @dataclass
@@ -217,7 +225,7 @@ class Packed:
 
     def parts(self) -> Iterator[tuple[int, memoryview, int]]:
         """(partition, its rows' bytes, how many) of each partition with rows."""
-        data = self.rows.view(np.uint8).reshape(-1).data
+        data = self.rows.reshape(-1).data
         w = self.layout.width
         for p in np.flatnonzero(np.diff(self.at)).tolist():
             a, b = int(self.at[p]), int(self.at[p + 1])
@@ -261,9 +269,45 @@ class NotRows(Exception):
     """The spools hold something other than rows of one layout: the general path reads them."""
 
 
-def sorted_records(records: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    order = np.argsort(np.ascontiguousarray(records["k"]), kind="stable")
-    return np.take(records, order)
+def key_order(keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The stable sorting order of fixed-width byte keys (``S<n>``): equal keys keep their
+    positions' order. Their first 8 bytes, as one big-endian integer, are sorted by
+    numpy's quicksort (vectorised: a third of the time of a stable sort of the keys as
+    bytes, which moves each key with a call of its own); the keys whose first 8 bytes
+    some other key shares are then put in order among themselves by the whole key and by
+    position. Random keys share almost none; keys that share many cost one more stable
+    sort of those."""
+    n, width = len(keys), keys.dtype.itemsize
+    if n < 2:
+        return np.arange(n)
+    head = np.zeros((n, 8), np.uint8)
+    head[:, : min(8, width)] = keys.view(np.uint8).reshape(n, width)[:, :8]
+    first = head.view(">u8").reshape(n).astype(np.uint64)
+    order = np.argsort(first)
+    ranked = first[order]
+    tie = ranked[1:] == ranked[:-1]
+    if not tie.any():
+        return order
+    # The sorted positions in a run of equal first words: contiguous for each word, so
+    # sorting them all together (by key, whose first 8 bytes are that word, then by
+    # position) fills each run's positions with its own keys, in their order.
+    shared = np.zeros(n, bool)
+    shared[1:] |= tie
+    shared[:-1] |= tie
+    where = np.flatnonzero(shared)
+    tied = np.sort(order[where])
+    order[where] = tied[np.argsort(keys[tied], kind="stable")]
+    return order
+
+
+def sorted_records(records: np.ndarray[Any, Any], *, runs: bool = False) -> np.ndarray[Any, Any]:
+    """The records sorted by key, stably. ``runs``: they are a few sorted runs laid end to
+    end, which the stable sort of the keys (timsort) merges as it finds them, faster than
+    ``key_order`` sorts them afresh. Each record is gathered whole, as one opaque item."""
+    keys = np.ascontiguousarray(records["k"])
+    order = np.argsort(keys, kind="stable") if runs else key_order(keys)
+    whole = records.view(f"V{records.dtype.itemsize}")
+    return np.take(whole, order).view(records.dtype)
 
 
 def sort_spools(
@@ -431,7 +475,7 @@ def _merge(paths: Sequence[str | Span], layout: Layout, memory_bytes: int, out: 
                     n = int(np.searchsorted(r.block["k"], bound, side=side)[0])
                     taken.append(r.block[:n])
                     r.block = r.block[n:]
-            merged = sorted_records(np.concatenate(taken))
+            merged = sorted_records(np.concatenate(taken), runs=True)
             out.write(merged.view(np.uint8).reshape(-1).data)
             written += len(merged)
             if not open_runs:

@@ -337,3 +337,23 @@ async def test_fixed_input_gone_mid_job_fails_it_at_once(tmp_path: Path, action:
     assert "victim.bin (file://" in error and "no longer exists" in error
     assert not run.record.get("tasks_retried")
     assert run.leftovers == []
+
+
+@pytest.mark.parametrize("width", [1, 3, 8, 9, 10, 17])
+@pytest.mark.parametrize("alphabet", [b"\x00\xff", b"\x00\x01\x41\x42\xff", bytes(range(256))])
+def test_key_order_is_a_stable_sort_of_the_keys_as_bytes(width: int, alphabet: bytes) -> None:
+    """key_order sorts by the first 8 bytes as an integer and settles shared ones apart:
+    its order must be exactly Python's stable sort of the keys as bytes, whatever the keys
+    share (two letters: nearly every key shares its first word; NULs trailing and
+    leading), for keys shorter and longer than the word."""
+    import numpy as np
+
+    rnd = random.Random(width * 1000 + len(alphabet))
+    for n in (0, 1, 2, 50, 3000):
+        keys = [bytes(rnd.choice(alphabet) for _ in range(width)) for _ in range(n)]
+        if n > 2:  # some keys differing only past their first word, and exact repeats
+            keys[1] = keys[0][:-1] + bytes([keys[0][-1] ^ 1])
+            keys[2] = keys[0]
+        want = sorted(range(n), key=keys.__getitem__)
+        got = fixedsort.key_order(np.array(keys, dtype=f"S{width}")).tolist()
+        assert got == want
