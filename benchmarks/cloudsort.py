@@ -431,9 +431,15 @@ def bill(
     util = float(m["utilization"])
     cpu_s = d_gb * float(m["cpu_s_per_gb"])
     t_cpu = cpu_s / (slots * util)
-    moved = d + 2 * d / ratio + d  # input in, shuffle out and in, output out
+    # EC2's bandwidth is each way at once ("up to 10 Gbps for inbound traffic and,
+    # simultaneously, up to 10 Gbps for outbound", the EC2 user guide's "Amazon EC2 instance
+    # network bandwidth"), and S3 in the region may use all of it: the busier direction
+    # bounds. In: the input, and the shuffle read back; out: the shuffle, and the output.
+    # (Until 2026-11-28 this added the two directions: twice the time.)
+    inbound = d + d / ratio
+    outbound = d / ratio + d
     per_instance_bps = float(kind_of["network_gbps"]) * 1e9 / 8 * NETWORK_EFFICIENCY
-    t_net = moved / instances / per_instance_bps
+    t_net = max(inbound, outbound) / instances / per_instance_bps
     sh = shape(d, split_gb * GB, reducers, memory_mb, ratio)
     maps = int(sh["maps"])
     tasks = maps + reducers
@@ -562,6 +568,9 @@ def bill(
             "disk": round(t_disk),
         },
         "disk_gb_per_instance": round(footprint_gb),
+        # The local disk's traffic an instance must sustain at the sort's pace (not a bound
+        # of the model on an instance store, whose throughput no price table states).
+        "disk_mb_s_per_instance": round(disk / instances / t / 1e6),
         "disk_fits": (not nvme) or footprint_gb <= float(kind_of["nvme_gb"]),
         "usd": {k: round(v, 2) for k, v in dollars.items()},
         "usd_total": round(total, 2),

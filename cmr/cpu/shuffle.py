@@ -75,6 +75,7 @@ class Shuffle:
             room = spec.max_message_bytes - header - 4  # bin 8/16/32 adds up to 4 bytes
             self.target = [room] * spec.partitions
         self.last_pair: Any = None  # what add_pairs was handling when something raised
+        self.rows = False  # batches of fixed-width rows (add_rows): wire.encode's own level
         # Below this a batch is not worth a message of its own (compressed guesses shrink
         # the target when a body came out too big).
         self.floor = max(1, min(64 * 1024, spec.max_message_bytes // 4))
@@ -182,6 +183,7 @@ class Shuffle:
         """n pairs packed as fixed-width rows (cmr.cpu.fixedsort), in pieces of whole rows no
         bigger than a batch takes in one (a row is at most ``floor`` bytes: Cuts.of)."""
         per = max(1, self.floor // width)
+        self.rows = True
         for at in range(0, n, per):
             k = min(per, n - at)
             self._hold(p, bytes(rows[at * width : (at + k) * width]), k)
@@ -203,6 +205,7 @@ class Shuffle:
             body = wire.encode(
                 wire.Batch(s.job, s.task, s.attempt, p, self.batches[p], n, raw),
                 compress=s.compress,
+                rows=self.rows,
             )
             # Too big for a message, or holding more pairs than a reader accepts from a body
             # this small (values that compress thousands of times): send it in halves.
