@@ -37,6 +37,7 @@ import math
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -241,7 +242,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     embedded = embedded_utilization(args, data)
     local = args.scratch / f"out-{tag}"
     fetch_output(out_prefix, local)
-    ok, lines = hadoop.validate_cmr_output(local, hadoop.Env(args.scratch / f".check-{tag}"))
+    try:
+        ok, lines = hadoop.validate_cmr_output(local, hadoop.Env(args.scratch / f".check-{tag}"))
+    finally:  # the sort's output, fetched for the check: as large as its input, each run
+        shutil.rmtree(local, ignore_errors=True)
+        shutil.rmtree(args.scratch / f".check-{tag}", ignore_errors=True)
     got = hadoop.checksum(lines)
     want = shuffle_wire.input_checksum(data, args.scratch / f".check-in-{args.size_mb}")
     requests: Counter[str] = Counter(aws.requests) + Counter(ddb.requests)
@@ -597,7 +602,13 @@ def markdown(rows: list[dict[str, Any]], checks: list[dict[str, Any]], m: dict[s
         f"the local stack, {m['workers']} workers, {m['reducers']} reducers, splits of "
         f"{m['split_mb']} MB, --memory-mb {m['memory_mb']}: {m['wall_s']} s, "
         f"{m['cpu_s_per_gb']} CPU s per GB, utilization {m['utilization']}, the shuffle "
-        f"compressed {m['compression']}x; {m['check']}.",
+        f"compressed {m['compression']}x; {m['check']}; over {m.get('scheme', 'http')}."
+        + (
+            f" CPU seconds of each run: {m['cpu_runs']} (whole runs: "
+            f"{m['cpu_s_per_gb_whole_run']} s per GB)."
+            if "cpu_runs" in m
+            else ""
+        ),
         "",
         "| term (measured run) | modelled | measured |",
         "|---|---:|---:|",
@@ -639,8 +650,51 @@ def break_even(m: dict[str, Any], wire: Any, design: str, options: dict[str, Any
     return round(lo, 1)
 
 
+def cpu_slope(small: list[dict[str, Any]], large: list[dict[str, Any]]) -> dict[str, Any]:
+    """CPU seconds per extra GB between runs of two sizes (the median run of each): what a
+    GB more costs, without what every run pays once whatever its size (each process's
+    start, the job's submission and sampling, its last reducer's tail), which a 100 TB sort
+    pays once per worker, not per GB."""
+
+    def median(runs: list[dict[str, Any]]) -> tuple[float, float]:
+        cpu = statistics.median(float(r["cpu_s"]) for r in runs)
+        return cpu, float(runs[0]["input_bytes"])
+
+    (c1, b1), (c2, b2) = median(small), median(large)
+    if {int(r["input_bytes"]) for r in small} | {int(r["input_bytes"]) for r in large} != {
+        int(b1),
+        int(b2),
+    } or b2 <= b1:
+        raise SystemExit("--measured and --larger: runs of one size each, --larger's larger")
+    return {
+        "cpu_s_per_gb": round((c2 - c1) / ((b2 - b1) / GB), 2),
+        "runs": {
+            f"{b1 / 1e6:.0f} MB": sorted(float(r["cpu_s"]) for r in small),
+            f"{b2 / 1e6:.0f} MB": sorted(float(r["cpu_s"]) for r in large),
+        },
+    }
+
+
 def model_main(args: argparse.Namespace) -> int:
-    m = json.loads(args.measured.read_text())
+    runs = [json.loads(p.read_text()) for p in args.measured]
+    m = runs[0]
+    if len(runs) > 1:  # this machine's speed moves from one minute to the next
+        m = {
+            **m,
+            "cpu_s_per_gb": statistics.median(float(r["cpu_s_per_gb"]) for r in runs),
+            "utilization": statistics.median(float(r["utilization"]) for r in runs),
+        }
+    if args.larger:
+        larger = [json.loads(p.read_text()) for p in args.larger]
+        slope = cpu_slope(runs, larger)
+        m = {
+            **m,
+            "utilization": statistics.median(float(r["utilization"]) for r in runs + larger),
+            "cpu_s_per_gb_whole_run": m["cpu_s_per_gb"],
+            "cpu_s_per_gb": slope["cpu_s_per_gb"],
+            "cpu_runs": slope["runs"],
+            "when": m["when"] + " (CPU per GB: the slope between two sizes)",
+        }
     if args.cpu_s_per_gb is not None:
         m = {
             **m,
@@ -687,7 +741,21 @@ def main() -> int:
         "no payload over TLS; over http it hashes every one)",
     )
     mo = sub.add_parser("model", help="the bill of a large sort, from a measured run")
-    mo.add_argument("--measured", type=Path, required=True)
+    mo.add_argument(
+        "--measured",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="measure's output; several runs of one size: the first's requests, and with "
+        "--larger the median CPU and utilization",
+    )
+    mo.add_argument(
+        "--larger",
+        type=Path,
+        nargs="*",
+        help="measure's runs of a larger size: the CPU per GB is then the slope between "
+        "the two sizes' median runs, without what each run pays once",
+    )
     mo.add_argument("--wire", type=Path, default=HERE / "results-shuffle-wire.json")
     mo.add_argument("--tb", type=float, default=100)
     mo.add_argument("--instance", default="i4i.8xlarge")
