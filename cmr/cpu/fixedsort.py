@@ -112,7 +112,7 @@ class Layout:
         shape (records, width). A record is gathered whole, as one opaque item (a field
         by field gather of the structured array took 2.5 times as long), then its key
         and value are copied into place around the two constant headers."""
-        whole = records.view(f"V{self.record_len}")
+        whole = np.ascontiguousarray(records).view(f"V{self.record_len}")
         if order is not None:
             whole = np.take(whole, order)
         gathered = whole.view(np.uint8).reshape(len(whole), self.record_len)
@@ -206,12 +206,13 @@ class Cuts:
         records = np.frombuffer(data, self.layout.records())
         keys = np.ascontiguousarray(records["k"])
         order = key_order(keys)
-        at = np.empty(self.partitions + 1, np.int64)
-        at[0], at[-1] = 0, len(records)
-        if len(self.keys):
-            # Sorted by key is grouped by partition: a key's part counts the cuts at or
-            # before it, so part p starts at the first key at or past cut p - 1.
-            at[1:-1] = np.searchsorted(keys[order], self.keys, side="left")
+        # Sorted by key is grouped by partition: a key's part counts the cuts at or before
+        # it, so part p starts at the first key at or past cut p - 1. A plan may have fewer
+        # cuts than partitions less one (a sample of few distinct keys): the parts past the
+        # last cut's are empty.
+        at = np.full(self.partitions + 1, len(records), np.int64)
+        at[0] = 0
+        at[1 : len(self.keys) + 1] = np.searchsorted(keys[order], self.keys, side="left")
         return Packed(self.layout, self.layout.pack(records, order), at)
 
 

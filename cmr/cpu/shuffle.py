@@ -75,7 +75,9 @@ class Shuffle:
             room = spec.max_message_bytes - header - 4  # bin 8/16/32 adds up to 4 bytes
             self.target = [room] * spec.partitions
         self.last_pair: Any = None  # what add_pairs was handling when something raised
-        self.rows = False  # batches of fixed-width rows (add_rows): wire.encode's own level
+        # A task that sent fixed-width rows (add_rows): its batches take wire.encode's level
+        # for rows from then on (a chunk of it that went the general way too, harmlessly).
+        self.rows = False
         # Below this a batch is not worth a message of its own (compressed guesses shrink
         # the target when a body came out too big).
         self.floor = max(1, min(64 * 1024, spec.max_message_bytes // 4))

@@ -177,12 +177,16 @@ def _records(n: int, seed: int) -> bytes:
 
 
 @pytest.mark.parametrize("cuts", [(), (b"\x01" * KEY,), (b"\x00" * KEY, b"A" * KEY, b"B\xff" * 5)])
+@pytest.mark.parametrize("spare", [0, 3], ids=["a cut per partition", "fewer cuts"])
 def test_a_map_task_packs_rows_partitioned_and_sorted_by_piece(
-    tmp_path: Path, cuts: tuple[bytes, ...]
+    tmp_path: Path, cuts: tuple[bytes, ...], spare: int
 ) -> None:
+    """``spare``: partitions past the cuts' (a plan's sample of few distinct keys has fewer
+    cuts than partitions less one: the parts past the last cut's get nothing)."""
     data = [_records(7000, 1), _records(3000, 2)]
+    partitions = len(cuts) + 1 + spare
     spec = MapSpec(
-        "fixed-map", 0, "a1", len(cuts) + 1, 256 * 1024, str(tmp_path),
+        "fixed-map", 0, "a1", partitions, 256 * 1024, str(tmp_path),
         piece_bytes=64 * 1024,  # several pieces a chunk
         input_format=f"fixed:{RECORD}:{KEY}", cuts=cuts,
     )  # fmt: skip
@@ -216,7 +220,7 @@ def test_a_map_task_packs_rows_partitioned_and_sorted_by_piece(
     for rs in got.values():
         falls = sum(1 for a, b in itertools.pairwise(rs) if b[0] < a[0])
         assert falls < pieces, (falls, pieces)
-    assert result.records == [len(want.get(p, [])) for p in range(len(cuts) + 1)]
+    assert result.records == [len(want.get(p, [])) for p in range(partitions)]
 
 
 def test_runs_spilled_before_another_layout_are_not_the_general_paths(tmp_path: Path) -> None:
