@@ -1,7 +1,8 @@
 """The launch template's user data is a real script: render it as CloudFormation would, run
-it here in a scratch root (systemctl, the AWS CLI and pip replaced through its CMR_*
-variables) against the local stack (LocalStack, moto), and check that the worker it starts serves
-a job; and that a wheel or a lock that is not the one its key names is never installed."""
+it here in a scratch root (systemctl, the AWS CLI, pip and the disk tools replaced through its
+CMR_* variables) against the local stack (LocalStack, moto), and check that the worker it starts
+serves a job; that a wheel or a lock that is not the one its key names is never installed; and
+that the spool goes on the instance store when there is one, or nothing starts."""
 
 from __future__ import annotations
 
@@ -70,6 +71,56 @@ with open(a.outfile, "wb") as f:
     f.write(got["Body"].read())
 """
 
+# lsblk's answer to the user data's `lsblk -d -n -b -P -o NAME,TYPE,SIZE,MODEL`, as AL2023's
+# util-linux prints it: key="value" pairs, NVMe models padded with spaces. The root EBS volume
+# and an EBS data volume, which the spool must never take, and instance-store disks.
+LSBLK_ARGS = "-d -n -b -P -o NAME,TYPE,SIZE,MODEL"
+EBS_MODEL = "Amazon Elastic Block Store              "
+STORE_MODEL = "Amazon EC2 NVMe Instance Storage        "
+
+
+def disk(name: str, size: int, model: str) -> str:
+    return f'NAME="{name}" TYPE="disk" SIZE="{size}" MODEL="{model}"'
+
+
+EBS_ROOT = disk("nvme0n1", 20 * 2**30, EBS_MODEL)
+EBS_DATA = disk("nvme3n1", 100 * 2**30, EBS_MODEL)
+
+
+def fake_lsblk(*disks: str) -> str:
+    """Stands in for lsblk: records its arguments and lists these disks."""
+    listing = "\n".join(disks)
+    return f"""#!/bin/bash
+echo "lsblk $*" >>"$CMR_ROOT/boot.calls"
+cat <<'EOF'
+{listing}
+EOF
+"""
+
+
+# Stands in for mdadm, mkfs.xfs and any other command the test only needs to see called: it
+# records its name and arguments, in order, in one file the other fakes write too. The real
+# disk tools never run here.
+RECORD = """#!/bin/bash
+echo "$(basename "$0") $*" >>"$CMR_ROOT/boot.calls"
+"""
+# Stands in for mount: checks the mount point is a directory as mount does, then shows what a
+# mounted filesystem would (the new XFS's root, mode 0755, not the directory under it).
+FAKE_MOUNT = (
+    RECORD
+    + """for target; do :; done
+[ -d "$target" ] || { echo "mount: $target: mount point does not exist." >&2; exit 32; }
+chmod 0755 "$target"
+"""
+)
+# A mount that fails as a bad filesystem would.
+FAILING_MOUNT = (
+    RECORD
+    + """echo "mount: $4: wrong fs type, bad option, bad superblock on $3." >&2
+exit 32
+"""
+)
+
 IDLE_EXIT_S = 8
 TEXT = [
     "the quick brown fox jumps over the lazy dog\n" * 40,
@@ -79,8 +130,9 @@ TEXT = [
 WORKER_USER = pwd.getpwuid(os.getuid()).pw_name  # the unit's User=, here: no useradd
 PACKAGE = "fleetjobs"  # the job package the instance may run from (JobsFrom)
 # One worker runs them all when the suite runs in parallel (--dist loadgroup): the wheel and
-# its lock (`built`) are made once, not once per worker. Each boots a worker: the full suite's.
-pytestmark = [pytest.mark.xdist_group("bootstrap"), pytest.mark.slow]
+# its lock (`built`) are made once, not once per worker. Those that boot against the local
+# stack are the full suite's (slow); the disk tests, a second each without it, everyday's.
+pytestmark = pytest.mark.xdist_group("bootstrap")
 
 
 @dataclass(frozen=True)
@@ -122,6 +174,17 @@ def make_table(table: str) -> None:
     )
 
 
+# The user data's CMR_* variable for each command a test replaces.
+STAND_INS = {
+    "systemctl": "CMR_SYSTEMCTL",
+    "aws": "CMR_AWS",
+    "lsblk": "CMR_LSBLK",
+    "mdadm": "CMR_MDADM",
+    "mkfs.xfs": "CMR_MKFS",
+    "mount": "CMR_MOUNT",
+}
+
+
 def boot(
     tmp_path: Path,
     bucket: str,
@@ -131,8 +194,11 @@ def boot(
     lock: str,
     jobs_from: str = "cmr.loadgen.job",
     env: dict[str, str] | None = None,
+    fakes: dict[str, str] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """Run the user data, rendered for these names and keys, in a fresh scratch root."""
+    """Run the user data, rendered for these names and keys, in a fresh scratch root, with
+    these stand-ins (by default: the local stack's S3, a fake systemd, and an instance with no
+    instance store, whose disk tools must never be called)."""
     root = tmp_path / "instance"
     root.mkdir()
     script = render_user_data(
@@ -154,10 +220,16 @@ def boot(
         },
     )
     (root / "user-data.sh").write_text(script)
-    for name, text in (
-        ("systemctl", FAKE_SYSTEMCTL),
-        ("aws", FAKE_AWS.format(python=sys.executable)),
-    ):
+    stand_ins = {
+        "systemctl": FAKE_SYSTEMCTL,
+        "aws": FAKE_AWS.format(python=sys.executable),
+        "lsblk": fake_lsblk(EBS_ROOT),
+        "mdadm": RECORD,
+        "mkfs.xfs": RECORD,
+        "mount": RECORD,
+        **(fakes or {}),
+    }
+    for name, text in stand_ins.items():
         (tmp_path / name).write_text(text)
         (tmp_path / name).chmod(0o755)
     venv = root / "opt" / "cmr" / "venv"
@@ -168,8 +240,7 @@ def boot(
         "CMR_VENV_OPTS": "--without-pip",
         # The uv cache stands in for PyPI: same packages, no network.
         "CMR_PIP": f"uv pip install --offline --quiet --python {venv}/bin/python",
-        "CMR_SYSTEMCTL": str(tmp_path / "systemctl"),
-        "CMR_AWS": str(tmp_path / "aws"),
+        **{variable: str(tmp_path / name) for name, variable in STAND_INS.items()},
         "CMR_WORKER_USER": WORKER_USER,
         "CMR_BOOT_LOG": str(root / "bootstrap.log"),
         **(env or {}),
@@ -199,6 +270,7 @@ def names() -> tuple[str, str, str]:
     return f"cmr-boot-{tag}", f"cmr-boot-{tag}", f"cmrboot{tag}-"
 
 
+@pytest.mark.slow
 def test_user_data_installs_wheel_and_worker_serves_a_job(
     aws_stack: dict[str, str],
     built: Built,
@@ -230,6 +302,9 @@ def test_user_data_installs_wheel_and_worker_serves_a_job(
             boot_s = time.monotonic() - started
             log = (root / "bootstrap.log").read_text()
             assert f"{locked} verified" in log and f"{key} verified" in log
+            # No instance store: the spool stays on the root volume, no disk touched.
+            assert "cmr bootstrap: spool on the root volume (no instance store)" in log
+            assert (root / "boot.calls").read_text() == f"lsblk {LSBLK_ARGS}\n"
             # The wheel came from the bucket and is what the venv's cmr runs.
             assert (root / "opt" / "cmr" / built.wheel.name).read_bytes() == (
                 built.wheel.read_bytes()
@@ -337,6 +412,7 @@ def refused(done: subprocess.CompletedProcess[str], root: Path, why: str) -> Non
     assert not (root / "etc" / "systemd" / "system" / "cmr-worker.service").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("aws_stack")
 def test_a_tampered_wheel_is_never_installed(built: Built, tmp_path: Path) -> None:
     """Bytes in the wheel's place that are not the wheel its key names (by sha256)."""
@@ -357,6 +433,7 @@ def test_a_tampered_wheel_is_never_installed(built: Built, tmp_path: Path) -> No
         remove_test_resources(bucket, table, prefix)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("aws_stack")
 def test_a_tampered_lock_is_never_used(built: Built, tmp_path: Path) -> None:
     """A lock edited after upload (here: one package's hashes swapped for another's) no
@@ -377,6 +454,7 @@ def test_a_tampered_lock_is_never_used(built: Built, tmp_path: Path) -> None:
         remove_test_resources(bucket, table, prefix)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("aws_stack")
 def test_a_package_that_is_not_the_locked_file_is_refused(built: Built, tmp_path: Path) -> None:
     """The lock is the one its key names, but a package file does not match its hashes
@@ -402,3 +480,97 @@ def test_a_package_that_is_not_the_locked_file_is_refused(built: Built, tmp_path
         assert not (root / "opt" / "cmr" / "venv" / "bin" / "cmr").exists()
     finally:
         remove_test_resources(bucket, table, prefix)
+
+
+# Stands in for the AWS CLI with files of a local directory, by key: the disk tests need no stack.
+LOCAL_AWS = """#!/bin/bash
+# s3api get-object --bucket B --key KEY --expected-bucket-owner A OUTFILE
+echo "aws $*" >>"$CMR_ROOT/boot.calls"
+cp "{served}/$6" "$9"
+"""
+
+
+def boot_without_stack(
+    tmp_path: Path, *disks: str, mount: str = FAKE_MOUNT
+) -> tuple[subprocess.CompletedProcess[str], Path, list[str]]:
+    """The whole user data in about a second, on an instance with these disks: a stand-in lock
+    and wheel (named by their sha256, as `cmr fleet up` names them) served from a local
+    directory, and pip and systemctl that only record their arguments, in the order of every
+    other call. Returns the run, the scratch root and those calls."""
+    served = tmp_path / "served"
+    files = {"requirements.txt": b"# stand-in lock\n", "cmr-0.0.0-py3-none-any.whl": b"wheel\n"}
+    keys: list[str] = []
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        key = (lock_key if name == "requirements.txt" else wheel_key)(tmp_path / name)
+        (served / key).parent.mkdir(parents=True)
+        (served / key).write_bytes(data)
+        keys.append(key)
+    (tmp_path / "pip").write_text(RECORD)
+    (tmp_path / "pip").chmod(0o755)
+    bucket, table, prefix = names()
+    fakes = {"lsblk": fake_lsblk(*disks), "aws": LOCAL_AWS.format(served=served),
+             "systemctl": RECORD, "mount": mount}  # fmt: skip
+    done, root = boot(tmp_path, bucket, table, prefix, keys[1], keys[0],
+                      env={"CMR_PIP": str(tmp_path / "pip")}, fakes=fakes)  # fmt: skip
+    calls = root / "boot.calls"
+    return done, root, calls.read_text().splitlines() if calls.exists() else []
+
+
+@pytest.mark.parametrize(
+    ("store", "layout"),
+    [
+        pytest.param([3_750_000_000_000] * 2, "RAID 0, 7.5 TB", id="two-disks"),
+        pytest.param([118_000_000_000], "118 GB", id="one-disk"),
+    ],
+)
+def test_the_spool_goes_on_the_instance_store(
+    tmp_path: Path, store: list[int], layout: str
+) -> None:
+    """The instance-store NVMe disks, and only those (not the EBS ones), become the spool's
+    filesystem: striped into a RAID 0 when there are several, XFS, mounted with noatime at the
+    spool before the spool is made the worker's; then the boot goes on as on any instance."""
+    devices = [f"/dev/nvme{i}n1" for i in range(1, len(store) + 1)]
+    listing = [
+        disk(d.removeprefix("/dev/"), size, STORE_MODEL)
+        for d, size in zip(devices, store, strict=True)
+    ]
+    done, root, calls = boot_without_stack(tmp_path, EBS_ROOT, *listing, EBS_DATA)
+    log = (root / "bootstrap.log").read_text()
+    assert done.returncode == 0, log
+    spool = root / "var" / "lib" / "cmr"
+    raid = len(devices) > 1
+    target = "/dev/md0" if raid else devices[0]
+    create = f"mdadm --create /dev/md0 --level=0 --raid-devices={len(devices)} --run"
+    disk_calls = [
+        f"lsblk {LSBLK_ARGS}",
+        *([f"{create} {' '.join(devices)}"] if raid else []),
+        f"mkfs.xfs -f -K {target}",
+        f"mount -o noatime {target} {spool}",
+    ]
+    assert calls[: len(disk_calls)] == disk_calls
+    assert f"cmr bootstrap: spool on instance store {' '.join(devices)} ({layout})" in log
+    # Then the downloads, the installs and the service: all after the mount.
+    rest = calls[len(disk_calls) :]
+    assert [c.split()[0] for c in rest] == ["aws", "aws", "pip", "pip", "systemctl", "systemctl"]
+    assert rest[-1] == "systemctl enable --now cmr-worker.service"
+    # The spool was made the worker's on the mounted filesystem: the mount's 0755 is gone.
+    st = spool.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == pwd.getpwnam(WORKER_USER).pw_uid
+    unit = (root / "etc" / "systemd" / "system" / "cmr-worker.service").read_text()
+    assert f"WorkingDirectory={spool}\n" in unit and f"Environment=TMPDIR={spool}\n" in unit
+
+
+def test_a_spool_that_cannot_be_mounted_starts_nothing(tmp_path: Path) -> None:
+    """A worker spooling on the small root volume of an instance chosen for its NVMe would
+    fail much later, disk full: the bootstrap stops, and says why, before it downloads or
+    installs anything."""
+    stores = [disk(f"nvme{i}n1", 3_750_000_000_000, STORE_MODEL) for i in (1, 2)]
+    done, root, calls = boot_without_stack(tmp_path, EBS_ROOT, *stores, mount=FAILING_MOUNT)
+    spool = root / "var" / "lib" / "cmr"
+    refused(done, root, f"REFUSED: could not mount /dev/md0 at {spool}; the worker is not started")
+    assert done.returncode == 1
+    assert "wrong fs type" in (root / "bootstrap.log").read_text()  # mount's own word, logged
+    assert [c.split()[0] for c in calls] == ["lsblk", "mdadm", "mkfs.xfs", "mount"]
+    assert "spool on instance store" not in (root / "bootstrap.log").read_text()
+    assert not (root / "opt" / "cmr" / "venv").exists()
