@@ -168,16 +168,76 @@ class TreeCpu:
         return sum(self.seen.values())
 
 
+class MapPhase:
+    """When the job's last map task committed, and the CPU its processes had used by then:
+    the table is asked every quarter second (from outside the run: its requests do not go
+    through the proxies) how many of the job's map tasks have a commit record."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        self.cpu_s: float | None = None
+        self.at_s: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, cpu: TreeCpu, started: float) -> None:
+        self._thread = threading.Thread(target=self._run, args=(cpu, started), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _jobs(self, ddb: Any) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = ddb.scan(
+            TableName=self.table,
+            FilterExpression="sk = :job",
+            ExpressionAttributeValues={":job": {"S": "job"}},
+        )["Items"]
+        return items
+
+    def _run(self, cpu: TreeCpu, started: float) -> None:
+        ddb = boto3.client("dynamodb", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_DYNAMODB"))
+        before: set[str] = set()
+        with contextlib.suppress(Exception):  # no table yet: no job before this one
+            before = {i["pk"]["S"] for i in self._jobs(ddb)}
+        job, maps = "", 0
+        while not self._stop.wait(0.25):
+            with contextlib.suppress(Exception):  # the table may not exist yet
+                if not job:
+                    found = [i for i in self._jobs(ddb) if i["pk"]["S"] not in before]
+                    if not found:
+                        continue
+                    job, maps = found[0]["pk"]["S"], int(found[0]["maps"]["N"])
+                done = ddb.query(
+                    TableName=self.table,
+                    KeyConditionExpression="pk = :pk AND begins_with(sk, :map)",
+                    ExpressionAttributeValues={":pk": {"S": job}, ":map": {"S": "map#"}},
+                    Select="COUNT",
+                )["Count"]
+                if maps and done >= maps:
+                    self.cpu_s, self.at_s = cpu.seconds, time.monotonic() - started
+                    return
+
+
 def run_counted(
-    argv: list[str], env: dict[str, str]
+    argv: list[str], env: dict[str, str], phase: MapPhase | None = None
 ) -> tuple[subprocess.CompletedProcess[str], float, float]:
-    """Run ``argv``; its result, wall seconds and its process tree's CPU seconds."""
+    """Run ``argv``; its result, wall seconds and its process tree's CPU seconds (and, with
+    ``phase``, when its maps ended)."""
     started = time.monotonic()
     proc = subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     with TreeCpu(proc.pid) as cpu:
-        out, err = proc.communicate(timeout=7200)
+        if phase is not None:
+            phase.start(cpu, started)
+        try:
+            out, err = proc.communicate(timeout=7200)
+        finally:
+            if phase is not None:
+                phase.stop()
     wall = time.monotonic() - started
     return subprocess.CompletedProcess(argv, proc.returncode, out, err), wall, cpu.seconds
 
@@ -236,7 +296,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "--split-mb", str(args.split_mb), "--memory-mb", str(args.memory_mb),
             "--shuffle", "blob", "--no-progress",
         ]  # fmt: skip
-        done, wall, cpu = run_counted(argv, env)
+        phase = MapPhase(TABLE)
+        done, wall, cpu = run_counted(argv, env, phase)
     if done.returncode != 0:
         raise SystemExit(f"cmr run failed ({done.returncode}):\n{done.stderr[-3000:]}")
     embedded = embedded_utilization(args, data)
@@ -268,6 +329,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2),
         "cpu_s_per_gb": round(cpu / (input_bytes / GB), 2),
+        # The CPU spent before the last map task committed (reducers fetch the winners'
+        # parts meanwhile): what the model's --map-cpu-share stands for.
+        "maps_done_s": None if phase.at_s is None else round(phase.at_s, 2),
+        "map_cpu_share": None if phase.cpu_s is None else round(phase.cpu_s / cpu, 3),
         # Here, where LocalStack and moto share the two cores: not the fleet's figure.
         "utilization_on_the_stack": round(cpu / (wall * (os.cpu_count() or 1)), 3),
         "embedded": embedded,
@@ -417,6 +482,7 @@ def bill(
     memory_mb: int,
     design: str,
     map_cpu_share: float = 0.5,
+    nvme_mb_s: float = 0.0,
 ) -> dict[str, Any]:
     """One row: the sort's dollars by what they pay for, its requests, and its time.
 
@@ -463,7 +529,9 @@ def bill(
     disk = maps * (2 * split + 5 * split / ratio) + reducers * (2 * part / ratio + 4 * part)
     footprint_gb = vcpus * max(split * (1 + 2 / ratio), part * (1 / ratio + 2)) / GB
     nvme = "nvme_gb" in kind_of
-    t_disk = 0.0 if nvme else disk / instances / (float(ec2["ebs_gp3_max_mb_s"]) * 1e6)
+    # An instance store's throughput is in no price table here: unbounded unless asked.
+    store_mb_s = nvme_mb_s if nvme else float(ec2["ebs_gp3_max_mb_s"])
+    t_disk = disk / instances / (store_mb_s * 1e6) if store_mb_s else 0.0
     # Each phase takes its CPU or its network time, whichever is longer: ``map_cpu_share``
     # of the CPU falls while maps run (not measured: 0.5 unless asked).
     t_phases = max(map_cpu_share * t_cpu, mapping / instances / per_instance_bps) + max(
@@ -720,6 +788,7 @@ def model_main(args: argparse.Namespace) -> int:
     options = dict(
         tb=args.tb, instance=args.instance, instances=args.instances, split_gb=args.split_gb,
         reducers=args.reducers, memory_mb=args.memory_mb, map_cpu_share=args.map_cpu_share,
+        nvme_mb_s=args.nvme_mb_s,
     )  # fmt: skip
     designs = ("blob", "blob-unpaged", "queue")
     rows = [bill(m, wire, design=d, **options) for d in designs]  # type: ignore[arg-type]
@@ -778,6 +847,13 @@ def main() -> int:
     mo.add_argument("--split-gb", type=float, default=32)
     mo.add_argument("--reducers", type=int, default=1280)
     mo.add_argument("--memory-mb", type=int, default=4096)
+    mo.add_argument(
+        "--nvme-mb-s",
+        type=float,
+        default=0.0,
+        help="what an instance's NVMe store sustains, MB/s, reads and writes together "
+        "(no price table states it: unbounded unless given)",
+    )
     mo.add_argument(
         "--map-cpu-share",
         type=float,
