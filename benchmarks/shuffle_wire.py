@@ -72,42 +72,12 @@ def self_signed() -> Iterator[tuple[ssl.SSLContext, str]]:
     path of that certificate: a client that trusts it (``AWS_CA_BUNDLE``) speaks https to
     the proxies as it would to AWS, so botocore signs no payload (it hashes every payload
     it sends over plain http) and pays for TLS instead."""
-    import datetime
-    import ipaddress
+    if str(REPO) not in sys.path:  # run as a script: the checkout's tests/ beside it
+        sys.path.insert(0, str(REPO))
+    from tests.tls import loopback_certificate
 
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
     with tempfile.TemporaryDirectory(prefix="cmr-tls-") as d:
-        crt, pem = Path(d) / "proxy.crt", Path(d) / "proxy.key"
-        crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        pem.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
+        crt, pem = loopback_certificate(Path(d), "cmr counting proxy")
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(crt, pem)
         yield context, str(crt)

@@ -6,8 +6,6 @@ does not verify. Real TLS handshakes with a loopback HTTPS server."""
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import ssl
 import sys
 from collections.abc import AsyncIterator
@@ -16,12 +14,9 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError, SSLError
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from cmr.backends.aws import sessions
+from tests.tls import loopback_certificate
 
 _BODY = b'{"__type": "com.amazonaws.sqs#Teapot", "message": "a loopback server"}'
 ANSWER = (
@@ -31,43 +26,11 @@ ANSWER = (
 )
 
 
-def _certificate(tmp: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1: (certificate = its own CA bundle, key)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cmr loopback test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
 @pytest.fixture
 async def https(tmp_path: Path) -> AsyncIterator[tuple[str, Path, list[int]]]:
     """A loopback HTTPS server answering every request with an SQS-style error: (its URL,
     the CA bundle that vouches for it, how many requests got through the handshake)."""
-    cert, key = _certificate(tmp_path)
+    cert, key = loopback_certificate(tmp_path, "cmr loopback test")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     served: list[int] = []
