@@ -64,6 +64,7 @@ from cmr.records import PAGE_PARTITIONS, PART_DIGEST, MapCommit, MapPage, page_s
 
 GB = 1_000_000_000
 BUCKET, TABLE, PREFIX = "cmr-cloudsort", "cmr-cloudsort", "cmrcs-"
+LOCALSTACK, DYNAMODB = "http://127.0.0.1:4566", "http://127.0.0.1:8000"  # scripts/stack.sh's
 IN_KEY, OUT_KEY = "cloudsort-in/", "cloudsort-out/"
 
 
@@ -82,7 +83,12 @@ def kind(path: str) -> str:
 
 
 def _s3() -> Any:
-    return boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL"))
+    return boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL", LOCALSTACK))
+
+
+def dynamodb_url() -> str:
+    """Read when called: the stack's environment may be set after this module loads."""
+    return os.environ.get("AWS_ENDPOINT_URL_DYNAMODB", DYNAMODB)
 
 
 def stage_input(data: Path, size_mb: int) -> str:
@@ -173,8 +179,8 @@ class MapPhase:
     the table is asked every quarter second (from outside the run: its requests do not go
     through the proxies) how many of the job's map tasks have a commit record."""
 
-    def __init__(self, table: str) -> None:
-        self.table = table
+    def __init__(self, table: str, output: str) -> None:
+        self.table, self.output = table, output
         self.cpu_s: float | None = None
         self.at_s: float | None = None
         self._stop = threading.Event()
@@ -189,33 +195,38 @@ class MapPhase:
         if self._thread is not None:
             self._thread.join()
 
-    def _jobs(self, ddb: Any) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = ddb.scan(
+    def _job(self, ddb: Any) -> tuple[str, int] | None:
+        """This run's job record, known by its output (no other job may write there while
+        it runs): its key and how many map tasks it has."""
+        pages = ddb.get_paginator("scan").paginate(
             TableName=self.table,
-            FilterExpression="sk = :job",
-            ExpressionAttributeValues={":job": {"S": "job"}},
-        )["Items"]
-        return items
+            FilterExpression="sk = :job AND #out = :out",
+            ExpressionAttributeNames={"#out": "output"},
+            ExpressionAttributeValues={":job": {"S": "job"}, ":out": {"S": self.output}},
+        )
+        for page in pages:
+            for item in page["Items"]:
+                return str(item["pk"]["S"]), int(item["maps"]["N"])
+        return None
 
     def _run(self, cpu: TreeCpu, started: float) -> None:
-        ddb = boto3.client("dynamodb", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_DYNAMODB"))
-        before: set[str] = set()
-        with contextlib.suppress(Exception):  # no table yet: no job before this one
-            before = {i["pk"]["S"] for i in self._jobs(ddb)}
-        job, maps = "", 0
+        ddb = boto3.client("dynamodb", endpoint_url=dynamodb_url())
+        found: tuple[str, int] | None = None
         while not self._stop.wait(0.25):
-            with contextlib.suppress(Exception):  # the table may not exist yet
-                if not job:
-                    found = [i for i in self._jobs(ddb) if i["pk"]["S"] not in before]
-                    if not found:
-                        continue
-                    job, maps = found[0]["pk"]["S"], int(found[0]["maps"]["N"])
-                done = ddb.query(
-                    TableName=self.table,
-                    KeyConditionExpression="pk = :pk AND begins_with(sk, :map)",
-                    ExpressionAttributeValues={":pk": {"S": job}, ":map": {"S": "map#"}},
-                    Select="COUNT",
-                )["Count"]
+            with contextlib.suppress(Exception):  # the table or the job may not exist yet
+                found = found or self._job(ddb)
+                if found is None:
+                    continue
+                job, maps = found
+                done = sum(
+                    page["Count"]
+                    for page in ddb.get_paginator("query").paginate(
+                        TableName=self.table,
+                        KeyConditionExpression="pk = :pk AND begins_with(sk, :map)",
+                        ExpressionAttributeValues={":pk": {"S": job}, ":map": {"S": "map#"}},
+                        Select="COUNT",
+                    )
+                )
                 if maps and done >= maps:
                     self.cpu_s, self.at_s = cpu.seconds, time.monotonic() - started
                     return
@@ -280,8 +291,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             tls, env["AWS_CA_BUNDLE"] = stack.enter_context(shuffle_wire.self_signed())
         aws, ddb, aws_port, ddb_port = stack.enter_context(
             shuffle_wire.proxies(
-                env.get("AWS_ENDPOINT_URL", "http://127.0.0.1:4566"),
-                env.get("AWS_ENDPOINT_URL_DYNAMODB", "http://127.0.0.1:8000"),
+                env.get("AWS_ENDPOINT_URL", LOCALSTACK),
+                env.get("AWS_ENDPOINT_URL_DYNAMODB", DYNAMODB),
                 kind,
                 tls,
             )
@@ -296,7 +307,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "--split-mb", str(args.split_mb), "--memory-mb", str(args.memory_mb),
             "--shuffle", "blob", "--no-progress",
         ]  # fmt: skip
-        phase = MapPhase(TABLE)
+        phase = MapPhase(TABLE, f"s3://{BUCKET}/{out_prefix}")
         done, wall, cpu = run_counted(argv, env, phase)
     if done.returncode != 0:
         raise SystemExit(f"cmr run failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -806,6 +817,13 @@ def model_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def share(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a share between 0 and 1")
+    return value
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -856,7 +874,7 @@ def main() -> int:
     )
     mo.add_argument(
         "--map-cpu-share",
-        type=float,
+        type=share,
         default=0.5,
         help="the share of the CPU spent while map tasks run (not measured; the phases' "
         "network times do not overlap, so an uneven split lengthens the sort)",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import functools
 import json
 import math
@@ -77,7 +78,8 @@ def self_signed() -> Iterator[tuple[ssl.SSLContext, str]]:
     from tests.tls import loopback_certificate
 
     with tempfile.TemporaryDirectory(prefix="cmr-tls-") as d:
-        crt, pem = loopback_certificate(Path(d), "cmr counting proxy")
+        # A day: longer than any run a benchmark makes (cloudsort's may take two hours).
+        crt, pem = loopback_certificate(Path(d), "cmr counting proxy", datetime.timedelta(days=1))
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(crt, pem)
         yield context, str(crt)

@@ -14,8 +14,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 
-def loopback_certificate(directory: Path, name: str = "cmr loopback") -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1, valid for an hour either side of now, and
+def loopback_certificate(
+    directory: Path,
+    name: str = "cmr loopback",
+    valid: datetime.timedelta = datetime.timedelta(hours=1),
+) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1, valid for ``valid`` either side of now, and
     its key, written to ``directory``: (certificate = its own CA bundle, key)."""
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
@@ -26,8 +30,8 @@ def loopback_certificate(directory: Path, name: str = "cmr loopback") -> tuple[P
         .issuer_name(subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
+        .not_valid_before(now - valid)
+        .not_valid_after(now + valid)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
