@@ -755,10 +755,8 @@ def cpu_slope(small: list[dict[str, Any]], large: list[dict[str, Any]]) -> dict[
         return cpu, float(runs[0]["input_bytes"])
 
     (c1, b1), (c2, b2) = median(small), median(large)
-    if {int(r["input_bytes"]) for r in small} | {int(r["input_bytes"]) for r in large} != {
-        int(b1),
-        int(b2),
-    } or b2 <= b1:
+    sizes = [{int(r["input_bytes"]) for r in runs} for runs in (small, large)]
+    if sizes != [{int(b1)}, {int(b2)}] or b2 <= b1:
         raise SystemExit("--measured and --larger: runs of one size each, --larger's larger")
     return {
         "cpu_s_per_gb": round((c2 - c1) / ((b2 - b1) / GB), 2),
