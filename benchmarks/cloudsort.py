@@ -524,9 +524,9 @@ def bill(
     # then, for a few hours, took the busier direction of the whole: d(1 + 1/r), which a
     # review showed no sort can reach.)
     per_instance_bps = float(kind_of["network_gbps"]) * 1e9 / 8 * NETWORK_EFFICIENCY
-    mapping = max(d, d / ratio)
-    reducing = max(d / ratio, d)
-    t_net = (mapping + reducing) / instances / per_instance_bps
+    net_mapping = max(d, d / ratio) / instances / per_instance_bps
+    net_reducing = max(d / ratio, d) / instances / per_instance_bps
+    t_net = net_mapping + net_reducing
     sh = shape(d, split_gb * GB, reducers, memory_mb, ratio)
     maps = int(sh["maps"])
     tasks = maps + reducers
@@ -544,11 +544,18 @@ def bill(
     store_mb_s = nvme_mb_s if nvme else float(ec2["ebs_gp3_max_mb_s"])
     t_disk = disk / instances / (store_mb_s * 1e6) if store_mb_s else 0.0
     # Each phase takes its CPU or its network time, whichever is longer: ``map_cpu_share``
-    # of the CPU falls while maps run (not measured: 0.5 unless asked).
-    t_phases = max(map_cpu_share * t_cpu, mapping / instances / per_instance_bps) + max(
-        (1 - map_cpu_share) * t_cpu, reducing / instances / per_instance_bps
+    # of the CPU falls while maps run (0.5 unless asked). Never shorter than all the CPU
+    # or all the network time; longer when a phase's CPU and the other's network dominate.
+    t_phases = max(map_cpu_share * t_cpu, net_mapping) + max(
+        (1 - map_cpu_share) * t_cpu, net_reducing
     )
-    t = max(t_cpu, t_net, t_disk, t_phases)
+    t = max(t_disk, t_phases)
+    if t_disk >= t_phases:
+        bound_by = "disk"
+    elif math.isclose(t_phases, max(t_cpu, t_net), rel_tol=1e-9):
+        bound_by = "cpu" if t_cpu >= t_net else "network"
+    else:
+        bound_by = "cpu and network by phase"
 
     # What the measured run did beyond the scaling terms (sampling at submit, the plan,
     # manifests, small records), counted per task: an overstatement, as part is per job.
@@ -653,13 +660,7 @@ def bill(
         "maps": maps,
         "reducers": reducers,
         "hours": round(hours, 2),
-        "bound_by": max(
-            ("cpu", t_cpu),
-            ("network", t_net),
-            ("disk", t_disk),
-            ("cpu and network by phase", t_phases - 0.5),  # only when strictly longer
-            key=lambda x: x[1],
-        )[0],
+        "bound_by": bound_by,
         "seconds_if_bound_by": {
             "cpu": round(t_cpu),
             "network": round(t_net),

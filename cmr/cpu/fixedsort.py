@@ -106,15 +106,13 @@ class Layout:
         return np.dtype([("k", f"S{self.key_len}"), ("v", f"V{self.value_len}")])
 
     def pack(
-        self, records: np.ndarray[Any, Any], order: np.ndarray[Any, Any] | None = None
+        self, records: np.ndarray[Any, Any], order: np.ndarray[Any, Any]
     ) -> np.ndarray[Any, Any]:
-        """Records (in ``order``, if given: indexes into them) as msgpack rows, bytes of
-        shape (records, width). A record is gathered whole, as one opaque item (a field
-        by field gather of the structured array took 2.5 times as long), then its key
-        and value are copied into place around the two constant headers."""
-        whole = np.ascontiguousarray(records).view(f"V{self.record_len}")
-        if order is not None:
-            whole = np.take(whole, order)
+        """Records, in ``order`` (indexes into them), as msgpack rows, bytes of shape
+        (records, width). A record is gathered whole, as one opaque item (a field by field
+        gather of the structured array took 2.5 times as long), then its key and value are
+        copied into place around the two constant headers."""
+        whole = np.take(np.ascontiguousarray(records).view(f"V{self.record_len}"), order)
         gathered = whole.view(np.uint8).reshape(len(whole), self.record_len)
         rows = np.empty((len(whole), self.width), np.uint8)
         h, k = len(self.head), self.key_len
