@@ -85,23 +85,20 @@ ASYNC_DECODE_BYTES = 64 * 1024
 _contexts = threading.local()
 
 
-def _zstd() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
-    pair = getattr(_contexts, "pair", None)
-    if pair is None:
-        pair = (
-            zstandard.ZstdCompressor(level=_LEVEL, write_content_size=True),
-            zstandard.ZstdDecompressor(),
-        )
-        _contexts.pair = pair
-    return pair
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    made: dict[int, zstandard.ZstdCompressor] | None = getattr(_contexts, "compressors", None)
+    if made is None:
+        made = _contexts.compressors = {}
+    if level not in made:
+        made[level] = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    return made[level]
 
 
-def _zstd_rows() -> zstandard.ZstdCompressor:
-    rows = getattr(_contexts, "rows", None)
-    if rows is None:
-        rows = zstandard.ZstdCompressor(level=_LEVEL_ROWS, write_content_size=True)
-        _contexts.rows = rows
-    return rows
+def _decompressor() -> zstandard.ZstdDecompressor:
+    made: zstandard.ZstdDecompressor | None = getattr(_contexts, "decompressor", None)
+    if made is None:
+        made = _contexts.decompressor = zstandard.ZstdDecompressor()
+    return made
 
 
 @dataclass(frozen=True, slots=True)  # slots: a plan may hold many thousands of these
@@ -210,7 +207,7 @@ def unpack_bounded(data: bytes, *, max_len: int, max_str: int = MAX_URL_LEN) -> 
 
 
 def compress(data: bytes) -> bytes:
-    return _zstd()[0].compress(data)
+    return _compressor(_LEVEL).compress(data)
 
 
 def decoded_limit(wire_bytes: int, cap: int = MAX_DECODED, ratio: int = MAX_RATIO) -> int:
@@ -241,7 +238,7 @@ def decompress(data: bytes | memoryview, limit: int | None = None) -> bytes:
             f"a zstd frame of {len(data)} bytes declares {size} bytes decoded (limit {limit})"
         )
     try:
-        return _zstd()[1].decompress(data, max_output_size=limit)
+        return _decompressor().decompress(data, max_output_size=limit)
     except zstandard.ZstdError as exc:
         raise WireError(bounded(f"corrupt zstd frame: {exc}")) from None
 
@@ -271,7 +268,7 @@ def encode(msg: Message, *, compress: bool = True, rows: bool = False) -> bytes:
     packed = pack(doc)
     if not compress:
         return MAGIC + packed
-    return MAGIC + (_zstd_rows() if rows else _zstd()[0]).compress(packed)
+    return MAGIC + _compressor(_LEVEL_ROWS if rows else _LEVEL).compress(packed)
 
 
 def bounded(text: str) -> str:
