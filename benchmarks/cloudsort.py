@@ -60,6 +60,7 @@ sys.path.insert(0, str(REPO))
 
 from cmr import bulk, rangefile  # noqa: E402
 from cmr.backends.aws import s3  # noqa: E402
+from cmr.cpu.runs import MERGE_FANIN  # noqa: E402
 from cmr.records import PAGE_PARTITIONS, PART_DIGEST, MapCommit, MapPage, page_sk, pages_for  # noqa: E402
 
 GB = 1_000_000_000
@@ -481,6 +482,42 @@ def _price(prices: dict[str, Any], name: str) -> float:
     return float(p["usd"]) / float(p["per"])
 
 
+# What each pass of a sort moves through a worker's local disk, (written, read) bytes, for
+# the code as built ("built") and as it was at e0f2188 (2026-11-28 14:20). Rows' msgpack
+# framing (8 bytes a 100-byte record) is left out.
+DISK_CODES = ("built", "e0f2188")
+
+
+def disk_traffic(
+    d: float, maps: int, reducers: int, ratio: float, memory_mb: int, code: str = "built"
+) -> dict[str, tuple[float, float]]:
+    if code not in DISK_CODES:
+        raise ValueError(f"no disk passes known for code {code!r}: one of {DISK_CODES}")
+    split = d / maps
+    part = d / reducers
+    built = code == "built"
+    passes: dict[str, tuple[float, float]] = {}
+    if rangefile.streams(int(split)):
+        passes["map: the split copied to local files"] = (d, d)
+    # The spool: read once to index it, once to make the object (at e0f2188, its file,
+    # then read to upload it; now streamed to the store as it is made).
+    passes["map: the spool (compressed)"] = (d / ratio, 2 * d / ratio)
+    if not built:
+        passes["map: the object's file, read to upload it"] = (d / ratio, d / ratio)
+    passes["reduce: the fetched parts, decompressed"] = (d, d)
+    # Past the reducer's memory, sorted runs of its rows (each record held at ~3.3 times
+    # its size, cmr.cpu.fixedsort.Layout.held), merged at most MERGE_FANIN at a time.
+    held = 3.3 * part
+    budget = memory_mb * MIB
+    if held > budget:
+        runs = math.ceil(held / budget)
+        merges = max(1, math.ceil(math.log(runs, MERGE_FANIN)))
+        passes["reduce: sorted runs"] = (d * merges, d * merges)
+    if not built:  # now streamed to the store as the pool writes it (cmr.poolpipe)
+        passes["reduce: the output file, read to upload it"] = (d, d)
+    return passes
+
+
 def bill(
     m: dict[str, Any],
     wire: dict[str, Any] | None,
@@ -493,7 +530,9 @@ def bill(
     memory_mb: int,
     design: str,
     map_cpu_share: float = 0.5,
-    nvme_mb_s: float = 0.0,
+    nvme_read_mb_s: float = 0.0,
+    nvme_write_mb_s: float = 0.0,
+    code: str = "built",
 ) -> dict[str, Any]:
     """One row: the sort's dollars by what they pay for, its requests, and its time.
 
@@ -530,19 +569,21 @@ def bill(
     sh = shape(d, split_gb * GB, reducers, memory_mb, ratio)
     maps = int(sh["maps"])
     tasks = maps + reducers
-    # The local disk: a map task writes its split's copy and reads it, writes its spool,
-    # reads it twice (indexing, writing the object), reads the object to upload it; a
-    # reducer writes its part of the shuffle, reads it, writes and reads sorted runs,
-    # writes its output and reads it to upload it. A slot's peak: a split's files, or a
-    # partition's.
+    # The local disk: what each pass of the code writes and reads (disk_traffic), over
+    # the instance store's write and read rates (sharing its drives), or an EBS volume's.
+    traffic = disk_traffic(d, maps, reducers, ratio, memory_mb, code)
+    written = sum(w for w, _ in traffic.values())
+    read = sum(r for _, r in traffic.values())
     split = d / maps
     part = d / reducers
-    disk = maps * (2 * split + 5 * split / ratio) + reducers * (2 * part / ratio + 4 * part)
     footprint_gb = vcpus * max(split * (1 + 2 / ratio), part * (1 / ratio + 2)) / GB
     nvme = "nvme_gb" in kind_of
-    # An instance store's throughput is in no price table here: unbounded unless asked.
-    store_mb_s = nvme_mb_s if nvme else float(ec2["ebs_gp3_max_mb_s"])
-    t_disk = disk / instances / (store_mb_s * 1e6) if store_mb_s else 0.0
+    if nvme:
+        write_mb_s = nvme_write_mb_s or float(kind_of["nvme_write_mb_s"])
+        read_mb_s = nvme_read_mb_s or float(kind_of["nvme_read_mb_s"])
+    else:
+        write_mb_s = read_mb_s = float(ec2["ebs_gp3_max_mb_s"])
+    t_disk = (written / write_mb_s + read / read_mb_s) / 1e6 / instances
     # Each phase takes its CPU or its network time, whichever is longer: ``map_cpu_share``
     # of the CPU falls while maps run (0.5 unless asked). Never shorter than all the CPU
     # or all the network time; longer when a phase's CPU and the other's network dominate.
@@ -668,9 +709,10 @@ def bill(
             "phases": round(t_phases),
         },
         "disk_gb_per_instance": round(footprint_gb),
-        # The local disk's traffic an instance must sustain at the sort's pace (not a bound
-        # of the model on an instance store, whose throughput no price table states).
-        "disk_mb_s_per_instance": round(disk / instances / t / 1e6),
+        # Bytes each pass moves through the local disk per input byte: (written, read).
+        "disk_passes": {k: (round(w / d, 2), round(r / d, 2)) for k, (w, r) in traffic.items()},
+        "disk_bytes_per_input_byte": (round(written / d, 2), round(read / d, 2)),
+        "disk_mb_s_per_instance": round((written + read) / instances / t / 1e6),
         "disk_fits": (not nvme) or footprint_gb <= float(kind_of["nvme_gb"]),
         "usd": {k: round(v, 2) for k, v in dollars.items()},
         "usd_total": round(total, 2),
@@ -798,7 +840,8 @@ def model_main(args: argparse.Namespace) -> int:
     options = dict(
         tb=args.tb, instance=args.instance, instances=args.instances, split_gb=args.split_gb,
         reducers=args.reducers, memory_mb=args.memory_mb, map_cpu_share=args.map_cpu_share,
-        nvme_mb_s=args.nvme_mb_s,
+        nvme_read_mb_s=args.nvme_read_mb_s, nvme_write_mb_s=args.nvme_write_mb_s,
+        code=args.code,
     )  # fmt: skip
     designs = ("blob", "blob-unpaged", "queue")
     rows = [bill(m, wire, design=d, **options) for d in designs]  # type: ignore[arg-type]
@@ -865,11 +908,23 @@ def main() -> int:
     mo.add_argument("--reducers", type=int, default=1280)
     mo.add_argument("--memory-mb", type=int, default=4096)
     mo.add_argument(
-        "--nvme-mb-s",
+        "--nvme-read-mb-s",
         type=float,
         default=0.0,
-        help="what an instance's NVMe store sustains, MB/s, reads and writes together "
-        "(no price table states it: unbounded unless given)",
+        help="what an instance's NVMe store reads, MB/s (default: the price table's, "
+        "ScyllaDB's iotune figures)",
+    )
+    mo.add_argument(
+        "--nvme-write-mb-s",
+        type=float,
+        default=0.0,
+        help="what an instance's NVMe store writes, MB/s (default: the price table's)",
+    )
+    mo.add_argument(
+        "--code",
+        choices=DISK_CODES,
+        default="built",
+        help="whose local disk passes: the code as built, or as it was at e0f2188",
     )
     mo.add_argument(
         "--map-cpu-share",

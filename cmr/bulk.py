@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,17 +108,22 @@ def _entry(f: Any, start: int, end: int) -> tuple[int, int, int, bytes, bool]:
     return msgpack.unpackb(f.read(end - start), raw=False, use_list=False)  # type: ignore[no-any-return]
 
 
-def _write(
+OBJECT_CHUNK = 8 * 1024 * 1024  # bytes of a shuffle object made at once from the spool
+
+
+def _object_chunks(
     spool: str,
     spans: dict[int, list[tuple[int, int, int, bool]]],
     pointers: dict[tuple[int, int], bytes],
-    path: str,
-) -> dict[int, tuple[int, int, bytes]]:
-    """The object's file, partition after partition, and each partition's part."""
-    parts: dict[int, tuple[int, int, bytes]] = {}
+    parts: dict[int, tuple[int, int, bytes]],
+) -> Generator[bytes, None, None]:
+    """The object's bytes, partition after partition, about OBJECT_CHUNK at a time, each
+    partition's part put in ``parts`` (partition -> offset, length, digest) once made."""
     offset = 0
     pack = msgpack.Packer(use_bin_type=True).pack
-    with open(spool, "rb") as src, open(path, "wb") as out:
+    out: list[bytes] = []
+    held = 0
+    with open(spool, "rb") as src:
         for p in sorted(spans):
             digest = digests.new()
             length = 0
@@ -128,11 +133,31 @@ def _write(
                 else:  # the body, framed as packed, copied as it lies
                     src.seek(start)
                     framed = src.read(end - start)
-                out.write(framed)
                 digest.update(framed)
                 length += len(framed)
+                out.append(framed)
+                held += len(framed)
+                if held >= OBJECT_CHUNK:
+                    yield b"".join(out)
+                    out.clear()
+                    held = 0
             parts[p] = (offset, length, digest.digest()[:PART_DIGEST])
             offset += length
+    if out:
+        yield b"".join(out)
+
+
+def _write(
+    spool: str,
+    spans: dict[int, list[tuple[int, int, int, bool]]],
+    pointers: dict[tuple[int, int], bytes],
+    path: str,
+) -> dict[int, tuple[int, int, bytes]]:
+    """The object's file, and each partition's part."""
+    parts: dict[int, tuple[int, int, bytes]] = {}
+    with open(path, "wb") as out:
+        for chunk in _object_chunks(spool, spans, pointers, parts):
+            out.write(chunk)
     return parts
 
 
@@ -154,11 +179,32 @@ async def write_object(
                 if spilled:  # a value of its own (rare, and big): uploaded, then pointed at
                     _p, _seq, n, data, _ = await asyncio.to_thread(_entry, f, start, end)
                     pointers[(p, seq)] = await spilled_body(p, seq, n, data)
+    url = shuffle_url(spec.scratch, spec.job_id, task, attempt)
+    if not rt.backend.capabilities.local_files:
+        # Made from the spool as it is sent: no file of the object on this disk, which at
+        # a fleet's scale is what bounds a sort (benchmarks/cloudsort.py).
+        parts: dict[int, tuple[int, int, bytes]] = {}
+        made = _object_chunks(spool, spans, pointers, parts)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            while chunk := await asyncio.to_thread(next, made, b""):
+                yield chunk
+
+        try:
+            size = await rt.backend.blobs.upload_stream(
+                url, chunks(), size_hint=os.path.getsize(spool)
+            )
+        finally:
+            # Its spool file closed, when the upload stopped early (unless a thread still
+            # runs it: then it closes as it is collected).
+            with contextlib.suppress(ValueError):
+                made.close()
+        return Written(url, parts, size)
+    # A store of local files links the finished file instead of copying it.
     path = spool + ".object"
     try:
         parts = await asyncio.to_thread(_write, spool, spans, pointers, path)
         size = os.path.getsize(path)
-        url = shuffle_url(spec.scratch, spec.job_id, task, attempt)
         await rt.backend.blobs.upload_file(path, url, frozen=True)
     finally:
         with contextlib.suppress(FileNotFoundError):  # a store on this disk may keep it

@@ -26,7 +26,8 @@ import os
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from cmr import bulk, clock, failures, finalize, sidefiles, wire
 from cmr import digest as digests
@@ -34,10 +35,12 @@ from cmr.aio import TaskGroup, first_error
 from cmr.backends.base import Received
 from cmr.claim import Claim, Refusal, claim
 from cmr.cpu.reducing import run_reduce
+from cmr.cpu.results import ReduceResult
 from cmr.cpu.specs import ReduceSpec
 from cmr.errors import BackendError, BlobMissing, QueueGone, TaskError, WireError
 from cmr.lease import in_background, message_lease
 from cmr.lifecycle import reduce_output_url, spill_url
+from cmr.poolpipe import PoolFailed, PoolPipe
 from cmr.records import MAX_VISIBILITY_S, JobSpec, MapCommit, job_pk, map_sk, task_of
 from cmr.runtime import Runtime, WorkerCrashed
 from cmr.timelimit import task_limit
@@ -595,28 +598,72 @@ async def _let_go(rt: Runtime, drain: Drain, queue: str, *, lost: bool) -> None:
             await rt.backend.queues.change_visibility(queue, receipts, 0)
 
 
+async def _reduce_streamed(
+    rt: Runtime,
+    reduce: Callable[[str], Coroutine[Any, Any, ReduceResult]],
+    drain: Drain,
+    url: str,
+) -> tuple[ReduceResult, int]:
+    """The reduce run in the pool, its output uploaded to ``url`` as it is written; (its
+    result, the bytes stored). Nothing is stored when the reduce fails; an upload that
+    fails stops the pool's writes (EPIPE) and passes on its error once the pool is done."""
+    pipe = PoolPipe(drain.workdir)
+    try:
+        call = asyncio.ensure_future(reduce(pipe.path))
+        try:
+            nbytes = await rt.backend.blobs.upload_stream(
+                url, pipe.chunks(call, lambda r: not r.error), size_hint=drain.spooled
+            )
+        except PoolFailed:
+            return await call, 0  # its error, or its exception raised here
+        except BaseException:
+            pipe.close()  # the pool's next write fails: it stops, and its outcome is nobody's
+            call.cancel()
+            raise
+        return await call, nbytes
+    finally:
+        pipe.close()
+
+
 async def _reduce_and_commit(
     rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, msg: Received, queue: str
 ) -> None:
     reduce_q = spec.queues()[1]
-    out_path = os.path.join(drain.workdir, "output")
     limit = task_limit(spec.task_timeout_s, drain.spooled)
-    result = await rt.cpu(
-        run_reduce,
-        spec.ref,
-        spec.params,
-        drain.winner_spools(),
-        ReduceSpec.of(
-            spec,
-            rt.settings,
-            out_path=out_path,
-            spill_dir=drain.workdir,
+    url = reduce_output_url(spec.scratch, spec.job_id, drain.partition, owner.epoch, owner.token)
+    files_dir = await sidefiles.fetch(rt, spec)
+
+    def reduce(out_path: str) -> Coroutine[Any, Any, ReduceResult]:
+        return rt.cpu(
+            run_reduce,
+            spec.ref,
+            spec.params,
+            drain.winner_spools(),
+            ReduceSpec.of(
+                spec,
+                rt.settings,
+                out_path=out_path,
+                spill_dir=drain.workdir,
+                limit_s=limit,
+                what=f"reduce of partition {drain.partition}",
+                files_dir=files_dir,
+            ),
             limit_s=limit,
-            what=f"reduce of partition {drain.partition}",
-            files_dir=await sidefiles.fetch(rt, spec),
-        ),
-        limit_s=limit,
-    )
+        )
+
+    if rt.backend.capabilities.local_files:
+        out_path = os.path.join(drain.workdir, "output")
+        result = await reduce(out_path)
+        if not result.error:
+            nbytes = os.path.getsize(out_path)
+            await rt.backend.blobs.upload_file(out_path, url, frozen=True)
+            # The store may share the file (frozen): its name here is gone before anything
+            # could write through it.
+            os.unlink(out_path)
+    else:
+        # Streamed to the store as the pool writes it (cmr.poolpipe): the output never
+        # touches this disk.
+        result, nbytes = await _reduce_streamed(rt, reduce, drain, url)
     drain.stats["reduce_spills"] += result.spills
     if result.error:
         await owner.release()
@@ -625,12 +672,6 @@ async def _reduce_and_commit(
             rt, spec, failures.TaskRef.reduce(drain.partition), result.error, reduce_q, msg
         )
         return
-    url = reduce_output_url(spec.scratch, spec.job_id, drain.partition, owner.epoch, owner.token)
-    nbytes = os.path.getsize(out_path)
-    await rt.backend.blobs.upload_file(out_path, url, frozen=True)
-    # The store may share the file (frozen): its name here is gone before anything could
-    # write through it.
-    os.unlink(out_path)
     await rt.step("reduce.output_written", job=spec.job_id, partition=drain.partition, output=url)
     if result.status:
         rt.log.info("reduce task status", job=spec.job_id, status=result.status)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import builtins
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
@@ -195,7 +195,8 @@ class Blobs(Protocol):
         """Every blob whose URL starts with prefix, recursively, sorted by URL."""
 
     async def delete_prefix(self, prefix: str) -> int:
-        """Delete every blob under prefix; returns how many. Idempotent."""
+        """Delete every blob under prefix, and abort every unfinished upload there; returns
+        how many blobs. Idempotent."""
 
     async def delete(self, urls: Sequence[str]) -> None:
         """Delete these blobs (absent ones are fine), many per request where the store can."""
@@ -204,6 +205,14 @@ class Blobs(Protocol):
         """Store the file at ``path`` as ``url``. ``frozen``: the caller never writes the
         file again (a task's finished output), so a store on the same disk may share it
         rather than copy it."""
+
+    async def upload_stream(
+        self, url: str, chunks: AsyncIterable[bytes], *, size_hint: int = 0
+    ) -> int:
+        """Store what ``chunks`` yields, in order, as ``url``; the bytes stored. Nothing is
+        stored when ``chunks`` raises (its error passes on). ``size_hint``: about how many
+        bytes will come (0: unknown), for the store to pick its part size. Never retried
+        as a whole (a stream cannot be replayed): its caller retries its task."""
 
     async def download_file(self, url: str, path: str) -> None: ...
 

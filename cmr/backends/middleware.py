@@ -19,7 +19,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -229,6 +229,14 @@ class LayerBlobs:
 
     async def upload_file(self, path: str, url: str, *, frozen: bool = False) -> None:
         await self._run("upload_file", "s3.PutObject", url, path, url, writes=True, frozen=frozen)
+
+    async def upload_stream(
+        self, url: str, chunks: AsyncIterable[bytes], *, size_hint: int = 0
+    ) -> int:
+        n: int = await self._run(
+            "upload_stream", "s3.PutObject", url, url, chunks, writes=True, size_hint=size_hint
+        )
+        return n
 
     async def download_file(self, url: str, path: str) -> None:
         await self._run("download_file", "s3.GetObject", url, url, path, writes=False)

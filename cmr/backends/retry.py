@@ -76,7 +76,8 @@ class Retry(Middleware):
         try:
             return await proceed(call)
         except Exception as exc:
-            if not transient(exc) or self.attempts <= 1:
+            # A stream, once read, cannot be sent again: its caller's task is retried.
+            if not transient(exc) or self.attempts <= 1 or call.method == "upload_stream":
                 raise
         await asyncio.sleep(min(FIRST_WAIT_S + random.uniform(0, JITTER_S), MAX_WAIT_S))
         async for attempt in _policy(self.attempts - 1, self.max_delay_s):

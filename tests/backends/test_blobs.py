@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
 from cmr.backends.base import Backend
 from cmr.backends.embedded.blobs import EmbeddedBlobs
-from cmr.errors import BlobMissing, ConditionFailed
+from cmr.errors import BackendError, BlobMissing, ConditionFailed
 from cmr.fileurls import file_url
 
 Folder = Callable[[], str]
@@ -205,6 +205,93 @@ async def test_upload_download_multipart(backend: Backend, folder: Folder, tmp_p
     await backend.blobs.download_file(url, str(dst))
     assert dst.read_bytes() == data
     assert await backend.blobs.get_range(url, len(data) - 5, len(data) + 5) == data[-5:]
+
+
+async def _chunks(data: bytes, sizes: list[int], fail_at: int = -1) -> AsyncIterator[bytes]:
+    """``data`` in chunks of the given sizes, cycled; a BackendError once ``fail_at``
+    bytes have been yielded (-1: never)."""
+    at, i = 0, 0
+    while at < len(data):
+        if 0 <= fail_at <= at:
+            raise BackendError("the stream's source failed")
+        n = sizes[i % len(sizes)]
+        yield data[at : at + n]
+        at, i = at + n, i + 1
+        await asyncio.sleep(0)
+
+
+async def test_a_short_stream_is_one_blob(backend: Backend, folder: Folder) -> None:
+    url = f"{folder()}/short"
+    data = os.urandom(300_001)
+    assert await backend.blobs.upload_stream(url, _chunks(data, [65_536, 7])) == len(data)
+    assert await backend.blobs.get(url) == data
+    empty = f"{folder()}/empty"
+    assert await backend.blobs.upload_stream(empty, _chunks(b"", [1])) == 0
+    assert await backend.blobs.get(empty) == b""
+
+
+@pytest.mark.parametrize("hint", [0, 1_000, 40 * 1024 * 1024])
+async def test_a_long_stream_is_stored_whole_whatever_its_hint(
+    backend: Backend, folder: Folder, hint: int
+) -> None:
+    # Past a part (8 MiB on S3): a multipart upload of parts cut from odd-sized chunks, with
+    # no hint, a hint far too small, and one too large.
+    url = f"{folder()}/long"
+    data = os.urandom(19 * 1024 * 1024 + 5)
+    n = await backend.blobs.upload_stream(url, _chunks(data, [1 << 20, 333_333]), size_hint=hint)
+    assert n == len(data)
+    assert await backend.blobs.size(url) == len(data)
+    assert await backend.blobs.get(url) == data
+
+
+@pytest.mark.parametrize("fail_at", [0, 100_000, 12 * 1024 * 1024])
+async def test_a_stream_that_fails_stores_nothing(
+    backend: Backend, folder: Folder, fail_at: int
+) -> None:
+    # Failing before anything came, within the first part, and after a part was sent: the
+    # source's error passes on, no blob appears, and on S3 no upload is left unfinished
+    # (its parts would be stored, and billed, until aborted).
+    url = f"{folder()}/failed"
+    data = os.urandom(20 * 1024 * 1024)
+    with pytest.raises(BackendError, match="source failed"):
+        await backend.blobs.upload_stream(url, _chunks(data, [1 << 20], fail_at))
+    with pytest.raises(BlobMissing):
+        await backend.blobs.get(url)
+    assert [b.url for b in await backend.blobs.list(url)] == []
+    s3 = getattr(backend.blobs, "_s3", None) or getattr(
+        getattr(backend.blobs, "inner", None), "_s3", None
+    )
+    if s3 is not None:
+        bucket, _, key = url.removeprefix("s3://").partition("/")
+        listed = await s3.list_multipart_uploads(Bucket=bucket, Prefix=key)
+        assert listed.get("Uploads", []) == []
+
+
+async def test_deleting_a_prefix_removes_what_a_dead_writer_left_there(
+    backend: Backend, backend_name: str, folder: Folder
+) -> None:
+    """A worker killed while it streamed a task's output leaves an unfinished upload: on
+    S3 its parts, stored and billed until aborted; here a private temporary file. A job's
+    cleanup (delete_prefix of its scratch) must remove it with the rest."""
+    prefix = f"{folder()}/job/"
+    await backend.blobs.put(prefix + "done", b"x")
+    if backend_name == "aws":
+        s3 = backend.blobs._s3  # type: ignore[attr-defined]
+        bucket, _, key = (prefix + "out/p00000").removeprefix("s3://").partition("/")
+        upload = await s3.create_multipart_upload(Bucket=bucket, Key=key)
+        await s3.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload["UploadId"], PartNumber=1, Body=b"y" * 10
+        )
+        assert await backend.blobs.delete_prefix(prefix) == 1
+        listed = await s3.list_multipart_uploads(Bucket=bucket, Prefix=key.rsplit("/", 2)[0])
+        assert listed.get("Uploads", []) == []
+    else:
+        left = Path(prefix.removeprefix("file://")) / "out" / ".p00000.0123456789ab.tmp"
+        left.parent.mkdir(parents=True)
+        left.write_bytes(b"y" * 10)
+        assert await backend.blobs.delete_prefix(prefix) == 1
+        assert not left.exists()
+    assert await backend.blobs.list(prefix) == []
 
 
 async def test_calls_are_counted(backend: Backend, folder: Folder) -> None:

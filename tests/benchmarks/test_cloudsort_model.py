@@ -1,7 +1,7 @@
 """benchmarks/cloudsort.py's model: the network time of a sort's two phases (its input and
 its output cannot cross an instance's link at once), each phase taking its CPU or its network
-time, the instance store bounded only when asked, and the CPU slope between two sizes,
-from one of the measured runs the results hold."""
+time, the instance store's time from the code's disk passes and its drives' rates, and the
+CPU slope between two sizes, from one of the measured runs the results hold."""
 
 from __future__ import annotations
 
@@ -52,14 +52,42 @@ def test_each_phase_takes_its_cpu_or_its_network_time() -> None:
     assert lopsided["usd_per_tb"] > even["usd_per_tb"]
 
 
-def test_the_instance_store_is_bounded_only_when_asked() -> None:
-    free = cloudsort.bill(_measured(), None, design="blob", **OPTIONS)
-    assert free["seconds_if_bound_by"]["disk"] == 0
-    slow = cloudsort.bill(_measured(), None, design="blob", nvme_mb_s=3000, **OPTIONS)
-    per_instance = free["disk_mb_s_per_instance"] * free["hours"] * 3600  # MB it moves
+def test_the_instance_store_is_bounded_by_what_it_writes_and_reads() -> None:
+    """Its time is what an instance writes over the drives' write rate plus what it reads
+    over their read rate (ScyllaDB's iotune figures in the price table unless given)."""
+    row = cloudsort.bill(_measured(), None, design="blob", **OPTIONS)
+    written, read = row["disk_bytes_per_input_byte"]
+    per_instance = 100e12 / 40
+    prices = json.loads((HERE / "cloudsort_prices.json").read_text())["instances"]["i4i.8xlarge"]
+    w, r = prices["nvme_write_mb_s"] * 1e6, prices["nvme_read_mb_s"] * 1e6
+    expected = per_instance * (written / w + read / r)
+    assert row["seconds_if_bound_by"]["disk"] == pytest.approx(expected, rel=0.01)
+    slow = cloudsort.bill(
+        _measured(), None, design="blob", nvme_read_mb_s=600, nvme_write_mb_s=400, **OPTIONS
+    )
     assert slow["bound_by"] == "disk"
-    assert slow["seconds_if_bound_by"]["disk"] == pytest.approx(per_instance / 3000, rel=0.02)
-    assert slow["usd_per_tb"] > free["usd_per_tb"]
+    assert slow["seconds_if_bound_by"]["disk"] == pytest.approx(
+        per_instance * (written / 400e6 + read / 600e6), rel=0.01
+    )
+    assert slow["usd_per_tb"] > row["usd_per_tb"]
+
+
+def test_the_disk_passes_are_the_codes() -> None:
+    """The code as built streams each map task's object and each reducer's output to the
+    store; at e0f2188 both were files first, written and read back."""
+    before = cloudsort.bill(_measured(), None, design="blob", code="e0f2188", **OPTIONS)
+    now = cloudsort.bill(_measured(), None, design="blob", **OPTIONS)
+    gone = set(before["disk_passes"]) - set(now["disk_passes"])
+    assert gone == {
+        "map: the object's file, read to upload it",
+        "reduce: the output file, read to upload it",
+    }
+    assert now["disk_passes"]["reduce: the fetched parts, decompressed"] == (1.0, 1.0)
+    # 78 GB a partition, ~3.3 times that held, against 4 GiB: sorted runs, merged once.
+    assert now["disk_passes"]["reduce: sorted runs"] == (1.0, 1.0)
+    assert now["seconds_if_bound_by"]["disk"] < before["seconds_if_bound_by"]["disk"]
+    with pytest.raises(ValueError, match="no disk passes known"):
+        cloudsort.disk_traffic(1e12, 10, 10, 3.0, 4096, code="tomorrow")
 
 
 def test_the_cpu_slope_is_between_two_sizes_only() -> None:

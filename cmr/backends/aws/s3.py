@@ -8,7 +8,7 @@ import io
 import os
 import secrets
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,17 @@ def part_bytes(size: int) -> int:
     grown = min(GROWN_PART_BYTES, -(-size // PARTS_WANTED))
     least = -(-size // MAX_PARTS)
     return max(PART_BYTES, -(-max(grown, least) // MIB) * MIB)
+
+
+async def _fill(stream: AsyncIterator[bytes], buf: bytearray, want: int) -> bool:
+    """Add ``stream``'s chunks to ``buf`` until it holds ``want`` bytes; True once the
+    stream has ended."""
+    while len(buf) < want:
+        try:
+            buf += await anext(stream)
+        except StopAsyncIteration:
+            return True
+    return False
 
 
 def parts_in_flight(step: int) -> int:
@@ -163,7 +174,27 @@ class AwsBlobs:
     async def delete_prefix(self, prefix: str) -> int:
         found = await self.list(prefix)
         await self.delete([b.url for b in found])
+        # And the unfinished uploads under it: a worker that died while streaming a task's
+        # output left its parts stored (and billed) until aborted; a job's cleanup is where
+        # every trace of it goes.
+        await self._abort_uploads(prefix)
         return len(found)
+
+    async def _abort_uploads(self, prefix: str) -> None:
+        bucket, key = _split(prefix)
+        paginator = self._s3.get_paginator("list_multipart_uploads")
+        with _translate("s3", prefix):
+            async for page in paginator.paginate(Bucket=bucket, Prefix=key):
+                await _all(
+                    self._abort(bucket, u["Key"], u["UploadId"]) for u in page.get("Uploads", [])
+                )
+
+    async def _abort(self, bucket: str, key: str, upload_id: str) -> None:
+        try:
+            await self._s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "NoSuchUpload":  # finished since
+                raise
 
     async def delete(self, urls: Sequence[str]) -> None:
         by_bucket: dict[str, list[str]] = {}
@@ -218,6 +249,84 @@ class AwsBlobs:
             return str(got["ETag"])
 
         await self._multipart(url, (size + step - 1) // step, part, parts_in_flight(step))
+
+    async def upload_stream(
+        self, url: str, chunks: AsyncIterable[bytes], *, size_hint: int = 0
+    ) -> int:
+        # Parts as upload_file would cut a file of the hinted size, growing with what has
+        # come when there is no hint (or it was short): their PUTs stay about PARTS_WANTED.
+        # The parts in flight hold at most IN_FLIGHT_BYTES (one part, when larger).
+        bucket, key = _split(url)
+        stream = aiter(chunks)
+        buf = bytearray()
+        ended = await _fill(stream, buf, part_bytes(size_hint))
+        if ended:  # a stream of at most a part: one PUT
+            await self.put(url, bytes(buf))
+            return len(buf)
+        with _translate("s3", url):
+            upload_id = (await self._s3.create_multipart_upload(Bucket=bucket, Key=key))["UploadId"]
+        etags: dict[int, str] = {}
+        running: dict[asyncio.Task[None], int] = {}  # part -> its bytes
+
+        async def one(number: int, data: bytes) -> None:
+            with _translate("s3", url):
+                got = await self._s3.upload_part(
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=io.BytesIO(data),
+                )
+            etags[number] = str(got["ETag"])
+
+        async def settle(room: int) -> None:
+            """Wait until ``room`` more bytes fit among the parts in flight; a failed
+            part's error, as itself."""
+            while running and (
+                len(running) >= PARTS_IN_FLIGHT or sum(running.values()) + room > IN_FLIGHT_BYTES
+            ):
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    del running[task]
+                    task.result()
+
+        sent = number = 0
+        try:
+            while True:
+                step = part_bytes(max(size_hint, 2 * sent))
+                if not ended and len(buf) < step:
+                    ended = await _fill(stream, buf, step)
+                if not buf:
+                    break
+                data = bytes(buf[:step])  # a whole part, or the last
+                del buf[: len(data)]
+                number += 1
+                if number > MAX_PARTS:
+                    raise BackendError(
+                        f"{url}: more than {MAX_PARTS:,} parts ({sent:,} bytes sent): too "
+                        "large for one S3 object"
+                    )
+                await settle(len(data))
+                running[asyncio.create_task(one(number, data))] = len(data)
+                sent += len(data)
+            await settle(IN_FLIGHT_BYTES + 1)  # every part sent
+            with _translate("s3", url):
+                await self._s3.complete_multipart_upload(
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    MultipartUpload={
+                        "Parts": [{"ETag": etags[n], "PartNumber": n} for n in sorted(etags)]
+                    },
+                )
+        except BaseException:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            with suppress(ClientError, BotoCoreError):
+                await self._s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+            raise
+        return sent
 
     async def _multipart(
         self,

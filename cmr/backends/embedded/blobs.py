@@ -11,7 +11,7 @@ import os
 import secrets
 import shutil
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -113,6 +113,12 @@ def _bytes(data: bytes) -> Callable[[int], object]:
             f.write(data)
 
     return fill
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _contents_of(source: str | Path) -> Callable[[int], object]:
@@ -278,6 +284,32 @@ class EmbeddedBlobs:
             return  # shared, not copied: 2 GB of TeraSort output cost ~1 s of a core to copy
         # Never in place: the old file may be hard-linked to a published copy.
         await asyncio.to_thread(_into_dir, dst, lambda: _write_private(dst, _contents_of(path)))
+
+    async def upload_stream(
+        self, url: str, chunks: AsyncIterable[bytes], *, size_hint: int = 0
+    ) -> int:
+        dst = file_path(url)
+
+        def create() -> tuple[Path, int]:
+            tmp = _temp_beside(dst)
+            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+
+        # Written as _write_private writes: private until complete, then renamed over.
+        tmp, fd = await asyncio.to_thread(_into_dir, dst, create)
+        size = 0
+        try:
+            try:
+                async for chunk in chunks:
+                    await asyncio.to_thread(_write_all, fd, chunk)
+                    size += len(chunk)
+                os.fchmod(fd, FILE_MODE)
+            finally:
+                os.close(fd)
+            await asyncio.to_thread(tmp.replace, dst)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return size
 
     async def download_file(self, url: str, path: str) -> None:
         src = file_path(url)
