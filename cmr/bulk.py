@@ -256,10 +256,13 @@ async def unpaged(
                 f"map task {task}'s commit names {commit.pages} pages, where this job's "
                 f"{spec.partitions} partitions take {pages_for(spec.partitions)}"
             )
+        pk, sk = job_pk(spec.job_id), page_sk(task, commit.attempt, page)
         async with gate:
-            item = await rt.backend.table.get(
-                job_pk(spec.job_id), page_sk(task, commit.attempt, page), consistent=True
-            )
+            # A page is written once, before its commit: an eventually consistent read (half
+            # the price) that finds none may only be stale, and a strong one then tells.
+            item = await rt.backend.table.get(pk, sk, consistent=False)
+            if item is None:
+                item = await rt.backend.table.get(pk, sk, consistent=True)
         if item is None:
             raise WireError(f"map task {task}'s commit has no page {page}")
         return task, MapPage.from_item(item, page, spec.partitions).commit_for(commit, partition)

@@ -501,7 +501,12 @@ async def _drain(rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, queue: 
             known = len(drain.winners)
             start = map_sk(drain.first_unknown())
             learned: list[tuple[int, MapCommit]] = []
-            for item in await table.query(pk, prefix="map#", start=start):
+            # Eventually consistent, at half a strong read's price: a commit record is
+            # written once and never changed, so a stale answer can only lack the newest
+            # ones, which a later poll finds. (At 1,280 reducers, their polls and page reads
+            # came to ~2,700 read units a second on the job's one partition key, where
+            # DynamoDB serves 3,000 before it splits it: benchmarks/cloudsort.py.)
+            for item in await table.query(pk, prefix="map#", start=start, consistent=False):
                 t = task_of(item["sk"])
                 if not 0 <= t < spec.maps:
                     # No map task of this job writes it: a table writer's. Counted among

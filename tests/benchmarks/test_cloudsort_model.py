@@ -98,3 +98,15 @@ def test_the_cpu_slope_is_between_two_sizes_only() -> None:
         cloudsort.cpu_slope(large, small)  # --larger's runs must be the larger
     with pytest.raises(SystemExit):
         cloudsort.cpu_slope(small + large, large)  # one size each
+
+
+def test_the_reducers_read_the_table_eventually_at_half_the_units() -> None:
+    """Their polls of the commit records and their page reads: strong at e0f2188, eventual
+    now (each record is written once). On the job's one partition key, DynamoDB serves
+    3,000 read units a second before it splits it."""
+    before = cloudsort.bill(_measured(), None, design="blob", code="e0f2188", **OPTIONS)
+    now = cloudsort.bill(_measured(), None, design="blob", **OPTIONS)
+    assert now["units_per_poll"] == before["units_per_poll"] / 2
+    per_second_then = before["table_read_units_per_s"] * before["hours"] / now["hours"]
+    assert now["table_read_units_per_s"] < 0.55 * per_second_then
+    assert now["table_read_units_per_s"] < 1500

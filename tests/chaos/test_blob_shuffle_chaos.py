@@ -304,3 +304,30 @@ async def test_a_job_of_many_partitions_pages_its_parts(pool: Executor, tmp_path
     assert any(rows) and all(g * PAGE_PARTITIONS <= p < (g + 1) * PAGE_PARTITIONS
                              for g, r in enumerate(rows) for p in r)  # fmt: skip
     assert result.leftovers == []
+
+
+@in_virtual_time
+async def test_stale_reads_of_commits_and_pages_only_delay_a_reducer(
+    pool: Executor, tmp_path: Path
+) -> None:
+    """A reducer polls the commit records, and reads its pages, eventually consistently (at
+    half a strong read's price: cmr.reducer._drain, cmr.bulk.unpaged). Here most such reads
+    answer as a lagging replica would: commits not yet there, pages not yet written. The
+    output is still exact, every winner's part is read once, and nothing is left."""
+    data = edge_cases(tmp_path / "in")
+    result = await chaos_run(
+        WORDCOUNT,
+        data,
+        tmp_path / "out",
+        seed=7,
+        pool=pool,
+        plan=FaultPlan(seed=7, stale_read=0.8),
+        workers=2,
+        reducers=3,
+        split_bytes=2048,
+        shuffle="blob",
+    )
+    assert result.record["state"] == "succeeded", result.record.get("error")
+    assert result.injected["stale_read"] > 20, result.injected
+    assert diff_outputs(sequential(WORDCOUNT, data, 3), read_output(tmp_path / "out", 3)) == []
+    assert result.leftovers == []
