@@ -351,7 +351,8 @@ async def read_part(
     if hashed.digest()[:PART_DIGEST] != digest:
         raise TaskError(
             f"{where}: part {partition} is not what its attempt wrote (its digest differs: "
-            "the bucket, or the commit record, was written by someone else)"
+            "the bucket, or the commit record, was written by someone else, or the map task "
+            f"ran on an older cmr, whose digests were sha256: {digests.MIXED_VERSIONS})"
         )
     if not wrong and ended != fed:
         wrong = f"part {partition} ends inside a batch ({fed - ended} bytes left over)"

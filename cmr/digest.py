@@ -18,6 +18,8 @@ import asyncio
 import blake3
 
 NAME = "blake3"  # a reduce commit's field for its output's digest
+# Said where a digest differs: workers before BLAKE3 (2026-11-28) hashed with sha256.
+MIXED_VERSIONS = "run one version of cmr on every worker of a job"
 HEX_LEN = 64
 ON_LOOP = 4 * 1024 * 1024  # bytes hashed on the event loop (~1 ms); more go to a thread
 

@@ -350,7 +350,8 @@ async def _spilled_pairs(rt: Runtime, spec: JobSpec, batch: wire.Batch) -> bytes
     if await digests.hex_async(pairs) != batch.digest:
         raise _Refused(
             "a spilled batch whose blob is not what its sender wrote (its digest differs: "
-            "the bucket was written by someone else)"
+            "the bucket was written by someone else, or the sender ran an older cmr, whose "
+            f"digests were sha256: {digests.MIXED_VERSIONS})"
         )
     return pairs
 
