@@ -48,7 +48,7 @@ ALLOWED = {
         "dynamodb:ConditionCheckItem",
         "dynamodb:Query",
     },
-    BUCKET: {"s3:ListBucket"},
+    BUCKET: {"s3:ListBucket", "s3:ListBucketMultipartUploads"},
     OBJECTS: {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"},
 }
 FLEET_WRITES = {"s3:PutObject*", "s3:DeleteObject*", "s3:AbortMultipartUpload"}
@@ -77,6 +77,7 @@ BACKEND_CALLS = {
     "copy_object": "s3:PutObject",  # and s3:GetObject on the source, granted too
     "upload_part_copy": "s3:PutObject",
     "abort_multipart_upload": "s3:AbortMultipartUpload",
+    "list_multipart_uploads": "s3:ListBucketMultipartUploads",
     "create_bucket": "s3:CreateBucket",
     "list_buckets": "s3:ListAllMyBuckets",
     "get_item": "dynamodb:GetItem",

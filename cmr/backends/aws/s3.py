@@ -182,12 +182,19 @@ class AwsBlobs:
 
     async def _abort_uploads(self, prefix: str) -> None:
         bucket, key = _split(prefix)
-        paginator = self._s3.get_paginator("list_multipart_uploads")
-        with _translate("s3", prefix):
-            async for page in paginator.paginate(Bucket=bucket, Prefix=key):
+        markers: dict[str, str] = {}
+        while True:
+            with _translate("s3", prefix):
+                page = await self._s3.list_multipart_uploads(Bucket=bucket, Prefix=key, **markers)
                 await _all(
                     self._abort(bucket, u["Key"], u["UploadId"]) for u in page.get("Uploads", [])
                 )
+            if not page.get("IsTruncated"):
+                return
+            markers = {
+                "KeyMarker": page["NextKeyMarker"],
+                "UploadIdMarker": page["NextUploadIdMarker"],
+            }
 
     async def _abort(self, bucket: str, key: str, upload_id: str) -> None:
         try:
