@@ -78,6 +78,16 @@ def up(
     processes: Annotated[
         int | None, typer.Option(help=f"worker processes per instance [{DEFAULTS['Processes']}]")
     ] = None,
+    memory_mb: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-mb",
+            metavar="MB",
+            help="MB each reducer holds before it spills to disk (cmr worker --memory-mb; map "
+            "tasks size their pieces from it), 64 or more; auto: half the instance's memory "
+            f"over its processes, worked out on each instance [{DEFAULTS['MemoryMb']}]",
+        ),
+    ] = None,
     volume_gib: Annotated[
         int | None,
         typer.Option(
@@ -161,6 +171,7 @@ def up(
         on_demand_base=on_demand_base,
         max_count=max_count,
         processes=processes,
+        memory_mb=memory_mb,
         volume_gib=volume_gib,
         idle_exit=idle_exit,
         jobs_from=tuple(jobs_from) if jobs_from else None,

@@ -26,6 +26,10 @@ DEFAULTS = {
     "OnDemandBase": "0",
     "MaxCount": "20",
     "Processes": "2",
+    # Each worker's reducer budget (cmr worker --memory-mb, per reduce task; map tasks size
+    # their pieces from it too). "auto": the bootstrap takes half the instance's memory over
+    # its processes, so a big instance spills less (docs/fleet.md, "A sort of 100 TB").
+    "MemoryMb": "auto",
     # Each instance's root volume, where its workers spool: split copies, shuffle spools,
     # a reducer's runs and output before upload (a 100 TB sort wants terabytes: docs/fleet.md).
     "VolumeGiB": "20",
@@ -45,6 +49,12 @@ JOB_MODULE = r"[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*"
 OUTPUT_PREFIX = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9_.-]+)*/?"
 _LISTS = {"JobsFrom": JOB_MODULE, "OutputsUnder": OUTPUT_PREFIX, "InputsUnder": OUTPUT_PREFIX}
 
+# --memory-mb's range, MB per reducer: below 64 a reducer spills almost every batch; 1 TiB
+# is more than any reducer needs (and the bootstrap refuses more than the instance has).
+MEMORY_MB_MIN = 64
+MEMORY_MB_MAX = 1024 * 1024
+AUTO_MEMORY = "auto"  # --memory-mb's default: sized on each instance from its memory
+
 ALARM_PERIOD_S = 300  # EC2's basic monitoring: one CPU figure per instance every 5 minutes
 
 # The template's AllowedPattern of each parameter its user data puts into a shell script
@@ -60,6 +70,7 @@ PATTERNS = {
     "LockKey": r"fleet/locks/[0-9a-f]{64}/requirements[.]txt",
     "InstanceType": r"[a-z0-9-]{1,20}[.][a-z0-9-]{1,20}",
     "Processes": r"[1-9][0-9]{0,3}",
+    "MemoryMb": r"(auto|[1-9][0-9]{1,6})",
     "IdleExitSeconds": r"[1-9][0-9]{0,6}",
     # At least one module: an empty list would leave the worker its default, its own spool.
     "JobsFrom": rf"{JOB_MODULE}( {JOB_MODULE})*",
@@ -74,6 +85,7 @@ _FLAGS = {
     "LockKey": "the lock's key",
     "InstanceType": "--instance-type",
     "Processes": "--processes",
+    "MemoryMb": "--memory-mb",
     "IdleExitSeconds": "--idle-exit",
     "JobsFrom": "--jobs-from",
     "OutputsUnder": "--outputs-under",
@@ -107,6 +119,7 @@ class UpOptions:
     on_demand_base: int | None = None
     max_count: int | None = None
     processes: int | None = None
+    memory_mb: int | str | None = None  # MB per reducer, or "auto"
     volume_gib: int | None = None
     idle_exit: int | None = None
     jobs_from: Sequence[str] | None = None  # each a module name; ("",): back to the default
@@ -147,6 +160,23 @@ def _listed(values: Sequence[str] | None, key: str) -> str | None:
     if values is None:
         return None
     return " ".join(v for v in values if v) or DEFAULTS[key]
+
+
+def _memory_mb(value: int | str | None) -> str | None:
+    """--memory-mb as its stack parameter: "auto", or whole MB in range."""
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    if text == AUTO_MEMORY:
+        return text
+    if not re.fullmatch(r"[0-9]{1,9}", text) or not (MEMORY_MB_MIN <= int(text) <= MEMORY_MB_MAX):
+        raise FleetError(
+            f"--memory-mb {_shown(str(value))}: give each reducer's memory in MB, "
+            f"{MEMORY_MB_MIN} to {MEMORY_MB_MAX:,} (each of an instance's --processes reducers "
+            f"may hold this much), or {AUTO_MEMORY} (half the instance's memory over its "
+            "processes)"
+        )
+    return str(int(text))
 
 
 def needs_account(opts: UpOptions, previous: Mapping[str, str]) -> bool:
@@ -237,6 +267,7 @@ def resolve(opts: UpOptions, found: Found) -> dict[str, str]:
         "OnDemandBase": _opt(opts.on_demand_base),
         "MaxCount": _opt(opts.max_count),
         "Processes": _opt(opts.processes),
+        "MemoryMb": _memory_mb(opts.memory_mb),
         "VolumeGiB": _opt(opts.volume_gib),
         "IdleExitSeconds": _opt(opts.idle_exit),
         "JobsFrom": _listed(opts.jobs_from, "JobsFrom"),

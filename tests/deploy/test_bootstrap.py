@@ -2,7 +2,8 @@
 it here in a scratch root (systemctl, the AWS CLI, pip and the disk tools replaced through its
 CMR_* variables) against the local stack (LocalStack, moto), and check that the worker it starts
 serves a job; that a wheel or a lock that is not the one its key names is never installed; and
-that the spool goes on the instance store when there is one, or nothing starts."""
+that the spool goes on the instance store when there is one, or nothing starts; and that each
+reducer's memory is sized from the instance's own (a stand-in /proc/meminfo, CMR_MEMINFO)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import stat
@@ -195,6 +197,8 @@ def boot(
     jobs_from: str = "cmr.loadgen.job",
     env: dict[str, str] | None = None,
     fakes: dict[str, str] | None = None,
+    processes: str = "1",
+    memory_mb: str = "auto",
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     """Run the user data, rendered for these names and keys, in a fresh scratch root, with
     these stand-ins (by default: the local stack's S3, a fake systemd, and an instance with no
@@ -209,7 +213,8 @@ def boot(
             "LockKey": lock,
             "TableName": table,
             "QueuePrefix": prefix,
-            "Processes": "1",
+            "Processes": processes,
+            "MemoryMb": memory_mb,
             "IdleExitSeconds": str(IDLE_EXIT_S),
             "JobsFrom": jobs_from,
             "OutputsUnder": f"s3://{bucket}/out/",
@@ -491,7 +496,12 @@ cp "{served}/$6" "$9"
 
 
 def boot_without_stack(
-    tmp_path: Path, *disks: str, mount: str = FAKE_MOUNT
+    tmp_path: Path,
+    *disks: str,
+    mount: str = FAKE_MOUNT,
+    env: dict[str, str] | None = None,
+    processes: str = "1",
+    memory_mb: str = "auto",
 ) -> tuple[subprocess.CompletedProcess[str], Path, list[str]]:
     """The whole user data in about a second, on an instance with these disks: a stand-in lock
     and wheel (named by their sha256, as `cmr fleet up` names them) served from a local
@@ -512,7 +522,8 @@ def boot_without_stack(
     fakes = {"lsblk": fake_lsblk(*disks), "aws": LOCAL_AWS.format(served=served),
              "systemctl": RECORD, "mount": mount}  # fmt: skip
     done, root = boot(tmp_path, bucket, table, prefix, keys[1], keys[0],
-                      env={"CMR_PIP": str(tmp_path / "pip")}, fakes=fakes)  # fmt: skip
+                      env={"CMR_PIP": str(tmp_path / "pip"), **(env or {})}, fakes=fakes,
+                      processes=processes, memory_mb=memory_mb)  # fmt: skip
     calls = root / "boot.calls"
     return done, root, calls.read_text().splitlines() if calls.exists() else []
 
@@ -574,3 +585,79 @@ def test_a_spool_that_cannot_be_mounted_starts_nothing(tmp_path: Path) -> None:
     assert [c.split()[0] for c in calls] == ["lsblk", "mdadm", "mkfs.xfs", "mount"]
     assert "spool on instance store" not in (root / "bootstrap.log").read_text()
     assert not (root / "opt" / "cmr" / "venv").exists()
+
+
+def worker_flag(root: Path, flag: str) -> list[str]:
+    """The values of one flag on the `cmr worker` command line run-worker.sh execs."""
+    run = (root / "opt" / "cmr" / "run-worker.sh").read_text()
+    (line,) = [line for line in run.splitlines() if line.startswith("exec ")]
+    words = shlex.split(line)
+    return [words[i + 1] for i, word in enumerate(words) if word == flag]
+
+
+def meminfo(tmp_path: Path, total_kb: int) -> dict[str, str]:
+    """A /proc/meminfo of an instance with this much memory, as the user data's CMR_MEMINFO."""
+    path = tmp_path / "meminfo"
+    path.write_text(
+        f"MemTotal:       {total_kb} kB\nMemFree:        {total_kb // 2} kB\n"
+        f"MemAvailable:   {total_kb - 1024} kB\nBuffers:            1024 kB\n"
+    )
+    return {"CMR_MEMINFO": str(path)}
+
+
+@pytest.mark.parametrize(
+    ("total_kb", "processes", "memory_mb"),
+    [
+        pytest.param(256 * 2**20, "32", 4096, id="i4i.8xlarge"),  # 256 GiB, --processes 32
+        pytest.param(3_889_268, "2", 949, id="c7i.large"),  # 4 GiB less the kernel's
+        pytest.param(512 * 2**10, "8", 64, id="at-least-64"),  # 32 MB each, raised to 64
+    ],
+)
+def test_auto_memory_is_half_the_instance_over_its_processes(
+    tmp_path: Path, total_kb: int, processes: str, memory_mb: int
+) -> None:
+    """MemoryMb auto: each reducer may hold half the instance's memory over its processes,
+    worked out from /proc/meminfo at boot, logged, and passed to the worker."""
+    done, root, _ = boot_without_stack(
+        tmp_path, EBS_ROOT, env=meminfo(tmp_path, total_kb), processes=processes
+    )
+    log = (root / "bootstrap.log").read_text()
+    assert done.returncode == 0, log
+    machine = total_kb // 1024
+    assert (
+        f"cmr bootstrap: reducer memory {memory_mb} MB (auto: half of {machine} MB over "
+        f"{processes} processes)\n" in log
+    )
+    assert worker_flag(root, "--reduce-slots") == [processes]
+    assert worker_flag(root, "--memory-mb") == [str(memory_mb)]
+
+
+def test_a_memory_given_passes_through_and_must_fit_the_instance(tmp_path: Path) -> None:
+    """An explicit MemoryMb reaches the worker as it is; one more than the instance's memory
+    (which `cmr worker` would refuse at every restart) stops the boot before any install."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    done, root, _ = boot_without_stack(
+        tmp_path / "a", EBS_ROOT, env=meminfo(tmp_path, 256 * 2**20), processes="32",
+        memory_mb="8000",
+    )  # fmt: skip
+    log = (root / "bootstrap.log").read_text()
+    assert done.returncode == 0, log
+    assert "cmr bootstrap: reducer memory 8000 MB (MemoryMb; the instance has 262144 MB" in log
+    assert worker_flag(root, "--memory-mb") == ["8000"]
+
+    done, root, calls = boot_without_stack(
+        tmp_path / "b", EBS_ROOT, env=meminfo(tmp_path, 4 * 2**20), memory_mb="8000"
+    )
+    why = "REFUSED: MemoryMb (--memory-mb) 8000 is more than this instance's 4096 MB of memory"
+    refused(done, root, why)
+    assert calls == []  # refused before the disks, the downloads and the installs
+    assert not (root / "opt" / "cmr").exists()
+
+
+def test_an_unreadable_meminfo_starts_nothing(tmp_path: Path) -> None:
+    done, root, calls = boot_without_stack(
+        tmp_path, EBS_ROOT, env={"CMR_MEMINFO": str(tmp_path / "missing")}
+    )
+    refused(done, root, f"REFUSED: cannot read {tmp_path / 'missing'}")
+    assert calls == []

@@ -319,3 +319,39 @@ def test_the_root_volume_is_sized_by_volume_gib_and_kept_on_an_update() -> None:
     for wrong in (4, 20_000):
         with pytest.raises(FleetError, match=f"--volume-gib {wrong}"):
             resolve(UpOptions(volume_gib=wrong), NEW)
+
+
+def test_memory_mb_is_auto_unless_given_and_kept_on_an_update() -> None:
+    """--memory-mb sets each worker's reducer budget (the template's MemoryMb): auto, sized on
+    each instance from its memory, unless given; an update without it keeps the stack's."""
+    assert resolve(UpOptions(), NEW)["MemoryMb"] == "auto"
+    assert resolve(UpOptions(memory_mb=4096), NEW)["MemoryMb"] == "4096"
+    assert resolve(UpOptions(memory_mb="1024"), NEW)["MemoryMb"] == "1024"
+    assert resolve(UpOptions(memory_mb="64"), NEW)["MemoryMb"] == "64"
+    assert resolve(UpOptions(memory_mb="1048576"), NEW)["MemoryMb"] == "1048576"
+    previous = {**PREVIOUS, "MemoryMb": "4096"}
+    found = Found(region="eu-west-1", wheel_key=WHEEL, lock_key=LOCK, previous=previous)
+    assert resolve(UpOptions(processes=16), found)["MemoryMb"] == "4096"
+    assert resolve(UpOptions(memory_mb=2048), found)["MemoryMb"] == "2048"
+    # auto, restated, goes back to sizing on the instance.
+    assert resolve(UpOptions(memory_mb="auto"), found)["MemoryMb"] == "auto"
+    assert resolve(UpOptions(memory_mb="AUTO"), found)["MemoryMb"] == "auto"
+    # A stack from before this parameter gets the default.
+    old = Found(region="eu-west-1", wheel_key=WHEEL, lock_key=LOCK, previous=PREVIOUS)
+    assert "MemoryMb" in DEFAULTS and resolve(UpOptions(), old)["MemoryMb"] == "auto"
+
+
+@pytest.mark.parametrize(
+    "wrong", [0, 63, -5, 1048577, "lots", "1e3", "4096; reboot", "$(id)", "", " 64 64"]
+)
+def test_a_memory_mb_out_of_range_or_not_a_number_is_refused(wrong: int | str) -> None:
+    with pytest.raises(FleetError, match=r"^--memory-mb .*: give each reducer's memory in MB, "
+                       r"64 to 1,048,576 .* or auto") as err:  # fmt: skip
+        resolve(UpOptions(memory_mb=wrong), NEW)
+    assert "\n" not in str(err.value)
+
+
+def test_a_stack_memory_mb_of_another_form_is_refused() -> None:
+    previous = {**PREVIOUS, "MemoryMb": "4096'; reboot; '"}
+    with pytest.raises(FleetError, match=r"^--memory-mb .* is not allowed: the fleet's MemoryMb"):
+        resolve(UpOptions(), Found(region="r", wheel_key=WHEEL, lock_key=LOCK, previous=previous))

@@ -580,6 +580,18 @@ def test_run_worker_passes_one_flag_per_entry(template: dict[str, Any], tmp_path
     assert "--outputs-under" not in argv and "--inputs-under" not in argv
 
 
+def test_run_worker_passes_the_memory_mb(template: dict[str, Any], tmp_path: Path) -> None:
+    """MemoryMb reaches `cmr worker --memory-mb` (the bootstrap has replaced auto by a figure
+    by then: tests/deploy/test_bootstrap.py); its default is `cmr fleet up`'s."""
+    argv = worker_argv(template, tmp_path, {"JobsFrom": "cmr.loadgen.job", "MemoryMb": "4096"})
+    assert flag_values(argv, "--memory-mb") == ["4096"]
+    assert template["Parameters"]["MemoryMb"]["Default"] == DEFAULTS["MemoryMb"] == "auto"
+    for ok in ("auto", "64", "4096", "1048576"):
+        assert re.fullmatch(PATTERNS["MemoryMb"], ok), ok
+    for wrong in ("", "0", "064", "Auto", "auto64", "4096 ", "-1", "1e3", "12345678"):
+        assert not re.fullmatch(PATTERNS["MemoryMb"], wrong), wrong
+
+
 def test_user_data_refuses_an_empty_jobs_from(template: dict[str, Any], tmp_path: Path) -> None:
     """Without any --jobs-from a worker takes job code from its cwd, which on an instance is
     its own spool: the bootstrap stops before it installs anything."""
