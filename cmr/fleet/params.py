@@ -26,8 +26,8 @@ DEFAULTS = {
     "OnDemandBase": "0",
     "MaxCount": "20",
     "Processes": "2",
-    # Each instance's root volume, where its workers spool: split copies, shuffle spools,
-    # a reducer's runs and output before upload (a 100 TB sort wants terabytes: docs/fleet.md).
+    # Each instance's root volume, where its workers spool: shuffle spools, a reducer's
+    # runs and output before upload (a 100 TB sort wants terabytes: docs/fleet.md).
     "VolumeGiB": "20",
     "IdleExitSeconds": "300",
     # The one job module this project's wheel ships (the load generator's): a fleet serves
