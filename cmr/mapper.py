@@ -28,6 +28,7 @@ from cmr import digest as digests
 from cmr.aio import TaskGroup, first_error
 from cmr.backends.base import Put, Received, item_absent
 from cmr.cpu.mapping import FileSlice, run_map
+from cmr.cpu.results import MapResult
 from cmr.cpu.specs import MapSpec, map_max_record, map_piece_bytes
 from cmr.errors import BackendError, BlobMissing, ConditionFailed, QueueGone, TaskError, WireError
 from cmr.fileurls import file_path
@@ -65,24 +66,22 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
         files_dir = await sidefiles.fetch(rt, spec)
         fmt = _input_format(spec)
         # The read is under the task's time limit too (a hostile input, say one endless
-        # line, must not hold the task in this process, where no SIGALRM reaches it).
+        # line, must not hold the task in this process, where no SIGALRM reaches it). A
+        # streamed range is read by the pool process, under its own limit (_map_streamed).
         task_bytes = sum(r.end - r.start for r in ranges)
         read_limit = task_limit(spec.task_timeout_s, task_bytes)
-        # A large task of fixed records is copied to local files (cmr.rangefile), its
-        # ranges' GETs under one gate; the copies are deleted once mapped, however it ends.
-        with _copies(task_bytes) as copy:
+        # A large task of fixed records streams its ranges from the store into the pool
+        # process through FIFOs (cmr.rangefile), never to local disk; the FIFOs and their
+        # directory are removed however the task ends.
+        with _stream(rt, fmt, task_bytes) as stream:
             try:
                 async with asyncio.timeout(read_limit):
-                    # In a task group: one range failing stops the others' reads (a copy still
-                    # being made would be left behind otherwise).
-                    chunks = await _read_all(rt, ranges, fmt, checks, copy)
+                    # In a task group: one range failing stops the others' reads.
+                    chunks = await _read_all(rt, ranges, fmt, checks, stream)
             except TimeoutError:
-                error = (
-                    f"TimeLimitExceeded: reading the input of map task {task.task} ran past its "
-                    f"time limit of {read_limit:.0f} s (a slow store, or input too large for the "
-                    "task; give the job more with --task-timeout SECONDS if it needs it)"
+                await failures.task_failed(
+                    rt, spec, ref, _read_too_long(task.task, read_limit), in_q, msg
                 )
-                await failures.task_failed(rt, spec, ref, error, in_q, msg)
                 return
             # Compression is told by a file's first bytes (decompressing is the pool's work);
             # a slice was told uncompressed by its head.
@@ -99,7 +98,8 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                     for r, c, k in zip(ranges, chunks, codecs, strict=True)
                 ]
             nbytes = sum(len(c) for c in chunks)
-            result = await rt.cpu(
+            map_limit = task_limit(spec.task_timeout_s, nbytes)
+            mapping = rt.cpu(
                 run_map,
                 spec.ref,
                 spec.params,
@@ -111,16 +111,17 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                     attempt=attempt,
                     queue_limit=queues.max_message_bytes,
                     spool_dir=rt.spool_dir,
-                    limit_s=task_limit(spec.task_timeout_s, nbytes),
+                    limit_s=map_limit,
                     input_format=str(fmt),
                     codecs=codecs,
                     starts=tuple(r.start for r in ranges),
                     files_dir=files_dir,
                     cuts=cuts,
                 ),
-                limit_s=task_limit(spec.task_timeout_s, nbytes),
+                limit_s=map_limit,
             )
             del chunks
+            result = await _map_streamed(mapping, stream, ranges, task.task, map_limit)
         if result.error:
             await failures.task_failed(
                 rt, spec, ref, result.error, in_q, msg, permanent=result.permanent
@@ -211,12 +212,52 @@ def _input_format(spec: JobSpec) -> formats.InputFormat:
         raise TaskError(str(exc)) from None
 
 
-class _Copies:
-    """A map task's ranges copied to local files: the GETs' gate, and the copies made."""
+def _read_too_long(task: int, limit_s: float) -> str:
+    return (
+        f"TimeLimitExceeded: reading the input of map task {task} ran past its time limit "
+        f"of {limit_s:.0f} s (a slow store, or input too large for the task; give the job "
+        "more with --task-timeout SECONDS if it needs it)"
+    )
 
-    def __init__(self, held: asyncio.Semaphore) -> None:
-        self.held = held
-        self.paths: list[str] = []
+
+async def _map_streamed(
+    mapping: Coroutine[Any, Any, MapResult],
+    stream: rangefile.Stream | None,
+    ranges: Sequence[wire.Range],
+    task: int,
+    limit_s: float,
+) -> MapResult:
+    """The pool's call (``mapping``, limited to ``limit_s``), with the task's streamed
+    ranges (if any) pumped into it meanwhile.
+
+    The pump needs no time limit of its own: the pool process reads the stream as it comes,
+    under the task's limit (and the worker's hard limit past it), and the pump is stopped
+    once the call ends, however it ends (the pool process stopped reading: a bad record,
+    its time limit, its death, this task cancelled), or it would wait for room in a pipe
+    nobody reads. A failed fetch closes the pipes: the pool process then reads a short
+    range and stops, and the fetch's error (the cause) is what the task reports."""
+    if not stream:
+        return await mapping
+    try:
+        pump = stream.start()
+    except BaseException:
+        mapping.close()  # never started
+        raise
+    try:
+        result = await mapping
+        if result.error.startswith("TimeLimitExceeded") and stream.starved:
+            # The pool process ran out of time waiting for its input: the store was slow.
+            result.error = _read_too_long(task, limit_s)
+    finally:
+        pump.cancel()  # nothing, if it is done
+        await asyncio.wait([pump])
+    failed = None if pump.cancelled() else pump.exception()
+    if failed is None or not result.error:
+        # A pump that failed after the pool process read every byte has nothing to say.
+        return result
+    if isinstance(failed, (BlobMissing, EOFError)) and stream.failed is not None:
+        raise _lost_input(ranges[stream.failed]) from None
+    raise failed
 
 
 async def _read_all(
@@ -224,15 +265,15 @@ async def _read_all(
     ranges: Sequence[wire.Range],
     fmt: formats.InputFormat,
     checks: Mapping[str, Check],
-    copy: _Copies | None,
+    stream: rangefile.Stream | None,
 ) -> list[bytes | FileSlice]:
     """Every range's bytes or slice, in order; the first error, as itself, once the other
     reads have stopped."""
     try:
         async with TaskGroup() as group:
             reads = [
-                group.create_task(_read_or_slice(rt, r, fmt, checks.get(r.url), copy))
-                for r in ranges
+                group.create_task(_read_or_slice(rt, r, fmt, checks.get(r.url), stream, i))
+                for i, r in enumerate(ranges)
             ]
     except BaseExceptionGroup as errors:
         raise first_error(errors) from None
@@ -244,31 +285,26 @@ async def _read_or_slice(
     r: wire.Range,
     fmt: formats.InputFormat,
     check: Check | None = None,
-    copy: _Copies | None = None,
+    stream: rangefile.Stream | None = None,
+    key: int = 0,
 ) -> bytes | FileSlice:
     """A split's bytes; or, for uncompressed fixed records (a range is exactly its bytes),
-    a slice of a local file the pool process reads itself, a piece at a time: the input
-    file itself on a backend whose blobs are local files, or, in a large task (``copy``),
-    a copy of the range (cmr.rangefile; its path is added to ``copy.paths``, for the
-    caller to delete)."""
+    a slice the pool process reads itself, a piece at a time: of the input file itself on a
+    backend whose blobs are local files, or, in a large task (``stream``), of a FIFO the
+    range will be streamed through (cmr.rangefile; ``key``: the range's place in the task,
+    the order the pool process reads the FIFOs in and so the order they are written in)."""
     if check is not None and check.digest:
         return await _read_verified(rt, r, check)
     local = rt.backend.capabilities.local_files
-    if fmt.name != "fixed" or r.start >= r.end or not (local or copy is not None):
+    if fmt.name != "fixed" or r.start >= r.end or not (local or stream is not None):
         return await _read(rt, r, fmt, check)
     if r.start == 0:  # a compressed file is one range from 0: its head tells
         head = wire.Range(r.url, 0, min(r.end, formats.SNIFF_BYTES), r.name)
         if formats.sniff(await _read(rt, head, fmt, check)):
             return await _read(rt, r, fmt, check)
-    if not local and copy is not None:
-        try:
-            made = await rangefile.fetch(
-                rt.backend.blobs, r.url, r.start, r.end, rt.spool_dir, copy.held
-            )
-        except (BlobMissing, EOFError):
-            raise _lost_input(r) from None
-        copy.paths.append(made)
-        return FileSlice(made, 0, r.end - r.start, r.name, copy=True)
+    if stream is not None:  # never on a backend of local files
+        fifo = stream.add(key, r.url, r.start, r.end)
+        return FileSlice(fifo, 0, r.end - r.start, r.name, stream=True)
     path = file_path(r.url)  # local_files: a file:// URL
     try:
         regular = stat.S_ISREG(path.stat().st_mode)  # a syscall: no thread hop per file
@@ -344,15 +380,18 @@ async def _read(
 
 
 @contextlib.contextmanager
-def _copies(task_bytes: int) -> Iterator[_Copies | None]:
-    """The task's copies (None: its input is read as it lies), deleted at the end."""
-    copy = _Copies(rangefile.gate()) if rangefile.streams(task_bytes) else None
-    try:
-        yield copy
-    finally:
-        for path in copy.paths if copy is not None else ():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+def _stream(
+    rt: Runtime, fmt: formats.InputFormat, task_bytes: int
+) -> Iterator[rangefile.Stream | None]:
+    """The task's stream (None: its input is read as it lies), removed at the end. Only
+    fixed records can be (a range of them is exactly its bytes), and only from a remote
+    store (a local file is read by the pool process as it lies)."""
+    local = rt.backend.capabilities.local_files
+    if fmt.name != "fixed" or local or not rangefile.streams(task_bytes):
+        yield None
+        return
+    with rangefile.Stream(rt.backend.blobs, rt.spool_dir) as stream:
+        yield stream
 
 
 def _identity(rt: Runtime, check: Check | None) -> Check | None:

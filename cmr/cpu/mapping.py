@@ -50,42 +50,52 @@ if TYPE_CHECKING:  # imported where used: numpy costs every process ~0.2 s to im
 class FileSlice:
     """Bytes [start, end) of a local file, read by the pool process that maps them rather
     than sent to it: fixed records on a backend whose blobs are local files (2 GB of
-    TeraSort input cost ~7 CPU s pickled through the pool's pipes)."""
+    TeraSort input cost ~7 CPU s pickled through the pool's pipes), or a stored range the
+    worker streams through a FIFO (cmr.rangefile)."""
 
     path: str
     start: int
     end: int
     name: str = ""  # the input's name (in errors)
     check: Check | None = None  # the file's identity at submit (cmr.localcheck); None: none
-    # A worker's own copy of a stored range (cmr.rangefile): failing to read it is this
-    # worker's disk's fault, retried elsewhere, never the input gone (which fails the job).
-    copy: bool = False
+    # A stored range this worker streams through a FIFO (cmr.rangefile; start 0): read in
+    # order, never sought in. Fewer bytes than its length, or failing to read it, is this
+    # worker's fault (its stream stopped: the worker reports why), retried elsewhere, never
+    # the input gone (which fails the job).
+    stream: bool = False
 
     def __len__(self) -> int:
         return self.end - self.start
 
     def pieces(self, name: str, size: int) -> Iterator[bytes]:
-        """The slice's bytes, ``size`` at a time, of the file submitted: a split larger
-        than memory (fixed records streamed from the store to a local file, cmr.rangefile)
-        is never held whole. InputGone when the file went or changed since the job was
-        submitted; for a worker's own copy, an OSError (retried elsewhere)."""
+        """The slice's bytes, ``size`` at a time, of the file submitted (or as its stream
+        brings them): a split larger than memory (fixed records streamed from the store,
+        cmr.rangefile) is never held whole. InputGone when the file went or changed since
+        the job was submitted; for a stream, an OSError (retried elsewhere)."""
         try:
             fd = open_checked(self.path, self.name, self.check)
             with open(fd, "rb") as f:
-                f.seek(self.start)
+                if self.stream:
+                    # Opened without waiting (its writer is open already, or gone: then it
+                    # reads as empty, a short read), read waiting for the bytes as they
+                    # come; never sought in (a FIFO cannot seek: ESPIPE), as it starts at 0.
+                    os.set_blocking(fd, True)
+                else:
+                    f.seek(self.start)
                 for at in range(self.start, self.end, size):
+                    # A buffered read waits until it has them all, or the end came first.
                     piece = f.read(min(size, self.end - at))
                     if len(piece) != min(size, self.end - at):
                         raise InputChanged(f"input {name} ({self.path}) ended early")
                     yield piece
         except InputChanged as exc:
-            if self.copy:
-                raise OSError(f"this worker's copy of input {name} is cut short: {exc}") from None
+            if self.stream:
+                raise OSError(f"this worker's stream of input {name} is cut short: {exc}") from None
             raise InputGone(str(exc)) from None
         except OSError as exc:
-            if self.copy:
+            if self.stream:
                 raise OSError(
-                    f"this worker's copy of input {name} ({self.path}) cannot be read "
+                    f"this worker's stream of input {name} ({self.path}) cannot be read "
                     f"({exc.strerror})"
                 ) from None
             raise InputGone(

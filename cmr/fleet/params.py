@@ -30,8 +30,8 @@ DEFAULTS = {
     # their pieces from it too). "auto": the bootstrap takes half the instance's memory over
     # its processes, so a big instance spills less (docs/fleet.md, "A sort of 100 TB").
     "MemoryMb": "auto",
-    # Each instance's root volume, where its workers spool: split copies, shuffle spools,
-    # a reducer's runs and output before upload (a 100 TB sort wants terabytes: docs/fleet.md).
+    # Each instance's root volume, where its workers spool: map tasks' shuffle spools, a
+    # reducer's fetched parts and sorted runs (a 100 TB sort wants terabytes: docs/fleet.md).
     "VolumeGiB": "20",
     "IdleExitSeconds": "300",
     # The one job module this project's wheel ships (the load generator's): a fleet serves
