@@ -497,7 +497,7 @@ def disk_traffic(
     part = d / reducers
     built = code == "built"
     passes: dict[str, tuple[float, float]] = {}
-    if rangefile.streams(int(split)):
+    if rangefile.streams(int(split)) and not built:  # now streamed into the pool (FIFOs)
         passes["map: the split copied to local files"] = (d, d)
     # The spool: read once to index it, once to make the object (at e0f2188, its file,
     # then read to upload it; now streamed to the store as it is made).

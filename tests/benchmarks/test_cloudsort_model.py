@@ -73,12 +73,14 @@ def test_the_instance_store_is_bounded_by_what_it_writes_and_reads() -> None:
 
 
 def test_the_disk_passes_are_the_codes() -> None:
-    """The code as built streams each map task's object and each reducer's output to the
-    store; at e0f2188 both were files first, written and read back."""
+    """The code as built streams each map task's split into its pool, and its object and
+    each reducer's output to the store; at e0f2188 all three were files first, written and
+    read back."""
     before = cloudsort.bill(_measured(), None, design="blob", code="e0f2188", **OPTIONS)
     now = cloudsort.bill(_measured(), None, design="blob", **OPTIONS)
     gone = set(before["disk_passes"]) - set(now["disk_passes"])
     assert gone == {
+        "map: the split copied to local files",
         "map: the object's file, read to upload it",
         "reduce: the output file, read to upload it",
     }
