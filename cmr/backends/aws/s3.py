@@ -305,7 +305,7 @@ class AwsBlobs:
                     ended = await _fill(stream, buf, step)
                 if not buf:
                     break
-                data = bytes(buf[:step])  # a whole part, or the last
+                data = bytes(memoryview(buf)[:step])  # a whole part, or the last: one copy
                 del buf[: len(data)]
                 number += 1
                 if number > MAX_PARTS:
