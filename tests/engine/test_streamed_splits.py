@@ -48,8 +48,8 @@ async def _upload(be: Backend, tmp_path: Path, under: str, files: dict[str, byte
 
 class SpoolWatch:
     """What appears in a worker's spool while it runs, looked at every few milliseconds:
-    the FIFOs, and any regular file that begins with one of ``heads`` (a range's first
-    record: a copy of the range, which a streamed split must never make)."""
+    a streamed split's FIFOs, and any regular file that begins with one of ``heads`` (a
+    range's first record: a copy of the range, which a streamed split must never make)."""
 
     def __init__(self, spools: Path, heads: set[bytes]) -> None:
         self.spools, self.heads = spools, heads
@@ -64,7 +64,8 @@ class SpoolWatch:
                 path = os.path.join(top, name)
                 try:
                     st = os.lstat(path)
-                    if stat.S_ISFIFO(st.st_mode):
+                    # A split's FIFOs (a reducer streams its output through one of its own).
+                    if stat.S_ISFIFO(st.st_mode) and name.endswith(".range"):
                         self.fifos.add(path)
                         self.streaming.set()
                     elif stat.S_ISREG(st.st_mode) and st.st_size >= RECORD:
