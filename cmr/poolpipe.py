@@ -13,7 +13,8 @@ reader, and the loop's reads never see an end of file before the pool has even o
 path. The end of the output is told by the pool's call having returned (everything it
 wrote is then in the pipe) and the pipe being empty. Closing the loop's end, the only
 reader, makes the pool's next write fail (EPIPE): a pool process whose output is no longer
-wanted stops at once rather than running on.
+wanted stops at its next write rather than writing on (one still sorting runs until it
+writes, or until its time limit).
 """
 
 from __future__ import annotations
@@ -53,44 +54,48 @@ class PoolPipe:
         nothing."""
         loop = asyncio.get_running_loop()
         fd = self._fd
-        readable = asyncio.Event()
-        loop.add_reader(fd, readable.set)
-        try:
-            last = b""  # held back until the call's outcome is known: a failed call's end
-            while True:
+        last = b""  # held back until the call's outcome is known: a failed call's end
+        while True:
+            try:
+                data = os.read(fd, CHUNK_BYTES)
+            except BlockingIOError:
+                if call.done():  # all it wrote was in the pipe, and has been read
+                    break
+                # Watched only while waiting: the loop's polling is level-triggered, and
+                # a pipe left watched while its consumer is away (an upload's parts in
+                # flight) would wake it at every turn, a core spinning.
+                readable: asyncio.Future[None] = loop.create_future()
+                loop.add_reader(fd, _wake, readable)
                 try:
-                    data = os.read(fd, CHUNK_BYTES)
-                except BlockingIOError:
-                    if call.done():  # all it wrote was in the pipe, and has been read
-                        break
-                    readable.clear()
-                    waiting = asyncio.ensure_future(readable.wait())
-                    try:
-                        await asyncio.wait((waiting, call), return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        waiting.cancel()
-                    continue
-                # As read, not gathered: the consumer gathers its parts anyway, and each
-                # copy of a reduce's output costs a core ~0.1 s per GB.
-                if last:
-                    yield last
-                last = data
-            if call.cancelled() or call.exception() is not None or not ok(call.result()):
-                raise PoolFailed("the pool's call failed: its output is not stored")
+                    await asyncio.wait((readable, call), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if self._fd == fd:  # not closed meanwhile (its number may be reused)
+                        loop.remove_reader(fd)
+                continue
+            # As read, not gathered: the consumer gathers its parts anyway, and each copy of
+            # a reduce's output costs a core ~0.1 s per GB.
             if last:
                 yield last
-        finally:
-            if self._fd == fd:  # not closed meanwhile (its number may be another file's)
-                loop.remove_reader(fd)
+            last = data
+        if call.cancelled() or call.exception() is not None or not ok(call.result()):
+            raise PoolFailed("the pool's call failed: its output is not stored")
+        if last:
+            yield last
 
     def close(self) -> None:
-        """The loop's end closed (a pool still writing gets EPIPE) and the FIFO removed."""
+        """The FIFO removed, then the loop's end closed (a pool still writing gets EPIPE at
+        its next write; one that has not opened the path yet finds none)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
         if self._fd >= 0:
             loop_reader_removed(self._fd)
             os.close(self._fd)
             self._fd = -1
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():  # the loop may call again before the reader is removed
+        waiter.set_result(None)
 
 
 def loop_reader_removed(fd: int) -> None:

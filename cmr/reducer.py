@@ -612,7 +612,8 @@ async def _reduce_streamed(
 ) -> tuple[ReduceResult, int]:
     """The reduce run in the pool, its output uploaded to ``url`` as it is written; (its
     result, the bytes stored). Nothing is stored when the reduce fails; an upload that
-    fails stops the pool's writes (EPIPE) and passes on its error once the pool is done."""
+    fails passes on its error at once, the pipe closed under the pool process, whose next
+    write then fails (EPIPE): its outcome is nobody's."""
     pipe = PoolPipe(drain.workdir)
     try:
         call = asyncio.ensure_future(reduce(pipe.path))

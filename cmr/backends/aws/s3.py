@@ -20,7 +20,7 @@ from cmr.backends.aws.errors import translate as _translate
 from cmr.backends.aws.errors import translated as _translated
 from cmr.backends.base import BlobInfo
 from cmr.backends.embedded.blobs import FILE_MODE
-from cmr.errors import BackendError, UsageError
+from cmr.errors import BackendError, Rejected, Unreachable, UsageError
 
 COPY_PART_BYTES = 512 * 1024 * 1024  # multipart copy part size, past CopyObject's 5 GiB
 COPY_MAX_BYTES = 5 * 1024**3
@@ -176,8 +176,11 @@ class AwsBlobs:
         await self.delete([b.url for b in found])
         # And the unfinished uploads under it: a worker that died while streaming a task's
         # output left its parts stored (and billed) until aborted; a job's cleanup is where
-        # every trace of it goes.
-        await self._abort_uploads(prefix)
+        # every trace of it goes. Best effort: a caller whose policy predates this (no
+        # s3:ListBucketMultipartUploads) still deletes the blobs, and a cleanup duty must not
+        # fail for ever on it; the fleet bucket's lifecycle rule aborts them after a week.
+        with suppress(Rejected, Unreachable):  # AccessDenied is Unreachable's
+            await self._abort_uploads(prefix)
         return len(found)
 
     async def _abort_uploads(self, prefix: str) -> None:
