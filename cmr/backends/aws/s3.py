@@ -320,23 +320,28 @@ class AwsBlobs:
                 running[asyncio.create_task(one(number, data))] = len(data)
                 sent += len(data)
             await settle(IN_FLIGHT_BYTES + 1)  # every part sent
-            with _translate("s3", url):
-                await self._s3.complete_multipart_upload(
-                    Bucket=bucket,
-                    Key=key,
-                    UploadId=upload_id,
-                    MultipartUpload={
-                        "Parts": [{"ETag": etags[n], "PartNumber": n} for n in sorted(etags)]
-                    },
-                )
+            await self._complete(url, upload_id, etags)
         except BaseException:
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
             with suppress(ClientError, BotoCoreError):
-                await self._s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+                await self._abort(bucket, key, upload_id)
             raise
         return sent
+
+    async def _complete(self, url: str, upload_id: str, etags: dict[int, str]) -> None:
+        """Put a multipart upload's parts together, in the order of their numbers."""
+        bucket, key = _split(url)
+        with _translate("s3", url):
+            await self._s3.complete_multipart_upload(
+                Bucket=bucket,
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={
+                    "Parts": [{"ETag": etags[n], "PartNumber": n} for n in sorted(etags)]
+                },
+            )
 
     async def _multipart(
         self,
@@ -362,18 +367,10 @@ class AwsBlobs:
 
         try:
             await _all(one(n) for n in range(1, parts + 1))
-            with _translate("s3", url):
-                await self._s3.complete_multipart_upload(
-                    Bucket=bucket,
-                    Key=key,
-                    UploadId=upload_id,
-                    MultipartUpload={
-                        "Parts": [{"ETag": etags[n], "PartNumber": n} for n in sorted(etags)]
-                    },
-                )
+            await self._complete(url, upload_id, etags)
         except BaseException:
             with suppress(ClientError, BotoCoreError):
-                await self._s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+                await self._abort(bucket, key, upload_id)
             raise
 
     async def download_file(self, url: str, path: str) -> None:
