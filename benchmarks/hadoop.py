@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import itertools
 import json
@@ -118,6 +119,18 @@ def install(cache: Path | None = None, on_build: Callable[[str], None] | None = 
     if mvn is None:
         raise RuntimeError("Maven is not installed (apt-get install maven): it fetches Hadoop")
     cache = cache or cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    # One installer at a time per cache: test processes start together on a fresh machine,
+    # and a second installer's swap used to delete the directory a first one had returned
+    # while its JVM was loading classes from it (CI: "Could not find or load main class").
+    with open(cache / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if found := ready(cache):  # installed by the one we waited for
+            return found
+        return _build(cache, mvn, on_build)
+
+
+def _build(cache: Path, mvn: str, on_build: Callable[[str], None] | None) -> Install:
     lib = lib_dir(cache)
     tmp = cache / f".lib-{VERSION}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -95,6 +95,48 @@ def test_a_cache_counts_as_installed_only_when_built_from_this_pom(tmp_path: Pat
     assert hadoop.jar_list(lib).splitlines()[0].startswith("a.jar\t")
 
 
+INSTALL_AND_LOAD = """
+import os, sys, time
+from pathlib import Path
+from benchmarks import hadoop
+got = hadoop.install(Path(sys.argv[1]))
+before = os.stat(got.lib).st_ino
+time.sleep(float(sys.argv[2]))  # a JVM loading classes from got.lib meanwhile
+assert got.lib.exists() and os.stat(got.lib).st_ino == before, "the jars were swapped away"
+assert hadoop.ready(Path(sys.argv[1])) is not None
+print(before)
+"""
+
+
+@pytest.mark.slow
+def test_installs_racing_into_one_fresh_cache_build_it_once(tmp_path: Path) -> None:
+    """CI's reproduction: test processes installed into one empty cache at once, and the
+    second to finish deleted the jar directory the first had returned while its TeraGen
+    loaded classes from it ("Could not find or load main class ...ExampleDriver")."""
+    import subprocess
+    import sys
+
+    hadoop_here()  # the cache's Maven repository filled, so the racers need no network
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "m2").symlink_to(hadoop.cache_dir() / "m2")
+    pipe = subprocess.PIPE
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", INSTALL_AND_LOAD, str(cache), pause],
+            cwd=REPO,
+            stdout=pipe,
+            stderr=pipe,
+            text=True,
+        )
+        for pause in ("8", "0")
+    ]
+    ran = [r.communicate(timeout=300) for r in racers]
+    assert [r.returncode for r in racers] == [0, 0], [err[-2000:] for _, err in ran]
+    assert ran[0][0] == ran[1][0]  # one directory, built once, never replaced
+    assert not list(cache.glob(".lib-*.tmp"))
+
+
 # ---------------------------------------------------------------------- TeraValidate
 
 
