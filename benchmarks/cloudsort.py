@@ -308,6 +308,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "--split-mb", str(args.split_mb), "--memory-mb", str(args.memory_mb),
             "--shuffle", "blob", "--no-progress",
         ]  # fmt: skip
+        if args.profile:  # py-spy samples the run and its workers' processes (slows it)
+            argv = [
+                str(Path(sys.executable).with_name("py-spy")), "record", "--subprocesses",
+                "--format", "raw", "--rate", "50", "-o", str(args.profile), "--",
+                *argv,
+            ]  # fmt: skip
         phase = MapPhase(TABLE, f"s3://{BUCKET}/{out_prefix}")
         done, wall, cpu = run_counted(argv, env, phase)
     if done.returncode != 0:
@@ -887,6 +893,12 @@ def main() -> int:
         action="store_true",
         help="speak https to the counting proxies, as a fleet does to AWS (botocore signs "
         "no payload over TLS; over http it hashes every one)",
+    )
+    me.add_argument(
+        "--profile",
+        type=Path,
+        help="record the run with py-spy (collapsed stacks, every process) into this file; "
+        "its CPU figures then include the sampler's",
     )
     mo = sub.add_parser("model", help="the bill of a large sort, from a measured run")
     mo.add_argument(
