@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,7 @@ class TreeCpu:
     def __init__(self, root: int, every: float = 0.1) -> None:
         self.root, self.every = root, every
         self.seen: dict[int, float] = {}
+        self.roles: dict[int, str] = {}  # pid: what the process is (see ``role``)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._tick = os.sysconf("SC_CLK_TCK")
@@ -160,6 +162,8 @@ class TreeCpu:
             for pid in tree:
                 if pid in stats:
                     self.seen[pid] = max(self.seen.get(pid, 0.0), stats[pid][1])
+                    if pid not in self.roles:
+                        self.roles[pid] = role(pid, stats[pid][0], self.roles)
             self._stop.wait(self.every)
 
     def __enter__(self) -> TreeCpu:
@@ -173,6 +177,32 @@ class TreeCpu:
     @property
     def seconds(self) -> float:
         return sum(self.seen.values())
+
+    def by_role(self) -> dict[str, float]:
+        """CPU seconds by kind of process: where a run's CPU goes."""
+        out: dict[str, float] = {}
+        for pid, cpu in self.seen.items():
+            kind = self.roles.get(pid, "other")
+            out[kind] = round(out.get(kind, 0.0) + cpu, 2)
+        return dict(sorted(out.items()))
+
+
+def role(pid: int, ppid: int, known: Mapping[int, str]) -> str:
+    """``client`` (``cmr run``), ``worker`` (a ``cmr worker``'s event loop), ``pool`` (its
+    pool processes, under the forkserver), ``forkserver``, or ``other``."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "other"
+    text = b" ".join(argv).decode(errors="replace")
+    if "forkserver import main" in text:
+        # The forkserver forks the pool's processes without exec: their argv is its own.
+        return "pool" if known.get(ppid) == "forkserver" else "forkserver"
+    if " cmr worker" in text or "cmr.cli worker" in text:
+        return "worker"
+    if " cmr run" in text:
+        return "client"
+    return "other"
 
 
 class MapPhase:
@@ -234,7 +264,10 @@ class MapPhase:
 
 
 def run_counted(
-    argv: list[str], env: dict[str, str], phase: MapPhase | None = None
+    argv: list[str],
+    env: dict[str, str],
+    phase: MapPhase | None = None,
+    roles: dict[str, float] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], float, float]:
     """Run ``argv``; its result, wall seconds and its process tree's CPU seconds (and, with
     ``phase``, when its maps ended)."""
@@ -251,6 +284,8 @@ def run_counted(
             if phase is not None:
                 phase.stop()
     wall = time.monotonic() - started
+    if roles is not None:
+        roles.update(cpu.by_role())
     return subprocess.CompletedProcess(argv, proc.returncode, out, err), wall, cpu.seconds
 
 
@@ -315,7 +350,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 *argv,
             ]  # fmt: skip
         phase = MapPhase(TABLE, f"s3://{BUCKET}/{out_prefix}")
-        done, wall, cpu = run_counted(argv, env, phase)
+        roles: dict[str, float] = {}
+        done, wall, cpu = run_counted(argv, env, phase, roles)
     if done.returncode != 0:
         raise SystemExit(f"cmr run failed ({done.returncode}):\n{done.stderr[-3000:]}")
     embedded = embedded_utilization(args, data)
@@ -347,6 +383,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2),
         "cpu_s_per_gb": round(cpu / (input_bytes / GB), 2),
+        "cpu_s_by_process": roles,
         # The CPU spent before the last map task committed (reducers fetch the winners'
         # parts meanwhile): what the model's --map-cpu-share stands for.
         "maps_done_s": None if phase.at_s is None else round(phase.at_s, 2),

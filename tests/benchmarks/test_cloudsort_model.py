@@ -112,3 +112,32 @@ def test_the_reducers_read_the_table_eventually_at_half_the_units() -> None:
     per_second_then = before["table_read_units_per_s"] * before["hours"] / now["hours"]
     assert now["table_read_units_per_s"] < 0.55 * per_second_then
     assert now["table_read_units_per_s"] < 1500
+
+
+BURN_IN_A_POOL = """
+import multiprocessing as mp, time
+def burn(_):
+    end = time.process_time() + 0.6
+    while time.process_time() < end:
+        pass
+if __name__ == "__main__":
+    with mp.get_context("forkserver").Pool(2) as pool:
+        pool.map(burn, range(2))
+"""
+
+
+def test_a_runs_cpu_is_told_apart_by_process(tmp_path: Path) -> None:
+    """measure's ``cpu_s_by_process``: a pool's processes, forked by the forkserver without
+    exec, carry its argv; they are counted as the pool, not as the forkserver."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "burn.py"
+    script.write_text(BURN_IN_A_POOL)
+    proc = subprocess.Popen([sys.executable, str(script)])
+    with cloudsort.TreeCpu(proc.pid, every=0.05) as cpu:
+        assert proc.wait(timeout=60) == 0
+    roles = cpu.by_role()
+    assert roles["pool"] >= 0.8  # two processes burned 0.6 s each (the last tick may miss some)
+    assert roles.get("forkserver", 0.0) < 0.5
+    assert sum(roles.values()) == pytest.approx(cpu.seconds, abs=0.05)
