@@ -70,7 +70,7 @@ PATTERNS = {
     "LockKey": r"fleet/locks/[0-9a-f]{64}/requirements[.]txt",
     "InstanceType": r"[a-z0-9-]{1,20}[.][a-z0-9-]{1,20}",
     "Processes": r"[1-9][0-9]{0,3}",
-    "MemoryMb": r"(auto|[1-9][0-9]{1,6})",
+    "MemoryMb": r"(auto|6[4-9]|[7-9][0-9]|[1-9][0-9]{2,6})",  # from MEMORY_MB_MIN (64)
     "IdleExitSeconds": r"[1-9][0-9]{0,6}",
     # At least one module: an empty list would leave the worker its default, its own spool.
     "JobsFrom": rf"{JOB_MODULE}( {JOB_MODULE})*",

@@ -424,6 +424,22 @@ def test_an_upload_never_takes_more_parts_than_s3_allows() -> None:
         assert -(-size // step) <= MAX_PARTS and step % (1 << 20) == 0, (size, step)
 
 
+def test_a_stream_with_no_size_hint_reaches_s3s_largest_object_within_its_parts() -> None:
+    """A streamed upload that is given no hint grows its parts with what it has sent. Grown
+    as if the stream were twice that, its parts ran out (10,000) at 3.25 TiB, short of the
+    5 TiB an S3 object may hold; every part stays within S3's 5 GiB."""
+    from cmr.backends.aws.s3 import MAX_PARTS, stream_part_bytes
+
+    sent = parts = 0
+    while sent < 5 << 40:
+        step = stream_part_bytes(0, sent)
+        assert step <= 5 << 30, sent
+        sent, parts = sent + step, parts + 1
+    assert parts <= MAX_PARTS, parts
+    # A hint still sizes the parts it covers: a 1 GiB stream takes its 64.
+    assert stream_part_bytes(1 << 30, 0) == 16 << 20
+
+
 def test_a_large_upload_takes_few_parts_and_bounded_memory() -> None:
     """Every part is a billed PUT: at 8 MiB a part, writing a TB cost $0.60 in parts. A
     large file takes about PARTS_WANTED parts, and the parts held at once stay within

@@ -588,7 +588,7 @@ def test_run_worker_passes_the_memory_mb(template: dict[str, Any], tmp_path: Pat
     assert template["Parameters"]["MemoryMb"]["Default"] == DEFAULTS["MemoryMb"] == "auto"
     for ok in ("auto", "64", "4096", "1048576"):
         assert re.fullmatch(PATTERNS["MemoryMb"], ok), ok
-    for wrong in ("", "0", "064", "Auto", "auto64", "4096 ", "-1", "1e3", "12345678"):
+    for wrong in ("", "0", "10", "63", "064", "Auto", "auto64", "4096 ", "-1", "1e3", "12345678"):
         assert not re.fullmatch(PATTERNS["MemoryMb"], wrong), wrong
 
 

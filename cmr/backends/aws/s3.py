@@ -48,6 +48,14 @@ def part_bytes(size: int) -> int:
     return max(PART_BYTES, -(-max(grown, least) // MIB) * MIB)
 
 
+def stream_part_bytes(size_hint: int, sent: int) -> int:
+    """The next part of a streamed upload that has sent ``sent`` bytes: sized for the
+    hint, or, past it, as if the stream were four times what it has sent. Four, not two:
+    growing that fast, a stream with no hint reaches S3's largest object (5 TiB) within
+    MAX_PARTS parts; at twice it would stop at 3.25 TiB."""
+    return part_bytes(max(size_hint, 4 * sent))
+
+
 async def _fill(stream: AsyncIterator[bytes], buf: bytearray, want: int) -> bool:
     """Add ``stream``'s chunks to ``buf`` until it holds ``want`` bytes; True once the
     stream has ended."""
@@ -303,7 +311,7 @@ class AwsBlobs:
         sent = number = 0
         try:
             while True:
-                step = part_bytes(max(size_hint, 2 * sent))
+                step = stream_part_bytes(size_hint, sent)
                 if not ended and len(buf) < step:
                     ended = await _fill(stream, buf, step)
                 if not buf:
