@@ -387,6 +387,11 @@ async def assert_cleaned(
     assert await be.queues.list(settings.queue_prefix) == []
     assert await be.blobs.list(f"{be.scratch}/jobs/{job_id}/") == []
     assert await be.blobs.list(f"{be.scratch}/results/{job_id}/") == []
+    # Nor an unfinished multipart upload: a worker killed while streaming a shuffle object
+    # or a reduce's output leaves its parts stored (and billed) until they are aborted.
+    bucket, _, key = be.scratch.removeprefix("s3://").partition("/")
+    listed = boto3.client("s3").list_multipart_uploads(Bucket=bucket, Prefix=key)
+    assert [u["Key"] for u in listed.get("Uploads", []) if job_id in u["Key"]] == []
     if records:
         assert [i["sk"] for i in await be.table.query(job_pk(job_id))] == ["job"]
 
