@@ -43,7 +43,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +162,7 @@ class TreeCpu:
                 if pid in stats:
                     self.seen[pid] = max(self.seen.get(pid, 0.0), stats[pid][1])
                     if pid not in self.roles:
-                        self.roles[pid] = role(pid, stats[pid][0], self.roles)
+                        self.roles[pid] = role(pid, stats[pid][0])
             self._stop.wait(self.every)
 
     def __enter__(self) -> TreeCpu:
@@ -187,17 +186,24 @@ class TreeCpu:
         return dict(sorted(out.items()))
 
 
-def role(pid: int, ppid: int, known: Mapping[int, str]) -> str:
+def _argv(pid: int) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
+def role(pid: int, ppid: int) -> str:
     """``client`` (``cmr run``), ``worker`` (a ``cmr worker``'s event loop), ``pool`` (its
     pool processes, under the forkserver), ``forkserver``, or ``other``."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return "other"
-    text = b" ".join(argv).decode(errors="replace")
+    text = _argv(pid)
     if "forkserver import main" in text:
-        # The forkserver forks the pool's processes without exec: their argv is its own.
-        return "pool" if known.get(ppid) == "forkserver" else "forkserver"
+        # The forkserver forks the pool's processes without exec: their argv is its own,
+        # so a pool process is told by its parent's (read, not remembered: a parent and its
+        # child may first be seen in the same sample, in either order).
+        return "pool" if "forkserver import main" in _argv(ppid) else "forkserver"
     if " cmr worker" in text or "cmr.cli worker" in text:
         return "worker"
     if " cmr run" in text:
