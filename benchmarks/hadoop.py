@@ -62,6 +62,8 @@ JVM_FLAGS: tuple[str, ...] = ()  # Java 17 needs none here (see the module's doc
 STAMP = ".pom-sha256"
 JARS = "jars.txt"  # name<TAB>sha256 per jar, sorted
 MB = 1_000_000
+INSTALL_TIMEOUT_S = 900  # Maven's fetch into an empty cache takes ~10 s; a hung one ends
+LOCK_SLACK_S = 60  # what an installer does besides Maven, at most, while it holds the lock
 RECORD, KEY = 100, 10  # TeraGen's records: 100 bytes, the first 10 the key
 _SPLITS = re.compile(rb"number of splits:(\d+)")
 _CHECKSUM = re.compile(r"^checksum\t[0-9a-f]+$")
@@ -124,7 +126,19 @@ def install(cache: Path | None = None, on_build: Callable[[str], None] | None = 
     # and a second installer's swap used to delete the directory a first one had returned
     # while its JVM was loading classes from it (CI: "Could not find or load main class").
     with open(cache / ".install.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        # Bounded: an installer holds the lock at most its Maven run's INSTALL_TIMEOUT_S.
+        deadline = time.monotonic() + INSTALL_TIMEOUT_S + LOCK_SLACK_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"another process has been installing Hadoop into {cache} for over "
+                        f"{INSTALL_TIMEOUT_S + LOCK_SLACK_S} s: end it, or remove {cache} and retry"
+                    ) from None
+                time.sleep(0.5)
         if found := ready(cache):  # installed by the one we waited for
             return found
         return _build(cache, mvn, on_build)
@@ -150,7 +164,16 @@ def _build(cache: Path, mvn: str, on_build: Callable[[str], None] | None) -> Ins
         "-DincludeScope=runtime",
         f"-DoutputDirectory={tmp}",
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, check=False, timeout=INSTALL_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(
+            f"mvn dependency:copy-dependencies took over {INSTALL_TIMEOUT_S} s (is Maven "
+            "Central reachable?): Hadoop was not installed"
+        ) from None
     if done.returncode != 0 or not any(tmp.glob("*.jar")):
         shutil.rmtree(tmp, ignore_errors=True)
         raise RuntimeError(

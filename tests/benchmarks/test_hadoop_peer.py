@@ -137,6 +137,25 @@ def test_installs_racing_into_one_fresh_cache_build_it_once(tmp_path: Path) -> N
     assert not list(cache.glob(".lib-*.tmp"))
 
 
+def test_waiting_for_another_installer_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An installer that never lets go of the cache (a hung Maven, a stopped process) makes
+    the next one fail with what to do, not wait for ever."""
+    import fcntl
+
+    if shutil.which("mvn") is None:
+        pytest.skip("Maven is not installed")
+    monkeypatch.setattr(hadoop, "INSTALL_TIMEOUT_S", 1)
+    monkeypatch.setattr(hadoop, "LOCK_SLACK_S", 0)
+    tmp_path.mkdir(exist_ok=True)
+    with open(tmp_path / ".install.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # in another open file: another installer's
+        with pytest.raises(RuntimeError, match="another process has been installing Hadoop"):
+            hadoop.install(tmp_path)
+    assert hadoop.ready(tmp_path) is None
+
+
 # ---------------------------------------------------------------------- TeraValidate
 
 
