@@ -23,12 +23,16 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+from cmr.rangefile import unread
 
 CHUNK_BYTES = 1 << 20  # read at once: the most a chunk holds
 PIPE_BYTES = 1 << 20  # the pipe's buffer (Linux's default is 64 KiB): fewer wake-ups
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 
 
 class PoolFailed(Exception):
@@ -44,6 +48,19 @@ class PoolPipe:
         self._fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
         with contextlib.suppress(OSError):  # a smaller pipe works too, only more slowly
             fcntl.fcntl(self._fd, _F_SETPIPE_SZ, PIPE_BYTES)
+        try:
+            self._full = fcntl.fcntl(self._fd, _F_GETPIPE_SZ) // 2
+        except OSError:
+            self._full = 0  # unknown: every wait of ours counts as the pool's
+        self._stalled_s = 0.0
+
+    def stalled(self) -> float:
+        """The seconds so far that the pipe stood full while its consumer (an upload's parts
+        in flight) did not read it: the pool process's writes waited on the store, not on
+        the job's code (Runtime.cpu's hard limit moves on by them, as cmr.timelimit.paused
+        moves the pool's own). Counted whole when the pipe is found full at the consumer's
+        return: at most the time it was away."""
+        return self._stalled_s
 
     async def chunks(
         self, call: asyncio.Future[Any], ok: Callable[[Any], bool]
@@ -75,7 +92,10 @@ class PoolPipe:
             # As read, not gathered: the consumer gathers its parts anyway, and each copy of
             # a reduce's output costs a core ~0.1 s per GB.
             if last:
+                away = time.monotonic()
                 yield last
+                if self._fd == fd and unread(fd) >= self._full:
+                    self._stalled_s += time.monotonic() - away
             last = data
         if call.cancelled() or call.exception() is not None or not ok(call.result()):
             raise PoolFailed("the pool's call failed: its output is not stored")

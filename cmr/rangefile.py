@@ -58,10 +58,10 @@ def streams(task_bytes: int) -> bool:
     return task_bytes > STREAM_FROM
 
 
-def _unread(fd: int) -> int:
+def unread(fd: int) -> int:
     """The bytes in a pipe that its reader has not taken."""
-    (unread,) = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))
-    return int(unread)
+    (n,) = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))
+    return int(n)
 
 
 def _wake(room: asyncio.Future[None]) -> None:
@@ -197,7 +197,7 @@ class Stream:
         first often (a reader waiting for the next range's bytes waits as long as this),
         then every DRAIN_POLL_S (a reader mapping a large piece)."""
         wait = 0.0005
-        while _unread(r.fd):
+        while unread(r.fd):
             await asyncio.sleep(wait)
             wait = min(2 * wait, DRAIN_POLL_S)
 

@@ -606,7 +606,7 @@ async def _let_go(rt: Runtime, drain: Drain, queue: str, *, lost: bool) -> None:
 
 async def _reduce_streamed(
     rt: Runtime,
-    reduce: Callable[[str], Coroutine[Any, Any, ReduceResult]],
+    reduce: Callable[[str, Callable[[], float] | None], Coroutine[Any, Any, ReduceResult]],
     drain: Drain,
     url: str,
 ) -> tuple[ReduceResult, int]:
@@ -616,7 +616,7 @@ async def _reduce_streamed(
     write then fails (EPIPE): its outcome is nobody's."""
     pipe = PoolPipe(drain.workdir)
     try:
-        call = asyncio.ensure_future(reduce(pipe.path))
+        call = asyncio.ensure_future(reduce(pipe.path, pipe.stalled))
         try:
             nbytes = await rt.backend.blobs.upload_stream(
                 url, pipe.chunks(call, lambda r: not r.error), size_hint=drain.spooled
@@ -640,7 +640,9 @@ async def _reduce_and_commit(
     url = reduce_output_url(spec.scratch, spec.job_id, drain.partition, owner.epoch, owner.token)
     files_dir = await sidefiles.fetch(rt, spec)
 
-    def reduce(out_path: str) -> Coroutine[Any, Any, ReduceResult]:
+    def reduce(
+        out_path: str, stalled: Callable[[], float] | None = None
+    ) -> Coroutine[Any, Any, ReduceResult]:
         return rt.cpu(
             run_reduce,
             spec.ref,
@@ -656,6 +658,7 @@ async def _reduce_and_commit(
                 files_dir=files_dir,
             ),
             limit_s=limit,
+            stalled=stalled,
         )
 
     if rt.backend.capabilities.local_files:

@@ -18,7 +18,7 @@ from cmr.errors import BackendError, CmrError
 from cmr.plan import Plan, load_plan
 from cmr.records import STATS, JobSpec, job_pk
 from cmr.settings import WorkerSettings
-from cmr.timelimit import hard_limit
+from cmr.timelimit import forgiven, hard_limit
 
 T = TypeVar("T")
 
@@ -132,22 +132,47 @@ class Runtime:
         finally:
             self.awake.set()
 
-    async def cpu(self, fn: Callable[..., T], *args: Any, limit_s: float = 0.0) -> T:
+    async def cpu(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        limit_s: float = 0.0,
+        stalled: Callable[[], float] | None = None,
+    ) -> T:
         """Run fn in the process pool, so the event loop keeps moving bytes. With a time
         limit (which fn enforces itself, by SIGALRM), stop waiting past the hard limit:
-        restart the pool, which kills the stuck process, and raise TaskTimedOut."""
+        restart the pool, which kills the stuck process, and raise TaskTimedOut.
+        ``stalled``: the seconds fn has so far spent waiting for us (its output's pipe full
+        and unread while the store was slow), by which the hard limit moves on, up to as
+        much as fn's own limit forgives (cmr.timelimit.paused)."""
+        loop = asyncio.get_running_loop()
         generation = getattr(self.pool, "generation", 0)
-        future = asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        started = loop.time()
+        future = loop.run_in_executor(self.pool, fn, *args)
         # If we stop waiting (cancelled, or past the limit), its outcome is nobody's: take it,
         # or asyncio reports an exception "never retrieved".
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+        def deadline() -> float:
+            waited = forgiven(limit_s, stalled()) if stalled is not None else 0.0
+            return started + hard_limit(limit_s) + waited
+
         try:
             if limit_s <= 0:
                 return await future
             try:
-                # Not wait_for: 3.11's loses a cancellation that comes as the result does.
-                async with asyncio.timeout(hard_limit(limit_s)):
-                    return await asyncio.shield(future)
+                while True:
+                    at = deadline()
+                    try:
+                        # Not wait_for: 3.11's loses a cancellation that comes as the
+                        # result does.
+                        async with asyncio.timeout_at(at):
+                            return await asyncio.shield(future)
+                    except TimeoutError:
+                        if future.done():  # as the limit struck
+                            return future.result()
+                        if deadline() <= at:  # not moved on meanwhile
+                            raise
             except TimeoutError:
                 restart = getattr(self.pool, "restart", None)
                 if restart is None:

@@ -10,11 +10,12 @@ import io
 import itertools
 import operator
 import os
+import stat
 import sys
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from cmr import counters, formats, taskprogress, usercode
+from cmr import counters, formats, taskprogress, timelimit, usercode
 from cmr import digest as digests
 from cmr.cpu import summing
 from cmr.cpu.instances import hook, job_instance, job_step, mapper_name
@@ -340,12 +341,21 @@ class _Hashing(io.RawIOBase):
         super().__init__()
         self.file = io.FileIO(path, "wb")
         self.hash = digests.new()
+        # A pipe the worker uploads from (cmr.poolpipe): a write waits while the store is
+        # slow, and that wait is not the job's code's time (cmr.timelimit.paused).
+        self.waits = (
+            timelimit.paused if stat.S_ISFIFO(os.fstat(self.file.fileno()).st_mode) else None
+        )
 
     def writable(self) -> bool:
         return True
 
     def write(self, b: Any) -> int:
-        n = self.file.write(b) or 0
+        if self.waits is None:
+            n = self.file.write(b) or 0
+        else:
+            with self.waits():
+                n = self.file.write(b) or 0
         self.hash.update(memoryview(b).cast("B")[:n])
         return n
 

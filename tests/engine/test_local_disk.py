@@ -22,6 +22,7 @@ from cmr.backends.base import Backend
 from cmr.backends.middleware import Call, Middleware, Proceed, wrap
 from cmr.errors import BackendError, JobFailed
 from cmr.pool import cpu_pool
+from cmr.records import job_pk
 from cmr.settings import AwsSettings, WorkerSettings
 from cmr.submit import JobOptions
 from cmr.worker import Worker
@@ -174,3 +175,69 @@ async def test_a_reduce_that_fails_after_writing_stores_nothing(
     assert "boom after writing" in info.value.reason
     s3 = be.blobs._s3 if hasattr(be.blobs, "_s3") else be.blobs.inner._s3  # type: ignore[attr-defined]
     assert (await s3.list_multipart_uploads(Bucket=settings.bucket)).get("Uploads", []) == []
+
+
+class _SlowUpload(Middleware):
+    """A store that takes a reducer's output at ``s_per_mib`` a MiB, as a congested link
+    would: the pool process writing it waits on the pipe."""
+
+    def __init__(self, s_per_mib: float) -> None:
+        self.s_per_mib = s_per_mib
+        self.uploads: list[str] = []
+
+    async def around(self, call: Call, proceed: Proceed) -> Any:
+        if call.method != "upload_stream" or "/out/p" not in call.target:
+            return await proceed(call)
+        self.uploads.append(call.target)
+        return await proceed(call.replace(call.args[0], self._slowly(call.args[1])))
+
+    async def _slowly(self, chunks: Any) -> Any:
+        taken = 0
+        async for chunk in chunks:
+            taken += len(chunk)
+            await asyncio.sleep(self.s_per_mib * len(chunk) / (1 << 20))
+            yield chunk
+
+
+@pytest.mark.usefixtures("aws_stack")
+async def test_a_slow_store_is_not_counted_against_the_reduces_time_limit(
+    aws: tuple[Backend, AwsSettings], tmp_path: Path
+) -> None:
+    """The reduce's output streams to the store as the pool writes it: while the store is
+    slow the pool's writes wait, and that wait is not the job's code's time. Here the
+    upload takes ~21 s against a 2 s task limit, and the pool waits past its hard limit
+    (12.2 s) with its last MiB unread: the one
+    attempt finishes, exact. Before, the pool's limit struck while it waited on the pipe,
+    blamed the job's code, and every attempt failed the same way."""
+    be, settings = aws
+    rnd = random.Random(7)
+    records = [rnd.randbytes(10) + b"%088d\r\n" % i for i in range(100_000)]  # 9.5 MiB
+    root = f"s3://{settings.bucket}/{tmp_path.name}/"
+    local = tmp_path / "part-m-00000"
+    local.write_bytes(b"".join(records))
+    await be.blobs.upload_file(str(local), root + f"in/{local.name}")
+    spec = await submit.submit(
+        be,
+        job_ref("examples/terasort.py"),
+        root + "in/",
+        root + "out/",
+        JobOptions(partitions=1, shuffle="blob", task_timeout_s=2, max_task_failures=1),
+        queue_prefix=settings.queue_prefix,
+        parallelism=1,
+        split_bytes=16_000_000,
+    )
+    slow = _SlowUpload(2.2)
+    ws = WorkerSettings(processes=1, poll_s=0.1, spill_dir=str(tmp_path))
+    with cpu_pool(1) as pool:
+        await asyncio.wait_for(
+            Worker(
+                wrap(be, slow), ws, pool, queue_prefix=settings.queue_prefix,
+                only_job=spec.job_id,
+            ).run(),
+            120,
+        )  # fmt: skip
+    job = await be.table.get(job_pk(spec.job_id), "job")
+    assert job is not None and job["state"] == "succeeded", job
+    assert len(slow.uploads) == 1, slow.uploads
+    (part,) = [b.url for b in await be.blobs.list(root + "out/part-")]
+    assert await be.blobs.get(part) == b"".join(sorted(records))
