@@ -133,17 +133,31 @@ class WorkerProc:
 class Fleet:
     """`cmr worker` processes serving the test's bucket, table and queue prefix."""
 
-    def __init__(self, settings: AwsSettings, logs: Path, idle_exit: int = 30) -> None:
+    def __init__(
+        self, settings: AwsSettings, logs: Path, idle_exit: int = 30, spools: Path | None = None
+    ) -> None:
         self.settings = settings
         self.logs = logs
         self.idle_exit = idle_exit
+        # Each worker's spill directory (its TMPDIR) under here, to be looked into; None:
+        # the system's.
+        self.spools = spools
         self.workers: list[WorkerProc] = []
+
+    def spool(self, w: WorkerProc) -> Path:
+        assert self.spools is not None, "the fleet was started without spools of its own"
+        return self.spools / f"worker-{self.workers.index(w)}"
 
     def start(self, n: int) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         s = self.settings
         for _ in range(n):
             log = self.logs / f"worker-{len(self.workers)}.log"
+            env = None
+            if self.spools is not None:
+                spool = self.spools / f"worker-{len(self.workers)}"
+                spool.mkdir(parents=True)
+                env = {**os.environ, "TMPDIR": str(spool)}
             with log.open("wb") as err:
                 proc = subprocess.Popen(
                     [
@@ -171,6 +185,7 @@ class Fleet:
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=err,
+                    env=env,
                 )
             self.workers.append(WorkerProc(proc, log))
 
@@ -231,8 +246,10 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def fleet_of(n: int, settings: AwsSettings, tmp_path: Path) -> Iterator[Fleet]:
-    fleet = Fleet(settings, tmp_path / "logs")
+def fleet_of(
+    n: int, settings: AwsSettings, tmp_path: Path, spools: Path | None = None
+) -> Iterator[Fleet]:
+    fleet = Fleet(settings, tmp_path / "logs", spools=spools)
     try:
         fleet.start(n)
         yield fleet
