@@ -215,9 +215,11 @@ require_node() {
 }
 
 lock_azurite() {
-    # Re-resolve the lock from scripts/azurite/package.json (azurite pinned exactly there).
-    # No "resolved" URLs in it: npm takes each package from the registry it is configured
-    # with, and checks it against the lock's integrity hash wherever it came from.
+    # Bring the lock in line with scripts/azurite/package.json (azurite pinned exactly there):
+    # what it already pins stays pinned, as `scripts/setup.sh lock` keeps its pins; delete
+    # it first to resolve the whole tree anew. No "resolved" URLs in it: npm takes each
+    # package from the registry it is configured with, and checks it against the lock's
+    # integrity hash wherever it came from.
     require_node
     log "resolving azurite@$AZURITE_VERSION -> ${AZURITE_PKG#"$ROOT"/}/package-lock.json"
     (cd "$AZURITE_PKG" && npm install --package-lock-only --ignore-scripts \
