@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# Local AWS stack for cmr, without Docker, from open-source parts only:
+# Local cloud stack for cmr, without Docker, from open-source parts only:
 #   * LocalStack (S3, SQS, CloudFormation, CloudWatch, EC2, IAM, SSM, STS) on 127.0.0.1:4566
 #   * moto's DynamoDB and SimpleDB (scripts/dynamodb_server.py) on 127.0.0.1:8000
+#   * Azurite (Azure Blob, Queue and Table storage) on 127.0.0.1:10000, 10001 and 10002
 #
 # Usage: scripts/stack.sh {install|start|stop|restart|status|env|logs|lock}
-#   install  install both into .stack/ (idempotent; skips what is present)
-#   start    install if needed, start both in the background, wait until healthy and
-#            LocalStack has loaded s3 and sqs (a no-op when both already answer)
+#   install  install all three into .stack/ (idempotent; skips what is present)
+#   start    install if needed, start all three in the background, wait until healthy and
+#            LocalStack has loaded s3 and sqs (a no-op when all three already answer)
 #   stop     stop the processes this checkout started (from .stack/run/*.pid)
 #   restart  stop, then start
-#   status   show pids and health; exit 0 only when both are healthy
+#   status   show pids and health; exit 0 only when all three are healthy
 #   env      print export lines:  eval "$(scripts/stack.sh env)"
-#   logs     print the tail of both logs
-#   lock     re-resolve scripts/localstack-requirements.txt and scripts/moto-requirements.txt
+#   logs     print the tail of the three logs
+#   lock     re-resolve scripts/localstack-requirements.txt, scripts/moto-requirements.txt
+#            and scripts/azurite/package-lock.json
 #
-# Everything lives in .stack/ (gitignored): venvs, logs, pid files. Downloads come from PyPI
-# only, each file checked against a pinned sha256 (uv --require-hashes): LocalStack's from
-# scripts/localstack-requirements.txt, moto's from scripts/moto-requirements.txt.
+# Everything lives in .stack/ (gitignored): venvs, node_modules, logs, pid files. Downloads
+# come from PyPI and npm only, each file checked against a pinned hash: LocalStack's against
+# scripts/localstack-requirements.txt and moto's against scripts/moto-requirements.txt
+# (sha256, uv --require-hashes), Azurite's against scripts/azurite/package-lock.json (the
+# lock's sha512 integrity fields, npm ci). Azurite needs node 20 or newer and npm on PATH.
 # With Docker, docker-compose.yml at the repo root runs the same versions instead.
 set -euo pipefail
 
@@ -48,7 +52,28 @@ MOTO_VENV="$STACK_DIR/moto-venv"
 MOTO_LOCK="$ROOT/scripts/moto-requirements.txt"
 MOTO_SERVER="$ROOT/scripts/dynamodb_server.py"
 
+# --- Azure Blob, Queue and Table storage: Azurite ----------------------------------------
+# Azurite (MIT), Microsoft's emulator, from npm. 3.35.0: 3.36 and later need node 22, and
+# this project's machines have node 20. Installed by `npm ci` from the committed lock,
+# scripts/azurite/package-lock.json, whose integrity fields (sha512) npm checks every
+# tarball against. --ignore-scripts: no package in the lock has an install script (none is
+# marked hasInstallScript), and Azurite runs from its published dist/ without a build.
+AZURITE_VERSION=3.35.0
+AZURITE_NODE_MAJOR=20                        # the oldest node the lock's packages accept
+AZURITE_PKG="$ROOT/scripts/azurite"          # package.json + package-lock.json
+AZURITE_DIR="$STACK_DIR/azurite"             # npm ci runs here: $AZURITE_DIR/node_modules
+AZURITE_MAIN="$AZURITE_DIR/node_modules/azurite/dist/src/azurite.js"
+AZ_BLOB_PORT=10000
+AZ_QUEUE_PORT=10001
+AZ_TABLE_PORT=10002
+# Azurite's development account: public, the same in every Azurite (Azure's documentation
+# of the emulator gives both); it opens nothing but a local emulator.
+AZ_ACCOUNT=devstoreaccount1
+AZ_KEY='Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=='
+
 export UV_PYTHON_DOWNLOADS=never             # use the local interpreter; never fetch one
+# npm: no update check, no audit or funding calls: nothing is asked of the registry but packages
+export NPM_CONFIG_UPDATE_NOTIFIER=false NPM_CONFIG_AUDIT=false NPM_CONFIG_FUND=false
 
 log() { printf '[stack] %s\n' "$*" >&2; }
 die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -178,10 +203,62 @@ install_moto() {
     moto_stamp_value >"$MOTO_VENV/.cmr-installed"
 }
 
+# ================================================================ install: Azurite ====
+
+require_node() {
+    local major
+    command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
+        || die "Azurite needs node (>= $AZURITE_NODE_MAJOR) and npm on PATH (e.g. apt-get install nodejs npm)"
+    major="$(node -p 'process.versions.node.split(".")[0]')"
+    ((major >= AZURITE_NODE_MAJOR)) \
+        || die "Azurite $AZURITE_VERSION's packages need node >= $AZURITE_NODE_MAJOR; this is node $(node --version)"
+}
+
+lock_azurite() {
+    # Bring the lock in line with scripts/azurite/package.json (azurite pinned exactly there):
+    # what it already pins stays pinned, as `scripts/setup.sh lock` keeps its pins; delete
+    # it first to resolve the whole tree anew. No "resolved" URLs in it: npm takes each
+    # package from the registry it is configured with, and checks it against the lock's
+    # integrity hash wherever it came from.
+    require_node
+    log "resolving azurite@$AZURITE_VERSION -> ${AZURITE_PKG#"$ROOT"/}/package-lock.json"
+    (cd "$AZURITE_PKG" && npm install --package-lock-only --ignore-scripts \
+        --omit-lockfile-registry-resolved --no-audit --no-fund >&2)
+}
+
+azurite_stamp_value() {
+    echo "azurite=$AZURITE_VERSION lock=$(sha256_of "$AZURITE_PKG/package.json" "$AZURITE_PKG/package-lock.json") node=$(node --version)"
+}
+
+azurite_installed() {
+    [[ -f "$AZURITE_MAIN" && -f "$AZURITE_DIR/.cmr-installed" ]] \
+        && [[ "$(cat "$AZURITE_DIR/.cmr-installed")" == "$(azurite_stamp_value)" ]]
+}
+
+install_azurite() {
+    require_node
+    if azurite_installed; then
+        log "Azurite $AZURITE_VERSION: already installed in ${AZURITE_DIR#"$ROOT"/}"
+        return
+    fi
+    log "installing Azurite $AZURITE_VERSION from ${AZURITE_PKG#"$ROOT"/}/package-lock.json (npm ci, integrity checked)"
+    rm -f "$AZURITE_DIR/.cmr-installed"
+    mkdir -p "$AZURITE_DIR"
+    cp "$AZURITE_PKG/package.json" "$AZURITE_PKG/package-lock.json" "$AZURITE_DIR/"
+    # npm ci installs exactly the lock (it refuses one that disagrees with package.json) and
+    # checks every tarball against the lock's sha512; --engine-strict refuses a package whose
+    # declared node versions exclude this node.
+    (cd "$AZURITE_DIR" && npm ci --ignore-scripts --no-audit --no-fund --engine-strict \
+        --loglevel=warn >&2) || die "npm ci of Azurite $AZURITE_VERSION failed (above)"
+    [[ -f "$AZURITE_MAIN" ]] || die "npm ci finished but ${AZURITE_MAIN#"$ROOT"/} is missing"
+    azurite_stamp_value >"$AZURITE_DIR/.cmr-installed"
+}
+
 do_install() {
     mkdir -p "$STACK_DIR"
     install_localstack
     install_moto
+    install_azurite
 }
 
 # ================================================================ health probes ====
@@ -191,7 +268,7 @@ probe_py() {
     local py=python3
     [[ -x "$LS_VENV/bin/python" ]] && py="$LS_VENV/bin/python"
     "$py" - "$@" <<'PY'
-import json, sys, urllib.request
+import json, sys, urllib.error, urllib.request
 kind, url = sys.argv[1], sys.argv[2]
 # Neither server checks the signature; LocalStack routes by the credential's service.
 auth = "AWS4-HMAC-SHA256 Credential=test/20200101/us-east-1/{}/aws4_request, SignedHeaders=host, Signature=0"
@@ -213,6 +290,17 @@ try:
         ):
             with urllib.request.urlopen(req, timeout=60) as r:
                 r.read()
+    elif kind == "azurite":
+        # Each of the three services answers an unsigned request (403 or 400) with its
+        # Server header; a port held by anything else is not Azurite.
+        for port, service in zip(sys.argv[3:], ("Blob", "Queue", "Table")):
+            try:
+                with urllib.request.urlopen(f"{url}:{port}/devstoreaccount1?comp=list", timeout=3) as r:
+                    server = r.headers.get("Server", "")
+            except urllib.error.HTTPError as e:
+                server = e.headers.get("Server", "")
+            if not server.startswith(f"Azurite-{service}/"):
+                sys.exit(1)
     else:  # dynamodb: ListTables
         req = urllib.request.Request(url, data=b"{}", method="POST", headers={
             "Content-Type": "application/x-amz-json-1.0",
@@ -231,10 +319,16 @@ PY
 ls_healthy()  { probe_py localstack "http://$BIND_HOST:$LS_PORT/_localstack/health"; }
 ddb_healthy() { probe_py dynamodb "http://$BIND_HOST:$DDB_PORT/"; }
 ls_warm()     { probe_py warm "http://$BIND_HOST:$LS_PORT/"; }
+az_healthy()  { probe_py azurite "http://$BIND_HOST" "$AZ_BLOB_PORT" "$AZ_QUEUE_PORT" "$AZ_TABLE_PORT"; }
 
 port_in_use() {
     # true if something accepts TCP connections on 127.0.0.1:$1
     (exec 3<>"/dev/tcp/$BIND_HOST/$1") 2>/dev/null
+}
+
+az_ports_in_use() {
+    # true if something accepts connections on any of Azurite's three ports
+    port_in_use "$AZ_BLOB_PORT" || port_in_use "$AZ_QUEUE_PORT" || port_in_use "$AZ_TABLE_PORT"
 }
 
 # ============================================================ process handling ====
@@ -255,6 +349,7 @@ our_pid() {
 
 ls_pid()  { our_pid localstack localstack-launch.py; }
 ddb_pid() { our_pid dynamodb dynamodb_server.py; }
+az_pid()  { our_pid azurite node_modules/azurite/dist/src/azurite.js; }
 
 rotate_log() { [[ -f "$1" ]] && mv -f "$1" "$1.prev"; return 0; }
 
@@ -326,6 +421,40 @@ start_ddb() {
         "$MOTO_VENV/bin/python" "$MOTO_SERVER" --host "$BIND_HOST" --port "$DDB_PORT"
 }
 
+start_azurite() {
+    if az_healthy; then
+        local pid
+        if pid="$(az_pid)"; then
+            log "Azurite already running (pid $pid) and healthy"
+        else
+            log "Azurite already answering on $BIND_HOST:$AZ_BLOB_PORT-$AZ_TABLE_PORT (not started by this checkout); reusing it"
+        fi
+        return
+    fi
+    if az_pid >/dev/null; then
+        log "Azurite process $(az_pid) exists but is not healthy yet; waiting for it"
+        return
+    fi
+    az_ports_in_use && die "one of ports $AZ_BLOB_PORT-$AZ_TABLE_PORT is in use by another process that is not a healthy Azurite"
+    log "starting Azurite $AZURITE_VERSION on $BIND_HOST:$AZ_BLOB_PORT (blob), $AZ_QUEUE_PORT (queue), $AZ_TABLE_PORT (table) (in memory)"
+    # --inMemoryPersistence: nothing on disk (no --location then: Azurite refuses both); the
+    #   data is gone after stop, as moto's is.
+    # --disableTelemetry: else Azurite reports its use to Microsoft (Application Insights).
+    # --silent: no access-log line per request; its start-up lines and errors still reach
+    #   .stack/logs/azurite.log.
+    # --skipApiVersionCheck: a gap, named here rather than hidden. Azurite 3.35.0 implements
+    #   the storage REST API up to version 2025-11-05 and refuses a newer x-ms-version; the
+    #   pinned azure-storage-blob 12.31.1 and azure-storage-queue 12.18.1 send 2026-10-06
+    #   (azure-data-tables 12.7.0 sends 2019-02-02). With the check skipped Azurite answers
+    #   them as 2025-11-05 would: what the newer versions added is not emulated.
+    spawn azurite "$LOG_DIR/azurite.log" \
+        node "$AZURITE_MAIN" \
+        --blobHost "$BIND_HOST" --blobPort "$AZ_BLOB_PORT" \
+        --queueHost "$BIND_HOST" --queuePort "$AZ_QUEUE_PORT" \
+        --tableHost "$BIND_HOST" --tablePort "$AZ_TABLE_PORT" \
+        --inMemoryPersistence --disableTelemetry --silent --skipApiVersionCheck
+}
+
 fail_with_log() {
     local what=$1 logfile=$2
     printf '[stack] ERROR: %s\n' "$what" >&2
@@ -339,11 +468,12 @@ fail_with_log() {
 }
 
 wait_healthy() {
-    local deadline=$((SECONDS + START_TIMEOUT)) ls_ok=0 ddb_ok=0
+    local deadline=$((SECONDS + START_TIMEOUT)) ls_ok=0 ddb_ok=0 az_ok=0
     while :; do
         ((ls_ok)) || { ls_healthy && ls_ok=1 && log "LocalStack healthy (s3, sqs) after ${SECONDS}s"; } || true
         ((ddb_ok)) || { ddb_healthy && ddb_ok=1 && log "DynamoDB (moto) answers ListTables after ${SECONDS}s"; } || true
-        if ((ls_ok && ddb_ok)); then
+        ((az_ok)) || { az_healthy && az_ok=1 && log "Azurite answers on blob, queue and table after ${SECONDS}s"; } || true
+        if ((ls_ok && ddb_ok && az_ok)); then
             ls_warm || fail_with_log "LocalStack is healthy but did not answer its first SQS and S3 calls" "$LOG_DIR/localstack.log"
             log "LocalStack's s3 and sqs loaded after ${SECONDS}s"
             return 0
@@ -355,9 +485,13 @@ wait_healthy() {
         if ((!ddb_ok)) && ! ddb_pid >/dev/null && ! ddb_healthy; then
             fail_with_log "DynamoDB (moto) exited during startup" "$LOG_DIR/dynamodb.log"
         fi
+        if ((!az_ok)) && ! az_pid >/dev/null && ! az_healthy; then
+            fail_with_log "Azurite exited during startup" "$LOG_DIR/azurite.log"
+        fi
         if ((SECONDS >= deadline)); then
             ((ls_ok)) || fail_with_log "LocalStack not healthy after ${START_TIMEOUT}s ($BIND_HOST:$LS_PORT/_localstack/health)" "$LOG_DIR/localstack.log"
-            fail_with_log "DynamoDB (moto) not answering after ${START_TIMEOUT}s ($BIND_HOST:$DDB_PORT)" "$LOG_DIR/dynamodb.log"
+            ((ddb_ok)) || fail_with_log "DynamoDB (moto) not answering after ${START_TIMEOUT}s ($BIND_HOST:$DDB_PORT)" "$LOG_DIR/dynamodb.log"
+            fail_with_log "Azurite not answering after ${START_TIMEOUT}s ($BIND_HOST:$AZ_BLOB_PORT-$AZ_TABLE_PORT)" "$LOG_DIR/azurite.log"
         fi
         sleep 0.5
     done
@@ -371,7 +505,7 @@ with_lock() {
 }
 
 do_start() {
-    if ls_healthy && ddb_healthy; then
+    if ls_healthy && ddb_healthy && az_healthy; then
         ls_warm || true   # one started by hand may not have loaded them yet
         log "stack already running and healthy"
         return
@@ -383,12 +517,16 @@ do_start() {
     if ! ddb_healthy && ! ddb_pid >/dev/null && port_in_use "$DDB_PORT"; then
         die "port $DDB_PORT is in use by another process that is not a DynamoDB server"
     fi
+    if ! az_healthy && ! az_pid >/dev/null && az_ports_in_use; then
+        die "one of ports $AZ_BLOB_PORT-$AZ_TABLE_PORT is in use by another process that is not a healthy Azurite"
+    fi
     do_install
     SECONDS=0
     start_localstack
     start_ddb
+    start_azurite
     wait_healthy
-    log "stack ready: LocalStack http://$BIND_HOST:$LS_PORT  DynamoDB http://$BIND_HOST:$DDB_PORT"
+    log "stack ready: LocalStack http://$BIND_HOST:$LS_PORT  DynamoDB http://$BIND_HOST:$DDB_PORT  Azurite http://$BIND_HOST:$AZ_BLOB_PORT-$AZ_TABLE_PORT"
     log "use it with:  eval \"\$(scripts/stack.sh env)\""
 }
 
@@ -411,6 +549,7 @@ do_stop() {
     local pid any=0
     if pid="$(ls_pid)"; then stop_one localstack "$pid"; any=1; fi
     if pid="$(ddb_pid)"; then stop_one dynamodb "$pid"; any=1; fi
+    if pid="$(az_pid)"; then stop_one azurite "$pid"; any=1; fi
     ((any)) || log "nothing to stop (no live processes from ${RUN_DIR#"$ROOT"/})"
     return 0
 }
@@ -420,9 +559,9 @@ status_line() {
     local name=$1 url=$2 pid who
     if pid="$($3)"; then who="pid $pid, log ${5#"$ROOT"/}"; else who="no process from this checkout"; fi
     if $4; then
-        printf '%-11s %-23s healthy  (%s)\n' "$name" "$url" "$who"
+        printf '%-11s %-28s healthy  (%s)\n' "$name" "$url" "$who"
     else
-        printf '%-11s %-23s DOWN     (%s)\n' "$name" "$url" "$who"
+        printf '%-11s %-28s DOWN     (%s)\n' "$name" "$url" "$who"
         return 3
     fi
 }
@@ -431,6 +570,7 @@ do_status() {
     local rc=0
     status_line localstack "http://$BIND_HOST:$LS_PORT" ls_pid ls_healthy "$LOG_DIR/localstack.log" || rc=3
     status_line dynamodb "http://$BIND_HOST:$DDB_PORT" ddb_pid ddb_healthy "$LOG_DIR/dynamodb.log" || rc=3
+    status_line azurite "http://$BIND_HOST:$AZ_BLOB_PORT-$AZ_TABLE_PORT" az_pid az_healthy "$LOG_DIR/azurite.log" || rc=3
     return $rc
 }
 
@@ -442,12 +582,13 @@ export AWS_ENDPOINT_URL_SIMPLEDB=http://$BIND_HOST:$DDB_PORT
 export AWS_ACCESS_KEY_ID=test
 export AWS_SECRET_ACCESS_KEY=test
 export AWS_DEFAULT_REGION=us-east-1
+export AZURE_STORAGE_CONNECTION_STRING='DefaultEndpointsProtocol=http;AccountName=$AZ_ACCOUNT;AccountKey=$AZ_KEY;BlobEndpoint=http://$BIND_HOST:$AZ_BLOB_PORT/$AZ_ACCOUNT;QueueEndpoint=http://$BIND_HOST:$AZ_QUEUE_PORT/$AZ_ACCOUNT;TableEndpoint=http://$BIND_HOST:$AZ_TABLE_PORT/$AZ_ACCOUNT'
 EOF
 }
 
 do_logs() {
     local f
-    for f in "$LOG_DIR/localstack.log" "$LOG_DIR/dynamodb.log"; do
+    for f in "$LOG_DIR/localstack.log" "$LOG_DIR/dynamodb.log" "$LOG_DIR/azurite.log"; do
         echo "==> $f <=="
         tail -n "${1:-30}" "$f" 2>/dev/null || echo "(none)"
     done
@@ -465,7 +606,7 @@ case "$cmd" in
     status)  do_status ;;
     env)     do_env ;;
     logs)    do_logs "$@" ;;
-    lock)    with_lock; lock_localstack; lock_moto ;;
+    lock)    with_lock; lock_localstack; lock_moto; lock_azurite ;;
     -h|--help|help) usage ;;
     *) usage >&2; exit 2 ;;
 esac

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up, then lint, type-check and run every test against the embedded backend and the
-# local AWS stack (LocalStack + moto's DynamoDB, installed and started on first use).
+# local stack (LocalStack + moto's DynamoDB + Azurite, installed and started on first use).
 #   scripts/test.sh [pytest args...]      e.g. -m "not slow": the everyday subset, minutes
 # The stack is left running: scripts/stack.sh stop ends it.
 set -euo pipefail
@@ -30,7 +30,7 @@ if ! command -v uv >/dev/null 2>&1 && [[ -x .tools/uv/bin/uv ]]; then
     export PATH="$PWD/.tools/bin:$PATH"
 fi
 
-step "Local AWS stack (scripts/stack.sh start)"
+step "Local stack (scripts/stack.sh start): LocalStack, moto, Azurite"
 bash scripts/stack.sh start
 eval "$(bash scripts/stack.sh env)"
 bash scripts/stack.sh env

@@ -1,4 +1,4 @@
-"""Fixtures for every test: no test can reach a real AWS account."""
+"""Fixtures for every test: no test can reach a real AWS account or Azure storage account."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from tests.stack import DYNAMODB_SERVER, stack_env, stack_up
+from tests.stack import (
+    AZURITE_CONNECTION_STRING,
+    DYNAMODB_SERVER,
+    azurite_up,
+    stack_env,
+    stack_up,
+)
 
 pytest_plugins = ("tests.alone", "tests.everyday")  # parallel runs; the everyday subset
 
@@ -80,6 +86,15 @@ def _no_real_aws(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_real_azure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scrub AZURE_* (connection strings, account names and keys, SAS tokens, service
+    principals) so only azure_stack can let a test out."""
+    for key in list(os.environ):
+        if key.startswith("AZURE_"):
+            monkeypatch.delenv(key)
+
+
+@pytest.fixture(autouse=True)
 def _own_state_dir(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -100,3 +115,16 @@ def aws_stack(_no_real_aws: None, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return env
+
+
+@pytest.fixture
+def azure_stack(_no_real_azure: None, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Point Azure's standard setting, AZURE_STORAGE_CONNECTION_STRING, at the local stack's
+    Azurite and return it; skip (fail in CI) when Azurite is down, as aws_stack does."""
+    if not azurite_up():
+        message = "Azurite is not running: start the local stack with scripts/stack.sh start"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", AZURITE_CONNECTION_STRING)
+    return AZURITE_CONNECTION_STRING

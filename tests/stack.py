@@ -1,5 +1,5 @@
-"""The local AWS stack (LocalStack for S3 and SQS, moto for DynamoDB and SimpleDB) as tests
-see it."""
+"""The local stack as tests see it: AWS (LocalStack for S3 and SQS, moto for DynamoDB and
+SimpleDB) and Azure (Azurite for Blob, Queue and Table storage)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,30 @@ LOCALSTACK_URL = "http://127.0.0.1:4566"
 DYNAMODB_URL = "http://127.0.0.1:8000"
 # What answers DYNAMODB_URL (and SimpleDB) in scripts/stack.sh: named in every emulator gap.
 DYNAMODB_SERVER = "moto 5.2.5"
+
+# Azurite's ports in scripts/stack.sh: Blob, Queue and Table storage.
+AZURITE_PORTS = {"blob": 10000, "queue": 10001, "table": 10002}
+# What answers them: named in every gap of Azurite's against Azure.
+AZURE_SERVER = "Azurite 3.35.0"
+# Azurite's development account: its name and key are public, the same in every Azurite
+# (Azure's documentation of the emulator gives them); they open nothing but a local emulator.
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+# What `scripts/stack.sh env` exports as AZURE_STORAGE_CONNECTION_STRING (a test holds them
+# equal): Azure's standard setting, so Azurite is Azure with other endpoints.
+AZURITE_CONNECTION_STRING = ";".join(
+    [
+        "DefaultEndpointsProtocol=http",
+        f"AccountName={AZURITE_ACCOUNT}",
+        f"AccountKey={AZURITE_KEY}",
+        *(
+            f"{service.capitalize()}Endpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+            for service, port in AZURITE_PORTS.items()
+        ),
+    ]
+)
 
 
 def stack_env() -> dict[str, str]:
@@ -51,6 +75,11 @@ def free_port() -> int:
 def stack_up() -> bool:
     """Whether both LocalStack and the DynamoDB server accept connections."""
     return _answers(LOCALSTACK_URL) and _answers(DYNAMODB_URL)
+
+
+def azurite_up() -> bool:
+    """Whether Azurite's three services accept connections."""
+    return all(_answers(f"http://127.0.0.1:{port}") for port in AZURITE_PORTS.values())
 
 
 def remove_test_resources(bucket: str, table: str, queue_prefix: str) -> None:

@@ -78,3 +78,68 @@ def test_the_local_dynamodb_and_simpledb_are_moto(aws_stack: dict[str, str]) -> 
         assert "Werkzeug" in answer["ResponseMetadata"]["HTTPHeaders"]["server"]
     lock = (REPO / "scripts" / "moto-requirements.txt").read_text()
     assert re.search(r"^moto==5\.2\.5 \\$", lock, re.MULTILINE)
+
+
+# Licences of what the Azure part of the stack installs (issue 29): Azurite and every npm
+# package of its lock, and the Azure SDKs with what they brought into the development lock.
+# OSI-approved licences (SPDX identifiers, as the packages declare them):
+OSI_APPROVED = {"MIT", "ISC", "Apache-2.0", "BSD-2-Clause", "BSD-3-Clause", "0BSD"}
+# Open licences that are not on OSI's list (as far as the SPDX data seen here said), each
+# package named with why it is accepted: the day another package brings one in, this fails.
+NOT_OSI_LISTED = {
+    # Permissive, copyright and patent grant; reviewed on OSI's license-review list (December
+    # 2023) as conforming to the Open Source Definition. graceful-fs (under fs-extra) and sax
+    # (under xml2js) moved to it from ISC.
+    ("graceful-fs", "BlueOak-1.0.0"): "Blue Oak Model License 1.0.0: permissive",
+    ("sax", "BlueOak-1.0.0"): "Blue Oak Model License 1.0.0: permissive",
+    # Azurite's own dependency: its package.json names tv4's licence page as its licence and its
+    # README says "released as public-domain ... Anybody can modify or re-license it for any
+    # purpose, without restriction": a public-domain dedication, not a licence OSI lists.
+    ("uri-templates", "http://geraintluff.github.io/tv4/LICENSE.txt"): "public domain",
+}
+AZURE_PYPI = {  # what `cmr[azure]` adds to the development lock, and each one's licence
+    "azure-core": "MIT",
+    "azure-storage-blob": "MIT",
+    "azure-storage-queue": "MIT",
+    "azure-data-tables": "MIT",
+    "isodate": "BSD",  # BSD-3-Clause (its classifier says "BSD License")
+}
+
+
+def test_the_azurite_lock_is_azurite_3_35_0_hashed_with_open_licences_only() -> None:
+    import json
+
+    lock = json.loads((REPO / "scripts" / "azurite" / "package-lock.json").read_text())
+    packages = {path: meta for path, meta in lock["packages"].items() if path}
+    assert packages["node_modules/azurite"]["version"] == "3.35.0"
+    assert packages["node_modules/azurite"]["license"] == "MIT"
+    refused = []
+    for path, meta in packages.items():
+        name = path.rsplit("node_modules/", 1)[1]
+        # npm ci checks each tarball against its sha512; no package runs an install script
+        # (the stack installs with --ignore-scripts); no registry host is named in the lock.
+        assert meta["integrity"].startswith("sha512-"), path
+        assert not meta.get("hasInstallScript"), path
+        assert "resolved" not in meta, path
+        licence = meta.get("license")
+        if licence not in OSI_APPROVED and (name, licence) not in NOT_OSI_LISTED:
+            refused.append(f"{name}@{meta['version']}: {licence}")
+    assert refused == []
+    assert len(packages) > 300  # the whole tree was read
+
+
+def test_the_azure_sdks_and_what_they_brought_are_open_source() -> None:
+    from importlib.metadata import metadata
+
+    lock = (REPO / "requirements-dev.txt").read_text()
+    for name, licence in AZURE_PYPI.items():
+        meta = metadata(name)
+        assert re.search(rf"^{name}=={re.escape(meta['Version'])} \\$", lock, re.MULTILINE), name
+        declared = " ".join(
+            [
+                *(meta.get_all("License-Expression") or []),
+                *(text[:100] for text in meta.get_all("License") or []),
+                *(c for c in meta.get_all("Classifier") or [] if c.startswith("License ::")),
+            ]
+        )
+        assert licence in declared, (name, declared)
