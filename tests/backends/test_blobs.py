@@ -366,6 +366,22 @@ async def test_put_if_is_a_compare_and_swap(backend: Backend, folder: Folder) ->
         await backend.blobs.get_with_etag(f"{folder()}/none")
 
 
+async def test_a_large_conditional_put(backend: Backend, folder: Folder) -> None:
+    # Past 1 MiB, where a store may send it otherwise than a small one (Azure: a block and
+    # a commit, the condition on the commit).
+    url = f"{folder()}/large"
+    one, two = os.urandom(3 << 20), os.urandom((3 << 20) + 1)
+    first = await backend.blobs.put_if(url, one, etag=None)
+    with pytest.raises(ConditionFailed):
+        await backend.blobs.put_if(url, two, etag=None)
+    second = await backend.blobs.put_if(url, two, etag=first)
+    with pytest.raises(ConditionFailed):
+        await backend.blobs.put_if(url, one, etag=first)
+    assert await backend.blobs.get_with_etag(url) == (two, second)
+    await backend.blobs.put(url, one)
+    assert await backend.blobs.get(url) == one
+
+
 async def test_put_if_races_have_one_winner(backend: Backend, folder: Folder) -> None:
     url = f"{folder()}/_SUCCESS"
     outcomes = await asyncio.gather(

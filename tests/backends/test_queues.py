@@ -248,3 +248,22 @@ async def test_calls_are_counted(backend: Backend, unique: Callable[[], str]) ->
     assert calls["sqs.SendMessageBatch"] == 3
     assert calls["sqs.ReceiveMessage"] >= 3
     assert calls["sqs.DeleteMessageBatch"] == 3
+
+
+async def test_a_renewed_receipt_still_deletes(backend: Backend, unique: Callable[[], str]) -> None:
+    """A worker renews its lease (perhaps more than once) and deletes with the receipt it
+    received: SQS keeps a receipt across ChangeMessageVisibility; Azure gives a new pop
+    receipt on every update, which its backend must follow, or the finished task's
+    message comes back once its lease runs out."""
+    q = unique()
+    await backend.queues.create(q, visibility_s=1)
+    await backend.queues.send(q, [b"renewed twice"])
+    [m] = await backend.queues.receive(q, wait_s=1)
+    await backend.queues.change_visibility(q, [m.receipt], 2)
+    await asyncio.gather(
+        backend.queues.change_visibility(q, [m.receipt], 1),
+        backend.queues.delete_messages(q, [m.receipt]),
+    )
+    await asyncio.sleep(1.5)
+    assert await backend.queues.receive(q, wait_s=1) == []
+    assert await backend.queues.counts(q) == (0, 0)

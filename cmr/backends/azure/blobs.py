@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import AsyncIterable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from azure.core import MatchConditions
 from azure.storage.blob import BlobBlock
@@ -56,6 +57,7 @@ from cmr.backends.parts import (
 from cmr.errors import BackendError, BlobMissing, UsageError
 
 SCHEME = "azure://"
+INLINE_PUT_BYTES = 1024 * 1024  # aiohttp warns of a raw body past this (TOO_LARGE_BYTES_BODY)
 DELETE_CONCURRENCY = 16  # Delete Blob requests in flight per delete()
 COPY_POLL_S = 0.5  # how often a copy that did not end within its request is looked at
 
@@ -106,29 +108,28 @@ class AzureBlobs:
         return self._service.get_blob_client(container, key)
 
     async def put(self, url: str, data: bytes) -> None:
-        blob = self._blob(url)
-        with translate("blob", url, "PutBlob"):
-            await blob.upload_blob(io.BytesIO(data), length=len(data), overwrite=True)
+        await self._put(url, data, {})
 
     async def put_if(self, url: str, data: bytes, *, etag: str | None) -> str:
+        if etag is None:  # If-None-Match: *
+            condition: dict[str, Any] = {"match_condition": MatchConditions.IfMissing}
+        else:  # If-Match: etag
+            condition = {"etag": etag, "match_condition": MatchConditions.IfNotModified}
+        return await self._put(url, data, condition)
+
+    async def _put(self, url: str, data: bytes, condition: dict[str, Any]) -> str:
+        """One Put Blob; past INLINE_PUT_BYTES, one Put Block and a Put Block List (the
+        condition on the commit), as the SDK's Put Blob sends its body as raw bytes, which
+        aiohttp warns may block the event loop, where a staged block streams. Returns the
+        new ETag."""
         blob = self._blob(url)
-        with translate("blob", url, "PutBlob"):
-            if etag is None:  # If-None-Match: *
-                got = await blob.upload_blob(
-                    io.BytesIO(data),
-                    length=len(data),
-                    overwrite=False,
-                    match_condition=MatchConditions.IfMissing,
-                )
-            else:  # If-Match: etag
-                got = await blob.upload_blob(
-                    io.BytesIO(data),
-                    length=len(data),
-                    overwrite=True,
-                    etag=etag,
-                    match_condition=MatchConditions.IfNotModified,
-                )
-        return str(got["etag"])
+        if len(data) <= INLINE_PUT_BYTES:
+            with translate("blob", url, "PutBlob"):
+                got = await blob.upload_blob(data, overwrite=True, **condition)
+            return str(got["etag"])
+        blocks = _Blocks(blob, url)
+        await blocks.stage(1, data)
+        return await blocks.commit(1, condition)
 
     async def get(self, url: str) -> bytes:
         return (await self.get_with_etag(url))[0]
@@ -318,7 +319,9 @@ class _Blocks:
             # aiohttp warns that a large bytes body blocks the loop; a BytesIO is streamed.
             await self._blob.stage_block(self._id(number), io.BytesIO(data), length=len(data))
 
-    async def commit(self, count: int) -> None:
+    async def commit(self, count: int, condition: dict[str, Any] | None = None) -> str:
+        """Commit blocks 1..count, under ``condition`` (If-Match ...); the new ETag."""
         ids = [BlobBlock(block_id=self._id(n)) for n in range(1, count + 1)]
         with translate("blob", self._url, "PutBlockList"):
-            await self._blob.commit_block_list(ids)
+            got = await self._blob.commit_block_list(ids, **(condition or {}))
+        return str(got["etag"])
