@@ -195,3 +195,22 @@ async def test_async_blob_batch_delete() -> None:
             assert [r.status_code async for r in got] == [202, 404, 202]
         finally:
             await container.delete_container()
+
+
+@pytest.mark.usefixtures("azure_stack")
+async def test_a_queues_visibility_is_its_own_for_every_client() -> None:
+    """Azure queues keep no visibility timeout: the one given at creation lives in the
+    queue's metadata, so a worker that did not create the queue applies it too."""
+    name = f"cmrt-{uuid.uuid4().hex[:12]}"
+    async with AzureQueues(AZURITE_CONNECTION_STRING) as maker:
+        await maker.create(name, visibility_s=1)
+        try:
+            await maker.send(name, [b"leased for a second"])
+            async with AzureQueues(AZURITE_CONNECTION_STRING) as worker:
+                [first] = await worker.receive(name, wait_s=1)
+                assert await worker.receive(name) == []
+                [again] = await worker.receive(name, wait_s=3)
+                assert (again.message_id, again.receive_count) == (first.message_id, 2)
+                assert worker.calls["queue.GetQueueMetadata"] == 1  # read once, then known
+        finally:
+            await maker.delete(name)
