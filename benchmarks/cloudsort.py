@@ -59,6 +59,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
 from cmr import bulk, rangefile  # noqa: E402
+from cmr.backends import parts  # noqa: E402
 from cmr.backends.aws import s3  # noqa: E402
 from cmr.cpu.runs import MERGE_FANIN  # noqa: E402
 from cmr.records import PAGE_PARTITIONS, PART_DIGEST, MapCommit, MapPage, page_sk, pages_for  # noqa: E402
@@ -466,9 +467,9 @@ def page_bytes(part_bytes: int, records: int) -> int:
 
 def upload_requests(size: float) -> int:
     """PUT-class requests of cmr's upload of a file (cmr.backends.aws.s3.upload_file)."""
-    if size <= s3.PART_BYTES:
+    if size <= parts.PART_BYTES:
         return 1
-    return 2 + math.ceil(size / s3.part_bytes(int(size)))
+    return 2 + math.ceil(size / parts.part_bytes(int(size)))
 
 
 def copy_requests(size: float) -> int:

@@ -110,6 +110,22 @@ def remove_test_resources(bucket: str, table: str, queue_prefix: str) -> None:
         dynamodb.delete_table(TableName=table)
 
 
+def remove_azure_test_resources(container: str, queue_prefix: str) -> None:
+    """Delete what a test session made on Azurite (its container, its queues); whatever is
+    already gone is fine."""
+    from azure.core.exceptions import ResourceNotFoundError
+    from azure.storage.blob import BlobServiceClient
+    from azure.storage.queue import QueueServiceClient
+
+    with QueueServiceClient.from_connection_string(AZURITE_CONNECTION_STRING) as queues:
+        for q in queues.list_queues(name_starts_with=queue_prefix):
+            with suppress(ResourceNotFoundError):
+                queues.delete_queue(q.name)
+    blobs = BlobServiceClient.from_connection_string(AZURITE_CONNECTION_STRING)
+    with blobs, suppress(ResourceNotFoundError):
+        blobs.delete_container(container)
+
+
 @asynccontextmanager
 async def stack_backend(name: str, queue_tag: str) -> AsyncIterator[tuple[Backend, AwsSettings]]:
     """An aws backend on the local stack with a bucket and table of its own

@@ -17,8 +17,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from cmr.backends.aws import _translated, open_aws, sessions
-from cmr.backends.aws.s3 import PART_BYTES
 from cmr.backends.base import Backend, Missing
+from cmr.backends.parts import PART_BYTES
 from cmr.backends.retry import with_retries
 from cmr.errors import (
     BackendError,

@@ -8,7 +8,7 @@ import io
 import os
 import secrets
 from collections import Counter
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -20,57 +20,20 @@ from cmr.backends.aws.errors import translate as _translate
 from cmr.backends.aws.errors import translated as _translated
 from cmr.backends.base import BlobInfo
 from cmr.backends.embedded.blobs import FILE_MODE
+from cmr.backends.parts import (
+    IN_FLIGHT_BYTES,
+    MAX_PARTS,
+    PART_BYTES,
+    PARTS_IN_FLIGHT,
+    _fill,
+    part_bytes,
+    parts_in_flight,
+    stream_part_bytes,
+)
 from cmr.errors import BackendError, Rejected, Unreachable, UsageError
 
 COPY_PART_BYTES = 512 * 1024 * 1024  # multipart copy part size, past CopyObject's 5 GiB
 COPY_MAX_BYTES = 5 * 1024**3
-PART_BYTES = 8 * 1024 * 1024  # multipart upload part size (S3's minimum is 5 MiB)
-PARTS_IN_FLIGHT = 4  # parts sent at once, while they fit in IN_FLIGHT_BYTES
-MAX_PARTS = 10_000  # S3's most parts in one multipart upload
-# Each part is a PUT ($0.005 per 1,000): at 8 MiB, writing a TB costs $0.60 in parts alone,
-# more than the whole of a cheap sort's bill (benchmarks/cloudsort.py). A large file is
-# sent in about PARTS_WANTED parts, of at most GROWN_PART_BYTES (16 MiB parts at 1 GiB,
-# 256 MiB from 16 GiB: a TB then costs $0.02 a pass).
-PARTS_WANTED = 64
-GROWN_PART_BYTES = 256 * 1024 * 1024
-IN_FLIGHT_BYTES = 256 * 1024 * 1024  # an upload's parts held in memory at once, at most
-# (one part, when a part is larger: a file past 2.5 TB)
-MIB = 1024 * 1024
-
-
-def part_bytes(size: int) -> int:
-    """The part size of a file's multipart upload, in whole MiB: PART_BYTES for a file up
-    to PART_BYTES x PARTS_WANTED (512 MiB), then growing with the file to about
-    PARTS_WANTED parts, up to GROWN_PART_BYTES; and more only where S3's 10,000 parts
-    would not hold the file otherwise (past 2.5 TB)."""
-    grown = min(GROWN_PART_BYTES, -(-size // PARTS_WANTED))
-    least = -(-size // MAX_PARTS)
-    return max(PART_BYTES, -(-max(grown, least) // MIB) * MIB)
-
-
-def stream_part_bytes(size_hint: int, sent: int) -> int:
-    """The next part of a streamed upload that has sent ``sent`` bytes: sized for the
-    hint, or, past it, as if the stream were four times what it has sent. Four, not two:
-    growing that fast, a stream with no hint reaches S3's largest object (5 TiB) within
-    MAX_PARTS parts; at twice it would stop at 3.25 TiB."""
-    return part_bytes(max(size_hint, 4 * sent))
-
-
-async def _fill(stream: AsyncIterator[bytes], buf: bytearray, want: int) -> bool:
-    """Add ``stream``'s chunks to ``buf`` until it holds ``want`` bytes; True once the
-    stream has ended."""
-    while len(buf) < want:
-        try:
-            buf += await anext(stream)
-        except StopAsyncIteration:
-            return True
-    return False
-
-
-def parts_in_flight(step: int) -> int:
-    """How many parts of ``step`` bytes an upload sends at once: PARTS_IN_FLIGHT while they
-    fit in IN_FLIGHT_BYTES, down to one."""
-    return max(1, min(PARTS_IN_FLIGHT, IN_FLIGHT_BYTES // step))
 
 
 def _split(url: str) -> tuple[str, str]:
