@@ -121,13 +121,18 @@ def paused() -> Iterator[None]:
         yield
         return
     _running.paused_at = time.monotonic()
+    struck = False
     try:
         yield
+    except TimeLimitExceeded:
+        struck = True  # past what may be forgiven: nothing is left to re-arm
+        raise
     finally:
         now = time.monotonic()
         if _running.deadline is not None and _running.paused_at is not None:
             waited = min(now - _running.paused_at, _running.forgive_s)
             _running.forgive_s -= waited
             _running.deadline += waited
-            signal.setitimer(signal.ITIMER_REAL, max(_running.deadline - now, 0.001))
+            if not struck:
+                signal.setitimer(signal.ITIMER_REAL, max(_running.deadline - now, 0.001))
         _running.paused_at = None
