@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Coroutine, Iterable
 from types import TracebackType
 from typing import Any
 
@@ -46,3 +47,14 @@ def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     if task is not None and task.cancelling():
         return asyncio.CancelledError()
     return group.exceptions[0]
+
+
+async def run_all(calls: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run the calls concurrently; the first failure is raised as itself, not as a group."""
+    try:
+        async with TaskGroup() as tg:
+            for call in calls:
+                tg.create_task(call)
+    except ExceptionGroup as group:
+        first = first_error(group)
+        raise first from first.__cause__

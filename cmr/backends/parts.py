@@ -3,7 +3,11 @@ sizing for every store, so that a file costs about as many billed PUTs on each."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from cmr.errors import BackendError
 
 PART_BYTES = 8 * 1024 * 1024  # multipart upload part size (S3's minimum is 5 MiB)
 PARTS_IN_FLIGHT = 4  # parts sent at once, while they fit in IN_FLIGHT_BYTES
@@ -52,3 +56,53 @@ def parts_in_flight(step: int) -> int:
     """How many parts of ``step`` bytes an upload sends at once: PARTS_IN_FLIGHT while they
     fit in IN_FLIGHT_BYTES, down to one."""
     return max(1, min(PARTS_IN_FLIGHT, IN_FLIGHT_BYTES // step))
+
+
+async def send_parts(
+    stream: AsyncIterator[bytes],
+    buf: bytearray,
+    size_hint: int,
+    send: Callable[[int, bytes], Coroutine[Any, Any, None]],
+    too_many: Callable[[int], str],
+) -> tuple[int, int]:
+    """Cut a streamed upload (``buf``, then the rest of ``stream``) into parts of
+    ``stream_part_bytes`` and ``send`` each with its number (from 1), at most
+    PARTS_IN_FLIGHT of them and IN_FLIGHT_BYTES (one part, when larger) in flight; (the
+    bytes sent, the parts). Past MAX_PARTS, BackendError(``too_many(sent)``). A failed
+    part's error is raised as itself, once every other part in flight is cancelled."""
+    running: dict[asyncio.Task[None], int] = {}  # part -> its bytes
+
+    async def settle(room: int) -> None:
+        """Wait until ``room`` more bytes fit among the parts in flight."""
+        while running and (
+            len(running) >= PARTS_IN_FLIGHT or sum(running.values()) + room > IN_FLIGHT_BYTES
+        ):
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                del running[task]
+                task.result()
+
+    ended = False
+    sent = number = 0
+    try:
+        while True:
+            step = stream_part_bytes(size_hint, sent)
+            if not ended and len(buf) < step:
+                ended = await _fill(stream, buf, step)
+            if not buf:
+                break
+            data = bytes(memoryview(buf)[:step])  # a whole part, or the last: one copy
+            del buf[: len(data)]
+            number += 1
+            if number > MAX_PARTS:
+                raise BackendError(too_many(sent))
+            await settle(len(data))
+            running[asyncio.create_task(send(number, data))] = len(data)
+            sent += len(data)
+        await settle(IN_FLIGHT_BYTES + 1)  # every part sent
+    except BaseException:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        raise
+    return sent, number

@@ -4,10 +4,9 @@ before-send event, so retries count too), and running calls side by side."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Coroutine, Iterable
 from typing import Any
 
-from cmr.aio import TaskGroup, first_error
+from cmr.aio import run_all
 
 
 def _counting(calls: Counter[str]) -> Any:
@@ -20,12 +19,5 @@ def _counting(calls: Counter[str]) -> Any:
     return count
 
 
-async def _all(calls: Iterable[Coroutine[Any, Any, None]]) -> None:
-    """Run the calls concurrently; the first failure is raised as itself, not as a group."""
-    try:
-        async with TaskGroup() as tg:
-            for call in calls:
-                tg.create_task(call)
-    except ExceptionGroup as group:
-        first = first_error(group)
-        raise first from first.__cause__
+# Every aws protocol runs its calls side by side as the other backends do (cmr.aio).
+_all = run_all

@@ -21,14 +21,13 @@ from cmr.backends.aws.errors import translated as _translated
 from cmr.backends.base import BlobInfo
 from cmr.backends.embedded.blobs import FILE_MODE
 from cmr.backends.parts import (
-    IN_FLIGHT_BYTES,
     MAX_PARTS,
     PART_BYTES,
     PARTS_IN_FLIGHT,
     _fill,
     part_bytes,
     parts_in_flight,
-    stream_part_bytes,
+    send_parts,
 )
 from cmr.errors import BackendError, Rejected, Unreachable, UsageError
 
@@ -247,7 +246,6 @@ class AwsBlobs:
         with _translate("s3", url):
             upload_id = (await self._s3.create_multipart_upload(Bucket=bucket, Key=key))["UploadId"]
         etags: dict[int, str] = {}
-        running: dict[asyncio.Task[None], int] = {}  # part -> its bytes
 
         async def one(number: int, data: bytes) -> None:
             with _translate("s3", url):
@@ -260,42 +258,16 @@ class AwsBlobs:
                 )
             etags[number] = str(got["ETag"])
 
-        async def settle(room: int) -> None:
-            """Wait until ``room`` more bytes fit among the parts in flight; a failed
-            part's error, as itself."""
-            while running and (
-                len(running) >= PARTS_IN_FLIGHT or sum(running.values()) + room > IN_FLIGHT_BYTES
-            ):
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    del running[task]
-                    task.result()
+        def too_many(sent: int) -> str:
+            return (
+                f"{url}: more than {MAX_PARTS:,} parts ({sent:,} bytes sent): too large for "
+                "one S3 object"
+            )
 
-        sent = number = 0
         try:
-            while True:
-                step = stream_part_bytes(size_hint, sent)
-                if not ended and len(buf) < step:
-                    ended = await _fill(stream, buf, step)
-                if not buf:
-                    break
-                data = bytes(memoryview(buf)[:step])  # a whole part, or the last: one copy
-                del buf[: len(data)]
-                number += 1
-                if number > MAX_PARTS:
-                    raise BackendError(
-                        f"{url}: more than {MAX_PARTS:,} parts ({sent:,} bytes sent): too "
-                        "large for one S3 object"
-                    )
-                await settle(len(data))
-                running[asyncio.create_task(one(number, data))] = len(data)
-                sent += len(data)
-            await settle(IN_FLIGHT_BYTES + 1)  # every part sent
+            sent, _ = await send_parts(stream, buf, size_hint, one, too_many)
             await self._complete(url, upload_id, etags)
         except BaseException:
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
             with suppress(ClientError, BotoCoreError):
                 await self._abort(bucket, key, upload_id)
             raise

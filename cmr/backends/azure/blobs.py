@@ -41,19 +41,18 @@ from azure.core import MatchConditions
 from azure.storage.blob import BlobBlock
 from azure.storage.blob.aio import BlobClient, BlobServiceClient
 
-from cmr.backends.azure.clients import RETRY, Counting, _each, connection_string
+from cmr.aio import run_all
+from cmr.backends.azure.clients import RETRY, Counting, connection_string
 from cmr.backends.azure.errors import translate
 from cmr.backends.base import BlobInfo
 from cmr.backends.embedded.blobs import FILE_MODE
 from cmr.backends.parts import (
-    IN_FLIGHT_BYTES,
     MAX_PARTS,
     PART_BYTES,
-    PARTS_IN_FLIGHT,
     _fill,
     part_bytes,
     parts_in_flight,
-    stream_part_bytes,
+    send_parts,
 )
 from cmr.errors import BackendError, BlobMissing, UsageError
 
@@ -208,7 +207,7 @@ class AzureBlobs:
                 except BlobMissing:
                     pass  # absent is fine
 
-        await _each(one(u) for u in urls)
+        await run_all(one(u) for u in urls)
 
     async def upload_file(self, path: str, url: str, *, frozen: bool = False) -> None:
         size = (await asyncio.to_thread(os.stat, path)).st_size
@@ -230,7 +229,7 @@ class AzureBlobs:
                 await blocks.stage(number, await asyncio.to_thread(read, (number - 1) * step))
 
         count = (size + step - 1) // step
-        await _each(one(n) for n in range(1, count + 1))
+        await run_all(one(n) for n in range(1, count + 1))
         await blocks.commit(count)
 
     async def upload_stream(
@@ -246,39 +245,13 @@ class AzureBlobs:
             await self.put(url, bytes(buf))
             return len(buf)
         blocks = _Blocks(self._blob(url), url)
-        running: dict[asyncio.Task[None], int] = {}  # block -> its bytes
-
-        async def settle(room: int) -> None:
-            while running and (
-                len(running) >= PARTS_IN_FLIGHT or sum(running.values()) + room > IN_FLIGHT_BYTES
-            ):
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    del running[task]
-                    task.result()
-
-        sent = number = 0
-        try:
-            while True:
-                step = stream_part_bytes(size_hint, sent)
-                if not ended and len(buf) < step:
-                    ended = await _fill(stream, buf, step)
-                if not buf:
-                    break
-                data = bytes(memoryview(buf)[:step])
-                del buf[: len(data)]
-                number += 1
-                if number > MAX_PARTS:
-                    raise BackendError(f"{url}: more than {MAX_PARTS:,} blocks ({sent:,} bytes)")
-                await settle(len(data))
-                running[asyncio.create_task(blocks.stage(number, data))] = len(data)
-                sent += len(data)
-            await settle(IN_FLIGHT_BYTES + 1)  # every block staged
-        except BaseException:
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
-            raise
+        sent, number = await send_parts(
+            stream,
+            buf,
+            size_hint,
+            blocks.stage,
+            lambda sent: f"{url}: more than {MAX_PARTS:,} blocks ({sent:,} bytes)",
+        )
         await blocks.commit(number)
         return sent
 

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Coroutine, Iterable
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
 from azure.core.pipeline import PipelineRequest
 
-from cmr.aio import TaskGroup, first_error
 from cmr.errors import Unreachable
 
 SETTING = "AZURE_STORAGE_CONNECTION_STRING"
@@ -99,14 +97,3 @@ class Counting:
         http = request.http_request
         op = _operation(self._service, http.method, http.url, http.headers)
         self._calls[f"{self._service}.{op}"] += 1
-
-
-async def _each(calls: Iterable[Coroutine[Any, Any, None]]) -> None:
-    """Run the calls concurrently; the first failure is raised as itself, not as a group."""
-    try:
-        async with TaskGroup() as tg:
-            for call in calls:
-                tg.create_task(call)
-    except ExceptionGroup as group:
-        first = first_error(group)
-        raise first from first.__cause__

@@ -48,7 +48,8 @@ from types import TracebackType
 
 from azure.storage.queue.aio import QueueClient, QueueServiceClient
 
-from cmr.backends.azure.clients import RETRY, Counting, _each, connection_string
+from cmr.aio import run_all
+from cmr.backends.azure.clients import RETRY, Counting, connection_string
 from cmr.backends.azure.errors import translate
 from cmr.backends.base import Received
 from cmr.errors import BackendError, QueueGone, UsageError
@@ -182,7 +183,7 @@ class AzureQueues:
             async with gate, self._translated(name, "PutMessage"):
                 await queue.send_message(text, time_to_live=RETENTION_S)
 
-        await _each(one(t) for t in texts)
+        await run_all(one(t) for t in texts)
 
     async def receive(
         self,
@@ -268,7 +269,7 @@ class AzureQueues:
                         raise
                     lease.over = True  # deleted, or delivered again since: ignored
 
-        await _each(one(r) for r in receipts)
+        await run_all(one(r) for r in receipts)
 
     async def delete_messages(self, name: str, receipts: Sequence[str]) -> None:
         await self._per_receipt(name, "DeleteMessage", receipts, 0)
