@@ -22,7 +22,7 @@ from cmr.backends.base import Backend
 from cmr.backends.middleware import Call, Middleware, Proceed, wrap
 from cmr.errors import BackendError, JobFailed
 from cmr.pool import cpu_pool
-from cmr.records import job_pk
+from cmr.records import JobSpec, job_pk
 from cmr.settings import AwsSettings, WorkerSettings
 from cmr.submit import JobOptions
 from cmr.worker import Worker
@@ -104,6 +104,44 @@ class _UploadFailsMidway(Middleware):
         raise BackendError("s3.UploadPart failed: connection reset (injected)")
 
 
+async def _sort_one_file(
+    aws: tuple[Backend, AwsSettings],
+    tmp_path: Path,
+    records: list[bytes],
+    options: JobOptions,
+    split_bytes: int,
+    store: Middleware,
+    spools: Path,
+) -> tuple[JobSpec, str]:
+    """TeraSort of ``records`` as one input file in the bucket, by one worker whose store
+    is wrapped in ``store``, until the job ends; (its spec, the job's root URL)."""
+    be, settings = aws
+    root = f"s3://{settings.bucket}/{tmp_path.name}/"
+    local = tmp_path / "part-m-00000"
+    local.write_bytes(b"".join(records))
+    await be.blobs.upload_file(str(local), root + f"in/{local.name}")
+    spec = await submit.submit(
+        be,
+        job_ref("examples/terasort.py"),
+        root + "in/",
+        root + "out/",
+        options,
+        queue_prefix=settings.queue_prefix,
+        parallelism=1,
+        split_bytes=split_bytes,
+    )
+    ws = WorkerSettings(processes=1, poll_s=0.1, spill_dir=str(spools))
+    with cpu_pool(1) as pool:
+        await asyncio.wait_for(
+            Worker(
+                wrap(be, store), ws, pool, queue_prefix=settings.queue_prefix,
+                only_job=spec.job_id,
+            ).run(),
+            120,
+        )  # fmt: skip
+    return spec, root
+
+
 @pytest.mark.usefixtures("aws_stack")
 async def test_an_output_upload_that_fails_midway_stops_the_reduce_and_is_retried(
     aws: tuple[Backend, AwsSettings], tmp_path: Path
@@ -114,32 +152,11 @@ async def test_an_output_upload_that_fails_midway_stops_the_reduce_and_is_retrie
     be, settings = aws
     rnd = random.Random(5)
     records = [rnd.randbytes(10) + b"%088d\r\n" % i for i in range(60_000)]
-    root = f"s3://{settings.bucket}/{tmp_path.name}/"
-    local = tmp_path / "part-m-00000"
-    local.write_bytes(b"".join(records))
-    await be.blobs.upload_file(str(local), root + f"in/{local.name}")
-    spec = await submit.submit(
-        be,
-        job_ref("examples/terasort.py"),
-        root + "in/",
-        root + "out/",
-        JobOptions(partitions=1, shuffle="blob", visibility_s=5),
-        queue_prefix=settings.queue_prefix,
-        parallelism=1,
-        split_bytes=2_000_000,
-    )
     failing = _UploadFailsMidway()
     spools = tmp_path / "spools"
     spools.mkdir()
-    ws = WorkerSettings(processes=1, poll_s=0.1, spill_dir=str(spools))
-    with cpu_pool(1) as pool:
-        await asyncio.wait_for(
-            Worker(
-                wrap(be, failing), ws, pool, queue_prefix=settings.queue_prefix,
-                only_job=spec.job_id,
-            ).run(),
-            120,
-        )  # fmt: skip
+    options = JobOptions(partitions=1, shuffle="blob", visibility_s=5)
+    _, root = await _sort_one_file(aws, tmp_path, records, options, 2_000_000, failing, spools)
     assert len(failing.failed) == 1
     (part,) = [b.url for b in await be.blobs.list(root + "out/part-")]
     assert await be.blobs.get(part) == b"".join(sorted(records))
@@ -192,9 +209,7 @@ class _SlowUpload(Middleware):
         return await proceed(call.replace(call.args[0], self._slowly(call.args[1])))
 
     async def _slowly(self, chunks: Any) -> Any:
-        taken = 0
         async for chunk in chunks:
-            taken += len(chunk)
             await asyncio.sleep(self.s_per_mib * len(chunk) / (1 << 20))
             yield chunk
 
@@ -206,36 +221,15 @@ async def test_a_slow_store_is_not_counted_against_the_reduces_time_limit(
     """The reduce's output streams to the store as the pool writes it: while the store is
     slow the pool's writes wait, and that wait is not the job's code's time. Here the
     upload takes ~21 s against a 2 s task limit, and the pool waits past its hard limit
-    (12.2 s) with its last MiB unread: the one
-    attempt finishes, exact. Before, the pool's limit struck while it waited on the pipe,
-    blamed the job's code, and every attempt failed the same way."""
-    be, settings = aws
+    (12.2 s) with its last MiB unread: the one attempt finishes, exact. Before, the pool's
+    limit struck while it waited on the pipe, blamed the job's code, and every attempt
+    failed the same way."""
+    be, _ = aws
     rnd = random.Random(7)
     records = [rnd.randbytes(10) + b"%088d\r\n" % i for i in range(100_000)]  # 9.5 MiB
-    root = f"s3://{settings.bucket}/{tmp_path.name}/"
-    local = tmp_path / "part-m-00000"
-    local.write_bytes(b"".join(records))
-    await be.blobs.upload_file(str(local), root + f"in/{local.name}")
-    spec = await submit.submit(
-        be,
-        job_ref("examples/terasort.py"),
-        root + "in/",
-        root + "out/",
-        JobOptions(partitions=1, shuffle="blob", task_timeout_s=2, max_task_failures=1),
-        queue_prefix=settings.queue_prefix,
-        parallelism=1,
-        split_bytes=16_000_000,
-    )
     slow = _SlowUpload(2.2)
-    ws = WorkerSettings(processes=1, poll_s=0.1, spill_dir=str(tmp_path))
-    with cpu_pool(1) as pool:
-        await asyncio.wait_for(
-            Worker(
-                wrap(be, slow), ws, pool, queue_prefix=settings.queue_prefix,
-                only_job=spec.job_id,
-            ).run(),
-            120,
-        )  # fmt: skip
+    options = JobOptions(partitions=1, shuffle="blob", task_timeout_s=2, max_task_failures=1)
+    spec, root = await _sort_one_file(aws, tmp_path, records, options, 16_000_000, slow, tmp_path)
     job = await be.table.get(job_pk(spec.job_id), "job")
     assert job is not None and job["state"] == "succeeded", job
     assert len(slow.uploads) == 1, slow.uploads
