@@ -110,12 +110,17 @@ def remove_test_resources(bucket: str, table: str, queue_prefix: str) -> None:
         dynamodb.delete_table(TableName=table)
 
 
-def remove_azure_test_resources(container: str, queue_prefix: str) -> None:
-    """Delete what a test session made on Azurite (its container, its queues); whatever is
-    already gone is fine."""
+def remove_azure_test_resources(container: str, queue_prefix: str, table: str = "") -> None:
+    """Delete what a test session made on Azurite (its container, its queues, its table);
+    whatever is already gone is fine."""
     from azure.core.exceptions import ResourceNotFoundError
+    from azure.data.tables import TableServiceClient
     from azure.storage.blob import BlobServiceClient
     from azure.storage.queue import QueueServiceClient
+
+    if table:
+        with TableServiceClient.from_connection_string(AZURITE_CONNECTION_STRING) as tables:
+            tables.delete_table(table)  # absent: no error
 
     with QueueServiceClient.from_connection_string(AZURITE_CONNECTION_STRING) as queues:
         for q in queues.list_queues(name_starts_with=queue_prefix):

@@ -49,16 +49,19 @@ class AzureNames:
 
     container: str
     queue_prefix: str
+    table: str
     used: bool = False
     created: bool = False
+    table_created: bool = False
 
 
 @pytest.fixture(scope="session")
 def azure_names(aws_names: AwsNames) -> Iterator[AzureNames]:
-    names = AzureNames(f"cmr-test-{uuid.uuid4().hex[:8]}", aws_names.queue_prefix)
+    tag = uuid.uuid4().hex[:8]
+    names = AzureNames(f"cmr-test-{tag}", aws_names.queue_prefix, f"cmrtest{tag}")
     yield names
     if names.used and azurite_up():
-        remove_azure_test_resources(names.container, names.queue_prefix)
+        remove_azure_test_resources(names.container, names.queue_prefix, names.table)
 
 
 # On the local stack, these run in the full suite only (marked slow): a matrix of cases, or a
@@ -82,8 +85,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
-# The suites that run on Azure too (Azurite) override ``backend_name`` with these params;
-# the table's waits for the Azure table (issue 29).
+# The conformance suites run on every backend: embedded, the AWS stack, Azure (Azurite).
 WITH_AZURE = ["embedded", "aws", "azure"]
 
 
@@ -97,7 +99,7 @@ def stack_of(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(params=["embedded", "aws"])
+@pytest.fixture(params=WITH_AZURE)
 def backend_name(request: pytest.FixtureRequest) -> str:
     return stack_of(request)
 
@@ -128,14 +130,12 @@ def unique(aws_names: AwsNames) -> Callable[[], str]:
 
 
 async def _azure_backend(names: AzureNames) -> AsyncIterator[Backend]:
-    """Azure's queues and blobs on Azurite (only the blob and queue suites ask for it, by
-    their own ``backend_name``), with the embedded table as a STAND-IN until the Azure
-    table lands (issue 29): no test of these two suites uses the table."""
+    """Azure's queues, blobs and table on Azurite."""
     from azure.core.exceptions import ResourceExistsError
     from azure.storage.blob.aio import BlobServiceClient
 
-    from cmr.backends.azure import AzureBlobs, AzureQueues
-    from cmr.backends.embedded import EmbeddedBlobs, EmbeddedTable
+    from cmr.backends.azure import AzureBlobs, AzureQueues, AzureTable
+    from cmr.backends.embedded import EmbeddedBlobs
 
     names.used = True
     if not names.created:
@@ -143,12 +143,15 @@ async def _azure_backend(names: AzureNames) -> AsyncIterator[Backend]:
             with contextlib.suppress(ResourceExistsError):
                 await svc.create_container(names.container)
         names.created = True
-    async with AzureQueues() as queues, AzureBlobs() as blobs:
+    async with AzureQueues() as queues, AzureBlobs() as blobs, AzureTable(names.table) as table:
+        if not names.table_created:
+            await table.create()
+            names.table_created = True
         yield Backend(
             "azure",
             queues=queues,
             blobs=blobs,
-            table=EmbeddedTable(),  # stand-in: the Azure table is not built yet
+            table=table,
             scratch=blobs.url(names.container, "scratch"),
             local_blobs=EmbeddedBlobs(),
         )

@@ -356,6 +356,9 @@ async def test_returned_items_are_copies(backend: Backend, unique: Callable[[], 
 
 
 async def test_calls_are_counted(backend: Backend, unique: Callable[[], str]) -> None:
+    """Every request is counted under its service's own operation name. Azure's table has
+    no conditional write on attributes: each write first reads the entity (QueryEntity),
+    then writes If-Match what it read (cmr.backends.azure.table)."""
     pk = unique()
     before = backend.calls()
     await backend.table.put(pk, "a", {"v": 1})
@@ -364,6 +367,15 @@ async def test_calls_are_counted(backend: Backend, unique: Callable[[], str]) ->
     await backend.table.update(Update(pk, "a", add={"v": 1}))
     await backend.table.delete(pk, "a")
     calls = backend.calls() - before
+    if backend.name == "azure":
+        assert {k: calls[k] for k in calls if k.startswith("table.")} == {
+            "table.QueryEntity": 4,
+            "table.InsertEntity": 1,
+            "table.QueryEntities": 1,
+            "table.UpdateEntity": 1,
+            "table.DeleteEntity": 1,
+        }
+        return
     assert {k: calls[k] for k in calls if k.startswith("dynamodb.")} == {
         "dynamodb.PutItem": 1,
         "dynamodb.GetItem": 1,

@@ -69,6 +69,8 @@ def _operation(service: str, method: str, url: str, headers: Any) -> str:
         return {"GET": "GetBlob", "HEAD": "GetBlobProperties", "DELETE": "DeleteBlob"}.get(
             method, method
         )
+    if service == "table":
+        return _table_operation(method, urlparse(url).path, headers)
     # queue: /queue, /queue/messages, /queue/messages/id (after Azurite's /account)
     path = parts.path.rstrip("/")
     if comp == "list":
@@ -82,6 +84,26 @@ def _operation(service: str, method: str, url: str, headers: Any) -> str:
     if "/messages/" in path:
         return {"DELETE": "DeleteMessage", "PUT": "UpdateMessage"}.get(method, method)
     return {"PUT": "CreateQueue", "DELETE": "DeleteQueue"}.get(method, method)
+
+
+def _table_operation(method: str, path: str, headers: Any) -> str:
+    """Table storage's operation of a request: /Tables for the tables, /$batch for an
+    entity-group transaction, /name(PartitionKey=..,RowKey=..) for one entity."""
+    last = path.rstrip("/").rsplit("/", 1)[-1]
+    if last.startswith("Tables"):
+        return {"POST": "CreateTable", "DELETE": "DeleteTable"}.get(method, "QueryTables")
+    if last == "$batch":
+        return "EntityGroupTransaction"
+    conditional = "If-Match" in headers or "if-match" in headers
+    if "(PartitionKey=" in last or "(PartitionKey%3D" in last:
+        if method == "GET":
+            return "QueryEntity"
+        if method == "DELETE":
+            return "DeleteEntity"
+        if method == "PUT":
+            return "UpdateEntity" if conditional else "InsertOrReplaceEntity"
+        return "MergeEntity" if conditional else "InsertOrMergeEntity"
+    return "InsertEntity" if method == "POST" else "QueryEntities"
 
 
 class Counting:

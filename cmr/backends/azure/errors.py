@@ -14,7 +14,7 @@ keeping the service (``blob``, ``queue``), the operation and Azure's error code 
     412 ConditionNotMet, BlobAlreadyExists     ConditionFailed (If-Match / If-None-Match: *)
     QueueNotFound / QueueBeingDeleted          QueueGone
     BlobNotFound                               BlobMissing
-    ContainerNotFound                          BucketOrTableMissing: an answer, never retried
+    ContainerNotFound, TableNotFound           BucketOrTableMissing: an answer, never retried
     RequestBodyTooLarge, InvalidXmlDocument... Rejected: the same request fails the same way
     anything else                              BackendError
 
@@ -78,7 +78,14 @@ REJECTED = {
     "OutOfRangeQueryParameterValue",
     "UnsupportedHeader",
     "MessageTooLarge",
+    "EntityTooLarge",
+    "PropertyValueTooLarge",
+    "KeyValueTooLarge",
+    "TooManyProperties",
+    "PropertiesNeedValue",
+    "InvalidDuplicateRow",
 }
+TABLE_MISSING = {"TableNotFound", "TableBeingDeleted"}
 _SETTING_HINT = (
     "set AZURE_STORAGE_CONNECTION_STRING "
     '(for the local stack\'s Azurite: eval "$(scripts/stack.sh env)")'
@@ -154,6 +161,11 @@ def _judged(service: str, exc: BaseException, subject: str) -> tuple[type[Backen
         return (
             BucketOrTableMissing,
             f"{service}: container does not exist{about}: create it, or name one that does",
+        )
+    if code in TABLE_MISSING:
+        return (
+            BucketOrTableMissing,
+            f"{service}: table does not exist{about}: create it, or name one that does",
         )
     if service == "blob" and code in BLOB_MISSING:
         return BlobMissing, f"no blob at {subject or '?'}"
