@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from cmr import storeurls
 from cmr.errors import JobCodeError, UsageError
 from cmr.fileurls import file_path
 from cmr.inputs import literal_prefix
@@ -147,8 +148,15 @@ def _under(url: str, prefixes: Sequence[str]) -> bool:
 def _prefixes(flag: str, given: Sequence[str]) -> list[str]:
     prefixes = [u if u.endswith("/") else u + "/" for u in given]
     for url in prefixes:
-        if not url.startswith(("s3://", "file://")) or url in ("s3:///", "file:///"):
-            raise UsageError(f"{flag} {url!r}: give an s3://BUCKET/ prefix or a file:// directory")
+        if not url.startswith(("s3://", "azure://", "file://")) or url in (
+            "s3:///",
+            "azure:///",
+            "file:///",
+        ):
+            raise UsageError(
+                f"{flag} {url!r}: give an s3://BUCKET/ or azure://ACCOUNT/CONTAINER/ prefix, "
+                "or a file:// directory"
+            )
     return prefixes
 
 
@@ -185,9 +193,8 @@ def _place(url: str, *, glob: bool = False) -> str:
 
 
 def _default_outputs(scratch: str) -> str:
-    if scratch.startswith("s3://"):
-        bucket = scratch.removeprefix("s3://").split("/", 1)[0]
-        return f"s3://{bucket}/"
+    if storeurls.is_store_url(scratch):
+        return storeurls.root_prefix(scratch)  # the store's own bucket (or container)
     # A local scratch is the embedded backend's, inside one process: its table is written by
     # nobody else, so any local directory may be an output.
     return "file://"

@@ -72,8 +72,13 @@ async def open_backend(name: str, aws: AwsSettings) -> AsyncIterator[Backend]:
 
         async with open_aws(aws) as backend:
             yield with_retries(backend)
+    elif name == "azure":
+        from cmr.backends.azure.opening import open_azure  # the Azure SDKs: only when needed
+
+        async with open_azure(aws) as backend:
+            yield with_retries(backend)
     else:
-        raise UsageError(f"unknown backend {name!r}: use embedded or aws")
+        raise UsageError(f"unknown backend {name!r}: use embedded, aws or azure")
 
 
 async def _until_done(waiter: asyncio.Task[Any], helpers: list[asyncio.Task[Any]]) -> Any:
@@ -339,7 +344,8 @@ async def _run_with_processes(
     waiter = asyncio.create_task(watch.wait(be, spec, opts.on_progress, poll_s=0.5))
     ws = serving_own_job(ws, spec)
     procs = [
-        await _spawn_worker(spec.job_id, opts.aws, ws, opts.workers) for _ in range(opts.workers)
+        await _spawn_worker(Store(BackendName(be.name), opts.aws), spec.job_id, ws, opts.workers)
+        for _ in range(opts.workers)
     ]
     try:
         try:
@@ -414,13 +420,13 @@ async def _until_done_or_workers_gone(
 
 
 async def _spawn_worker(
-    job_id: str, aws: AwsSettings, ws: WorkerSettings, workers: int
+    store: Store, job_id: str, ws: WorkerSettings, workers: int
 ) -> asyncio.subprocess.Process:
     share = max(1, default_cores() // workers)
     mine = replace(ws, processes=min(ws.processes, share), map_slots=min(ws.map_slots, share))
     args = [
         *(sys.executable, "-m", "cmr", "worker", "--job", job_id, "--no-create"),
-        *("--store", Store(BackendName.aws, aws).url),
+        *("--store", store.url),
         *("--settings-json", mine.to_json()),
         # Its lines reach our terminal: at our verbosity (attempts are -v's), not a fleet's.
         *("--log-level", str(logs.level())),

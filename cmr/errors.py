@@ -3,6 +3,8 @@
     CmrError                      root: catch this to catch everything below
     ├── UsageError                the user asked for something impossible (bad path, bad flag,
     │                             a setting out of range): the message says what to change
+    │   └── StoreMissing          the store's bucket (container) or table is missing, and may
+    │                             not be created here (`cmr status`)
     ├── NotFound                  something named at run time is not there (a job id, a job's
     │                             results, a load test's queue)
     ├── JobCodeError              loading or running the user's job class failed
@@ -54,6 +56,16 @@ class CmrError(Exception):
 
 class UsageError(CmrError):
     """The request cannot be carried out as given; the message says what to change."""
+
+
+class StoreMissing(UsageError):
+    """The store's bucket (container) or table is missing and this opening may not create
+    it: the caller knows best what the user should do about it (``cmr status`` never
+    creates anything). ``kind``: "bucket", "container" or "table"."""
+
+    def __init__(self, kind: str, name: str, message: str) -> None:
+        super().__init__(message)
+        self.kind, self.name = kind, name
 
 
 class NotFound(CmrError):

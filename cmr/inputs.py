@@ -23,6 +23,7 @@ import posixpath
 import re
 from collections.abc import Sequence
 
+from cmr import storeurls
 from cmr.errors import UsageError
 
 _MAGIC = re.compile(r"[*?[]")
@@ -91,9 +92,9 @@ def base_of(dirs: Sequence[str]) -> str:
     buckets): map could not be given names that tell their files apart."""
 
     def split(d: str) -> tuple[str, list[str]]:
-        if d.startswith("s3://"):
-            bucket, _, key = d.removeprefix("s3://").partition("/")
-            return f"s3://{bucket}", _parts(key)
+        if storeurls.is_store_url(d):
+            root, key = storeurls.split(d)
+            return root, _parts(key)
         return "", _parts(d)
 
     (scheme, common), *rest = [split(d) for d in dirs]
@@ -113,7 +114,7 @@ def base_of(dirs: Sequence[str]) -> str:
 
 def name_below(base: str, location: str) -> str:
     """A file's name as map sees it: its path below ``base`` (see :func:`base_of`)."""
-    if base.startswith("s3://"):
+    if storeurls.is_store_url(base):
         rest = location[len(base) :]
         return rest.lstrip("/")
     under = base.rstrip("/") + "/"

@@ -12,6 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from cmr import storeurls
 from cmr.errors import UsageError
 from cmr.inputs import glob_owns, has_magic, literal_dir
 
@@ -36,8 +37,8 @@ def check_apart(source: str, output: str) -> None:
         return
     if is_local(source):
         src, out = local_path(source).resolve(), local_path(output).resolve()
-    elif source.startswith("s3://") and output.startswith("s3://"):
-        src, out = _s3_path(source), _s3_path(output)
+    elif storeurls.is_store_url(source) and storeurls.is_store_url(output):
+        src, out = storeurls.as_path(source), storeurls.as_path(output)
     else:
         return
     if src == out:
@@ -64,8 +65,8 @@ def _check_apart_glob(pattern: str, output: str) -> None:
     if is_local(pattern):
         pat, out = str(local_path(pattern)), local_path(output)
         resolved_out = out.resolve()
-    elif pattern.startswith("s3://") and output.startswith("s3://"):
-        pat, out = str(_s3_path(pattern)), _s3_path(output)
+    elif storeurls.is_store_url(pattern) and storeurls.is_store_url(output):
+        pat, out = str(storeurls.as_path(pattern)), storeurls.as_path(output)
         resolved_out = out
     else:
         return
@@ -81,11 +82,6 @@ def _check_apart_glob(pattern: str, output: str) -> None:
             "--overwrite) would mix parts with the input. Give an output that does not "
             "contain the input"
         )
-
-
-def _s3_path(url: str) -> Path:
-    # s3://bucket/a/b -> /bucket/a/b: "a prefix is a directory", as the input listing has it.
-    return Path("/", url.removeprefix("s3://").strip("/"))
 
 
 def probe_output_dir(output: str) -> Path:

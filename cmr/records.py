@@ -352,7 +352,7 @@ MAX_URL = 1024  # S3 keys are at most 1,024 bytes; local paths are shorter in pr
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 SHUFFLE_MODES = ("queue", "blob")  # what a job record may say (cmr run --shuffle adds auto)
 _QUEUE_PREFIX = re.compile(r"[0-9A-Za-z_-]{0,40}")  # SQS queue names: 80 of these characters
-_URL = re.compile(r"(s3|file)://[^\x00-\x1f\x7f]+")
+_URL = re.compile(r"(s3|azure|file)://[^\x00-\x1f\x7f]+")
 
 
 def _owns(root: str, url: str) -> bool:
@@ -419,7 +419,7 @@ class _Fields:
         value = self.text(name, MAX_URL)
         if not _URL.fullmatch(value) or "/../" in value or value.endswith("/.."):
             raise WireError(
-                f"job record {self.job_id}: field {name!r} is not an s3:// or file:// URL"
+                f"job record {self.job_id}: field {name!r} is not an s3://, azure:// or file:// URL"
             )
         return value
 

@@ -27,6 +27,7 @@ def default_cores() -> int:
 class BackendName(StrEnum):
     embedded = "embedded"  # in-process: lives and dies with `cmr run`
     aws = "aws"  # SQS, S3 and DynamoDB (or the local stack)
+    azure = "azure"  # Azure Queue, Blob and Table storage (or the local stack's Azurite)
 
 
 class LineEnds(StrEnum):
@@ -46,8 +47,11 @@ class ShuffleMode(StrEnum):
 
 @dataclass(frozen=True)
 class AwsSettings:
-    """Where the AWS backend keeps things. Endpoints and credentials are never here: they
-    come from the standard AWS settings (AWS_ENDPOINT_URL*, AWS_PROFILE, AWS_REGION, ...)."""
+    """Where a cloud backend keeps things. Endpoints and credentials are never here: they
+    come from the cloud's standard settings (AWS_ENDPOINT_URL*, AWS_PROFILE, AWS_REGION ...;
+    AZURE_STORAGE_CONNECTION_STRING). On Azure, ``bucket`` is the blob container,
+    ``account`` the storage account (checked against the connection string's), and
+    ``region``, ``profile`` and ``owner`` have no meaning."""
 
     bucket: str = "cmr-data"
     table: str = "cmr"
@@ -61,6 +65,7 @@ class AwsSettings:
     # another account owns (ExpectedBucketOwner), so a bucket name taken by a stranger is
     # never read or written. None: not checked (local endpoints; the fleet always sets it).
     owner: str | None = None
+    account: str | None = None  # Azure's storage account (the store URL's host)
 
     def __post_init__(self) -> None:
         if self.owner is not None and not _ACCOUNT.fullmatch(self.owner):
@@ -80,12 +85,86 @@ _STORE_QUERY = {
 }
 
 
+_AZURE_QUERY = {"prefix": "queue_prefix"}
+_AZURE_NAMES = {
+    # Azure's naming rules (a wrong name is refused by the service with a 400 that names
+    # no rule): containers and queues 3-63 of a-z 0-9 and single hyphens, starting with a
+    # letter or digit; tables 3-63 letters and digits, starting with a letter.
+    "container": re.compile(r"(?=.{3,63}\Z)[a-z0-9]+(-[a-z0-9]+)*"),
+    "table": re.compile(r"[A-Za-z][A-Za-z0-9]{2,62}"),
+    "prefix": re.compile(r"([a-z0-9]+-?)*"),
+}
+AZURE_PREFIX_MAX = 20  # 63 - len("<32-char job id>-s12-p00000")
+_AZURE_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
+AZURE_STORE = "azure://ACCOUNT/CONTAINER/TABLE?prefix=P"
+
+
+def _check_azure(text: str, settings: AwsSettings) -> None:
+    """The names of an Azure store, as Azure's rules allow them."""
+    named = {
+        "container": settings.bucket,
+        "table": settings.table,
+        "prefix": settings.queue_prefix,
+    }
+    for what, value in named.items():
+        if not _AZURE_NAMES[what].fullmatch(value):
+            raise UsageError(
+                f"store {text!r}: {what} {value!r} is not a name Azure allows ("
+                + {
+                    "container": "3-63 lowercase letters, digits and single hyphens",
+                    "table": "3-63 letters and digits, starting with a letter",
+                    "prefix": "lowercase letters, digits and single hyphens",
+                }[what]
+                + ")"
+            )
+    if len(settings.queue_prefix) > AZURE_PREFIX_MAX:
+        raise UsageError(
+            f"store {text!r}: prefix {settings.queue_prefix!r} is longer than "
+            f"{AZURE_PREFIX_MAX} characters (an Azure queue name holds 63, and a job's "
+            "queue names add up to 43 to it)"
+        )
+    if settings.account is not None and not _AZURE_ACCOUNT.fullmatch(settings.account):
+        raise UsageError(
+            f"store {text!r}: account {settings.account!r} is not an Azure storage account "
+            "name (3-24 lowercase letters and digits)"
+        )
+
+
+def _parse_azure(text: str) -> Store:
+    url = urlsplit("azure://" if text == BackendName.azure else text)
+    parts: dict[str, Any] = {}
+    if url.netloc:
+        parts["account"] = unquote(url.netloc)
+    path = [unquote(p) for p in url.path.strip("/").split("/") if p]
+    if len(path) > 2:
+        raise UsageError(f"store {text!r}: use {AZURE_STORE} (no more parts after TABLE)")
+    for name, value in zip(("bucket", "table"), path, strict=False):
+        parts[name] = value
+    for key, value in parse_qsl(url.query, keep_blank_values=True):
+        if key not in _AZURE_QUERY:
+            raise UsageError(
+                f"store {text!r}: unknown setting {key!r}; known on Azure: "
+                f"{', '.join(_AZURE_QUERY)} (credentials and endpoints come from "
+                "AZURE_STORAGE_CONNECTION_STRING)"
+            )
+        if _AZURE_QUERY[key] in parts:
+            raise UsageError(f"store {text!r}: {key} is given twice")
+        if not value:
+            raise UsageError(f"store {text!r}: {key} is empty (leave it out for the default)")
+        parts[_AZURE_QUERY[key]] = value
+    settings = AwsSettings(**parts)
+    _check_azure(text, settings)
+    return Store(BackendName.azure, settings)
+
+
 @dataclass(frozen=True)
 class Store:
-    """Which backend, and (for aws) where in it: one value, written as a URL.
+    """Which backend, and (for a cloud) where in it: one value, written as a URL.
 
-    ``embedded``, or ``aws://BUCKET/TABLE?prefix=P&region=R&profile=N`` where every part
-    may be left out (``aws``, ``aws://BUCKET``) to take AwsSettings' default."""
+    ``embedded``, ``aws://BUCKET/TABLE?prefix=P&region=R&profile=N`` or
+    ``azure://ACCOUNT/CONTAINER/TABLE?prefix=P``, where every part may be left out
+    (``aws``, ``aws://BUCKET``, ``azure``) to take AwsSettings' default (on Azure, the
+    account is then the connection string's)."""
 
     backend: BackendName = BackendName.embedded
     aws: AwsSettings = AwsSettings()
@@ -95,9 +174,12 @@ class Store:
         text = text.strip()
         if text == BackendName.embedded:
             return Store(BackendName.embedded)
+        if text == BackendName.azure or text.startswith("azure://"):
+            return _parse_azure(text)
         if text != BackendName.aws and not text.startswith("aws://"):
             raise UsageError(
-                f"store {text!r}: use embedded, or aws://BUCKET/TABLE?prefix=P&region=R&profile=N"
+                f"store {text!r}: use embedded, aws://BUCKET/TABLE?prefix=P&region=R&profile=N "
+                f"or {AZURE_STORE}"
             )
         url = urlsplit("aws://" if text == BackendName.aws else text)
         parts: dict[str, Any] = {}
@@ -124,6 +206,9 @@ class Store:
         if self.backend == BackendName.embedded:
             return "embedded"
         a = self.aws
+        if self.backend == BackendName.azure:
+            prefix = urlencode({"prefix": a.queue_prefix})
+            return f"azure://{quote(a.account or '')}/{quote(a.bucket)}/{quote(a.table)}?{prefix}"
         query = {k: getattr(a, f) for k, f in _STORE_QUERY.items() if getattr(a, f) is not None}
         return f"aws://{quote(a.bucket)}/{quote(a.table)}?{urlencode(query)}"
 

@@ -151,3 +151,24 @@ async def stack_backend(name: str, queue_tag: str) -> AsyncIterator[tuple[Backen
             assert await backend_leftovers(be, settings.queue_prefix) == []
     finally:
         remove_test_resources(settings.bucket, settings.table, settings.queue_prefix)
+
+
+@asynccontextmanager
+async def azure_stack_backend(queue_tag: str) -> AsyncIterator[tuple[Backend, AwsSettings]]:
+    """An azure backend on Azurite with a container and table of its own and queues named
+    ``<queue_tag><tag>-``; as :func:`stack_backend`, nothing of its jobs may be left once
+    the test is done, and then all of it is removed, whatever happened."""
+    from cmr.api import open_backend
+    from cmr.settings import AwsSettings
+    from cmr.testing import backend_leftovers
+
+    tag = uuid.uuid4().hex[:8]
+    settings = AwsSettings(
+        bucket=f"cmr-{tag}", table=f"cmr{tag}", queue_prefix=f"{queue_tag}{tag}-"
+    )
+    try:
+        async with open_backend("azure", settings) as be:
+            yield be, settings
+            assert await backend_leftovers(be, settings.queue_prefix) == []
+    finally:
+        remove_azure_test_resources(settings.bucket, settings.queue_prefix, settings.table)

@@ -272,7 +272,7 @@ class Capabilities:
 # wrapping one service) gets its kind's capabilities from its name.
 EMBEDDED = Capabilities(local_files=True, in_process=True, free_requests=True)
 REMOTE = Capabilities(local_files=False, in_process=False, free_requests=False)
-KINDS = {"embedded": EMBEDDED, "aws": REMOTE}
+KINDS = {"embedded": EMBEDDED, "aws": REMOTE, "azure": REMOTE}
 _BY_NAME = Capabilities(local_files=False, in_process=False, free_requests=False)  # not given
 
 
@@ -280,7 +280,7 @@ _BY_NAME = Capabilities(local_files=False, in_process=False, free_requests=False
 class Backend:
     """The three services a job runs on, plus where its scratch data lives."""
 
-    name: str  # "embedded" or "aws"
+    name: str  # "embedded", "aws" or "azure"
     queues: Queues
     blobs: Blobs
     table: Table

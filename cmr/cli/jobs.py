@@ -37,7 +37,7 @@ from cmr.cli.options import (
     shared,
 )
 from cmr.cli.tables import keep_whole, print_table
-from cmr.errors import JobFailed, UsageError
+from cmr.errors import JobFailed, StoreMissing, UsageError
 from cmr.settings import AwsSettings, BackendName, Store
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def _no_create(store: Store) -> AwsSettings:
 
 def announce(w: Where) -> None:
     """One stderr line saying which store is looked in and why (none when the user named it)."""
-    if w.why and w.store.backend == BackendName.aws:
+    if w.why and w.store.backend != BackendName.embedded:
         err.print(
             Text.assemble("looking in ", safe_text(shown(w.store)), f" ({w.why})"),
             highlight=False,
@@ -199,16 +199,18 @@ def _own_manifest(last: laststore.LastRun) -> Manifest | None:
 async def _opened(store: Store) -> AsyncIterator[Backend]:
     """The store, as it is: these commands create nothing."""
     from cmr import api
-    from cmr.backends.aws.provisioning import StoreMissing
 
     try:
         async with api.open_backend(store.backend, store.aws) as be:
             yield be
     except StoreMissing as exc:
-        flag = "--bucket" if exc.kind == "bucket" else "--table"
+        flag = "--table" if exc.kind == "table" else "--bucket"
+        what = {"bucket": "bucket", "container": "container"}.get(exc.kind, "table")
+        if store.backend == BackendName.aws and what == "table":
+            what = "DynamoDB table"
         raise UsageError(
-            f"{'bucket' if exc.kind == 'bucket' else 'DynamoDB table'} {exc.name} does not "
-            f"exist: no job has run in this store ({shown(store)}) yet; check --store/{flag}"
+            f"{what} {exc.name} does not exist: no job has run in this store "
+            f"({shown(store)}) yet; check --store/{flag}"
         ) from None
 
 

@@ -267,7 +267,7 @@ def run(
                 api.run_async(loaded, input, output, options, backend=where.backend)
             )
     except Interrupted:
-        if submitted and where.backend == BackendName.aws:
+        if submitted and where.backend != BackendName.embedded:
             fail(
                 f"interrupted: job {submitted[0]} was cancelled; its workers clean it up "
                 f"(`cmr status {submitted[0]}` shows it)",

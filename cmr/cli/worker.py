@@ -129,10 +129,11 @@ def worker(
     )  # fmt: skip
     check_range("--idle-exit", idle_exit, 0, MAX_IDLE_S, "seconds, at most 30 days")
     where = store.resolve(BackendName.aws, create=create)
-    if where.backend != BackendName.aws:
+    if where.backend == BackendName.embedded:
         fail(
-            "a standalone worker needs a shared backend: use --backend aws "
-            "(the embedded backend lives inside `cmr run`)"
+            "a standalone worker needs a shared backend: use --store aws://BUCKET/TABLE or "
+            "--store azure://ACCOUNT/CONTAINER/TABLE (the embedded backend lives inside "
+            "`cmr run`)"
         )
     given: dict[str, Any] = {
         "processes": processes,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from azure.core.exceptions import (
@@ -139,6 +140,34 @@ def test_the_storage_code_is_kept_as_azure_names_it() -> None:
         ("queue", "DELETE", "/acct/q", {}, "DeleteQueue"),
         ("queue", "GET", "/acct/q?comp=metadata", {}, "GetQueueMetadata"),
         ("queue", "GET", "/acct/?comp=list&prefix=p", {}, "ListQueues"),
+        ("table", "POST", "/acct/Tables", {}, "CreateTable"),
+        ("table", "GET", "/acct/Tables()?$filter=x", {}, "QueryTables"),
+        ("table", "POST", "/acct/t1", {}, "InsertEntity"),
+        ("table", "GET", "/acct/t1(PartitionKey='a',RowKey='b')", {}, "QueryEntity"),
+        ("table", "GET", "/acct/t1()?$filter=PartitionKey%20eq%20'a'", {}, "QueryEntities"),
+        (
+            "table",
+            "PUT",
+            "/acct/t1(PartitionKey='a',RowKey='b')",
+            {"If-Match": "e"},
+            "UpdateEntity",
+        ),
+        ("table", "PUT", "/acct/t1(PartitionKey='a',RowKey='b')", {}, "InsertOrReplaceEntity"),
+        (
+            "table",
+            "PATCH",
+            "/acct/t1(PartitionKey='a',RowKey='b')",
+            {"If-Match": "e"},
+            "MergeEntity",
+        ),
+        (
+            "table",
+            "DELETE",
+            "/acct/t1(PartitionKey='a',RowKey='b')",
+            {"If-Match": "*"},
+            "DeleteEntity",
+        ),
+        ("table", "POST", "/acct/$batch", {}, "EntityGroupTransaction"),
     ],
 )
 def test_requests_are_named_as_azure_names_its_operations(
@@ -214,3 +243,46 @@ async def test_a_queues_visibility_is_its_own_for_every_client() -> None:
                 assert worker.calls["queue.GetQueueMetadata"] == 1  # read once, then known
         finally:
             await maker.delete(name)
+
+
+async def test_open_azure_refuses_a_store_of_another_account(azure_stack: str) -> None:
+    """The store URL names an account; the connection string opens another: refused, never
+    run in the wrong account."""
+    from cmr.backends.azure.opening import open_azure
+    from cmr.settings import AwsSettings
+
+    with pytest.raises(UsageError, match=f"account 'other1'.*opens '{AZURITE_ACCOUNT}'"):
+        async with open_azure(AwsSettings(account="other1")):
+            pass
+
+
+async def test_an_endpoint_nobody_listens_on_is_said_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection string whose table endpoint is closed: the opening's probe names that
+    endpoint (the SDK alone would retry for ~17 s and then say less)."""
+    from cmr.backends.azure.opening import open_azure
+    from cmr.settings import AwsSettings
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    closed = AZURITE_CONNECTION_STRING.replace(
+        "TableEndpoint=http://127.0.0.1:10002", f"TableEndpoint=http://127.0.0.1:{port}"
+    )
+    assert str(port) in closed
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", closed)
+    with pytest.raises(Unreachable, match=f"table storage at http://127.0.0.1:{port}/"):
+        async with open_azure(AwsSettings()):
+            pass
+
+
+def test_status_of_a_store_no_job_has_used_says_so(azure_stack: str, tmp_path: Path) -> None:
+    from tests.engine.test_status_cli import cmr
+
+    store = f"azure://{AZURITE_ACCOUNT}/nothing-{uuid.uuid4().hex[:8]}/nothing1"
+    done = cmr("status", "--store", store, XDG_STATE_HOME=str(tmp_path))
+    assert done.returncode == 1
+    assert "container nothing-" in done.stderr
+    assert "does not exist: no job has run in this store" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize(
     "text",
-    ["embedded", "aws", "aws://", "aws://b", "aws://b/t", "aws://b/t?prefix=p-&region=r&profile=n"],
+    [
+        "embedded",
+        "aws",
+        "aws://",
+        "aws://b",
+        "aws://b/t",
+        "aws://b/t?prefix=p-&region=r&profile=n",
+        "azure",
+        "azure://acct",
+        "azure://acct/data-1/Jobs1?prefix=wc-",
+        "azure:///data-1/jobs",
+    ],
 )
 def test_a_store_url_reads_back_as_the_same_store(text: str) -> None:
     store = Store.parse(text)
@@ -144,6 +156,35 @@ def test_worker_settings_out_of_range_are_refused_with_the_field_named() -> None
     with pytest.raises(UsageError, match="is not of type int"):
         WorkerSettings.from_json('{"map_slots": "2"}')
     assert WorkerSettings(memory_mb=0, idle_exit_s=0).memory_mb == 0  # spill all; exit at once
+
+
+def test_an_azure_store_url_names_account_container_table_and_prefix() -> None:
+    store = Store.parse("azure://acct/data-1/Jobs1?prefix=wc-")
+    assert store.backend == BackendName.azure
+    assert store.aws == AwsSettings(
+        bucket="data-1", table="Jobs1", queue_prefix="wc-", account="acct"
+    )
+    assert Store.parse("azure").aws == AwsSettings()  # the account: the connection string's
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("azure://acct/Data/t1x", "container 'Data' is not a name Azure allows"),
+        ("azure://acct/a--b/t1x", "container 'a--b'"),
+        ("azure://acct/data/t-1", "table 't-1' is not a name Azure allows"),
+        ("azure://acct/data/1tx", "table '1tx'"),
+        ("azure://acct/data/t1x?prefix=Wc_", "prefix 'Wc_'"),
+        ("azure://acct/data/t1x?prefix=" + "p" * 21, "longer than 20 characters"),
+        ("azure://Acct/data/t1x", "account 'Acct' is not an Azure storage account"),
+        ("azure://acct/data/t1x?region=x", "unknown setting 'region'"),
+        ("azure://acct/data/t1x/more", "no more parts after TABLE"),
+    ],
+)
+def test_an_azure_store_that_azure_would_refuse_is_refused_first(text: str, says: str) -> None:
+    """Azure answers a bad name with a 400 that names no rule; the store URL names it."""
+    with pytest.raises(UsageError, match=re.escape(says)):
+        Store.parse(text)
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ from cmr.backends.aws.owner import DENIED_CODES, expect_owner, not_owned
 from cmr.backends.aws.reach import PROBE_SECONDS, preflight
 from cmr.backends.base import REMOTE, Backend
 from cmr.backends.embedded.blobs import EmbeddedBlobs
-from cmr.errors import BackendError, BlobMissing, Unreachable, UsageError
+from cmr.errors import BackendError, BlobMissing, StoreMissing, Unreachable, UsageError
 from cmr.settings import AwsSettings
 
 # A probe call's timeouts, each attempt: a stall longer than these is tried again, with
@@ -42,15 +42,6 @@ _PROBE_CONNECT = 2
 _PROBE_READ = 5
 # What a slow endpoint raises; refused (EndpointConnectionError) is down, and not retried.
 _SLOW = (ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
-
-
-class StoreMissing(UsageError):
-    """The bucket or table is missing and this opening may not create it: the caller knows
-    best what the user should do about it (``cmr status`` never creates anything)."""
-
-    def __init__(self, kind: str, name: str, message: str) -> None:
-        super().__init__(message)
-        self.kind, self.name = kind, name
 
 
 async def _ensure_bucket(s3: Any, bucket: str, region: str, create: bool, exists: bool) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 
 from azure.core import MatchConditions
 from azure.storage.blob import BlobBlock
-from azure.storage.blob.aio import BlobClient, BlobServiceClient
+from azure.storage.blob.aio import BlobClient, BlobServiceClient, ContainerClient
 
 from cmr.aio import run_all
 from cmr.backends.azure.clients import RETRY, Counting, connection_string
@@ -81,6 +81,10 @@ class AzureBlobs:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+    def container(self, name: str) -> ContainerClient:
+        """The SDK's client of one container of our account (for opening the backend)."""
+        return self._service.get_container_client(name)
 
     def url(self, container: str, key: str) -> str:
         return f"{SCHEME}{self.account}/{container}/{key}"

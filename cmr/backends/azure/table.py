@@ -222,6 +222,14 @@ class AzureTable:
             async with self._translated(self.name, "CreateTable"):
                 await self._service.create_table(self.name)
 
+    async def exists(self) -> bool:
+        async with self._translated(self.name, "QueryTables"):
+            async for _ in self._service.query_tables(
+                "TableName eq @name", parameters={"name": self.name}
+            ):
+                return True
+        return False
+
     @contextlib.asynccontextmanager
     async def _translated(self, subject: str, operation: str) -> AsyncIterator[None]:
         """Azure's failures as ours; the three the protocol answers itself pass as they are
