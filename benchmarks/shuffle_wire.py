@@ -149,10 +149,11 @@ class Proxy:
     """A reverse proxy on 127.0.0.1 that forwards every request to ``upstream`` as it is
     (headers, Host included, and body) and counts it."""
 
-    def __init__(self, upstream: str, tally: Tally, kind: Any = None) -> None:
+    def __init__(self, upstream: str, tally: Tally, kind: Any = None, name: Any = None) -> None:
         self.upstream = upstream.rstrip("/")
         self.tally = tally
         self.kind = kind  # path -> a label, or None: no breakdown
+        self.name = name or operation  # (method, path, query, headers, body) -> service.Op
         self.port = 0
         self._lock = threading.Lock()
         self.session: ClientSession | None = None
@@ -168,6 +169,9 @@ class Proxy:
             data=body,
             allow_redirects=False,
             auto_decompress=False,
+            # No Content-Type of aiohttp's own: Azure's Shared Key signs the header, so one
+            # the client did not send makes the service refuse the signature.
+            skip_auto_headers=() if "Content-Type" in headers else ("Content-Type",),
         ) as resp:
             data = await resp.read()
             out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
@@ -175,7 +179,7 @@ class Proxy:
                 # A HEAD answer has no body, yet its length is the object's (S3's size).
                 out_headers["Content-Length"] = resp.headers["Content-Length"]
             status = resp.status
-        op = operation(request.method, request.path, request.query_string, request.headers, body)
+        op = self.name(request.method, request.path, request.query_string, request.headers, body)
         service = op.split(".", 1)[0]
         with self._lock:
             self.tally.requests[op] += 1

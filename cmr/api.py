@@ -62,6 +62,9 @@ class RunResult:
 job_ref = load_job
 
 
+AZURE_INSTALL = "pip install 'cmr[azure]' (in a checkout: scripts/setup.sh azure)"
+
+
 @contextlib.asynccontextmanager
 async def open_backend(name: str, aws: AwsSettings) -> AsyncIterator[Backend]:
     if name == "embedded":
@@ -73,7 +76,12 @@ async def open_backend(name: str, aws: AwsSettings) -> AsyncIterator[Backend]:
         async with open_aws(aws) as backend:
             yield with_retries(backend)
     elif name == "azure":
-        from cmr.backends.azure.opening import open_azure  # the Azure SDKs: only when needed
+        try:  # the Azure SDKs: only when needed, and only with the azure extra
+            from cmr.backends.azure.opening import open_azure
+        except ModuleNotFoundError as exc:
+            raise UsageError(
+                f"the azure backend needs the azure extra ({exc}): {AZURE_INSTALL}"
+            ) from None
 
         async with open_azure(aws) as backend:
             yield with_retries(backend)

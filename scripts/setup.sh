@@ -8,6 +8,8 @@
 #                           the checkout's `pip install 'cmr[mrjob]'`)
 #   scripts/setup.sh loadgen  also what `cmr loadgen` needs: hdrhistogram, matplotlib
 #                           (requirements-loadgen.txt; the checkout's `pip install 'cmr[loadgen]'`)
+#   scripts/setup.sh azure  also the Azure Storage SDKs, to run on Azure or Azurite
+#                           (requirements-azure.txt; the checkout's `pip install 'cmr[azure]'`)
 #   scripts/setup.sh lock   re-resolve every lock (same pins, fresh hashes); pass
 #                           --upgrade-package NAME (or --upgrade) to move a pin on purpose
 #   PYTHON=python3.12 scripts/setup.sh    use that interpreter for a new .venv (default:
@@ -46,8 +48,10 @@ lock() {
         --constraint requirements-dev.txt --output-file requirements-mrjob.txt
     uv_cmd pip compile pyproject.toml "$build" --extra loadgen "${common[@]}" \
         --constraint requirements-dev.txt --output-file requirements-loadgen.txt
+    uv_cmd pip compile pyproject.toml "$build" --extra azure "${common[@]}" \
+        --constraint requirements-dev.txt --output-file requirements-azure.txt
     sed -i "s|$build|pyproject.toml [build-system]|" requirements-dev.txt requirements.txt \
-        requirements-mrjob.txt requirements-loadgen.txt
+        requirements-mrjob.txt requirements-loadgen.txt requirements-azure.txt
 }
 
 # The interpreter for a new .venv: $PYTHON, else python3.11, else the newest 3.11+ found.
@@ -106,9 +110,10 @@ case "${1:-}" in
     dev) locks=(requirements.txt requirements-dev.txt) ;;
     mrjob) locks=(requirements-mrjob.txt) ;;
     loadgen) locks=(requirements-loadgen.txt) ;;
+    azure) locks=(requirements-azure.txt) ;;
     "") locks=(requirements.txt) ;;
     *)
-        echo "error: unknown argument '$1': use scripts/setup.sh [dev|mrjob|loadgen|lock]" >&2
+        echo "error: unknown argument '$1': use scripts/setup.sh [dev|mrjob|loadgen|azure|lock]" >&2
         exit 2
         ;;
 esac
