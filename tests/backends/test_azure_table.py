@@ -133,6 +133,30 @@ async def test_a_holder_that_dies_pending_is_aborted_by_the_next_writer(
     assert locks(azure_names.table, a, b) == []
 
 
+async def test_a_transaction_restarted_under_its_token_gets_a_new_watch(
+    tables: Callable[..., Any], unique: Callable[[], str]
+) -> None:
+    """A transaction aborted as stale and restarted by its caller under the same token is a
+    new record: a writer that aborted the first waits its stale_s for the second too, rather
+    than aborting it at sight (which would abort every retry of a slow holder)."""
+    holder, other = tables(), tables(stale_s=1.0)
+    a = unique()
+    await holder.put(a, "n", {"v": 1})
+    token = unique()
+    write = Update(a, "n", add={"v": 10})
+    tx = await holder._begin(token, [(a, "n")])
+    await holder._lock(tx, write)
+    await other.update(Update(a, "n", add={"v": 1}))  # waits 1 s, aborts the first
+    again = await holder._begin(token, [(a, "n")])  # the caller's retry: the same token
+    assert again.state == "pending"
+    assert again.etag != tx.etag
+    await holder._lock(again, write)
+    started = time.monotonic()
+    await other.update(Update(a, "n", add={"v": 1}))
+    assert time.monotonic() - started >= 1.0, "the restarted transaction was aborted at sight"
+    assert await other.get(a, "n") == {"pk": a, "sk": "n", "v": 3}
+
+
 async def test_a_holder_that_dies_after_its_commit_is_finished_by_a_reader(
     tables: Callable[..., Any], unique: Callable[[], str], azure_names: AzureNames
 ) -> None:

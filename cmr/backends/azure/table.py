@@ -201,7 +201,8 @@ class AzureTable:
             connection_string(conn), raw_request_hook=Counting("table", self.calls), **RETRY
         )
         self._client: TableClient = self._service.get_table_client(name)
-        self._seen_pending: dict[str, float] = {}  # token -> when we first saw it pending
+        # (token, record ETag) -> when we first saw that record pending
+        self._seen_pending: dict[tuple[str, str], float] = {}
         self._swept = time.monotonic()  # a new client waits a while before its first sweep
 
     async def close(self) -> None:
@@ -359,24 +360,22 @@ class AzureTable:
         with contextlib.suppress(ResourceModifiedError, ResourceNotFoundError, ResourceExistsError):
             await self._settle(row, item)
 
-    async def _abort_stale(self, row: _Row) -> bool:
-        """Abort the pending transaction locking ``row`` if we have watched it STALE_S; True
-        if it is no longer pending (aborted by us or anyone, or committed)."""
-        assert row.lock is not None
+    async def _abort_stale(self, tx: _Tx) -> bool:
+        """Abort ``tx`` (pending, as just read) if we have watched this very record pending
+        for stale_s on our clock; True if we did or someone else moved it meanwhile. Watched
+        by its ETag, not its token: a transaction its caller restarts under the same token
+        (after an abort) is a new record, and gets a new watch."""
         now = time.monotonic()
-        first = self._seen_pending.setdefault(row.lock, now)
+        first = self._seen_pending.setdefault((tx.token, tx.etag), now)
         if len(self._seen_pending) > 10_000:
             self._seen_pending.pop(next(iter(self._seen_pending)))
         if now - first < self.stale_s:
             return False
-        tx = await self._tx(row.lock)
-        if tx is None or tx.state != "pending":
-            return True
         if await self._move(tx, "aborted"):
             log.warning(
                 "aborted a transaction left pending",
                 table=self.name,
-                token=row.lock,
+                token=tx.token,
                 watched_s=round(now - first, 1),
             )
         return True
@@ -389,14 +388,13 @@ class AzureTable:
             row = await self._read(pk, sk)
             if row.lock is None or row.lock == mine:
                 return row
-            fate = await self._fate(row)
-            if fate == "pending" and not await self._abort_stale(row):
-                await asyncio.sleep(pause * random.uniform(0.5, 1.5))
-                pause = min(0.2, pause * 2)
-                continue
-            if fate == "pending":
-                fate = await self._fate(row)  # aborted just now, or committed after all
-            await self._finish(row, fate)
+            tx = await self._tx(row.lock)
+            if tx is not None and tx.state == "pending":
+                if not await self._abort_stale(tx):
+                    await asyncio.sleep(pause * random.uniform(0.5, 1.5))
+                    pause = min(0.2, pause * 2)
+                continue  # aborted now, or moved meanwhile: read it all again
+            await self._finish(row, "aborted" if tx is None else tx.state)
 
     async def _seen(self, row: _Row) -> Item | None:
         """The item a reader sees in a row: a committed lock's image (written in for whoever
