@@ -391,6 +391,11 @@ async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.
         await _run_claimed(rt, spec, got, drain, msg, queue, reduce_q)
     except QueueGone:
         await got.forget()  # the job ended while we held the partition
+        rt.log.info(
+            "the job ended while we held a partition; our claim on it is forgotten",
+            job=spec.job_id,
+            partition=p,
+        )
         raise
     except WorkerCrashed:
         raise  # a dead worker releases nothing: its leases lapse

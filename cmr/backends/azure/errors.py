@@ -155,7 +155,9 @@ def _judged(service: str, exc: BaseException, subject: str) -> tuple[type[Backen
         return QueueGone, f"queue {subject or '?'} does not exist"
     if code in CONDITION_FAILED or status == 412 or isinstance(exc, ResourceModifiedError):
         return ConditionFailed, f"precondition failed on {subject or '?'}"
-    if code in REJECTED or status == 413:
+    # A 400 without a code is a request the service will refuse again (Azurite gives some
+    # codes, an over-long key's among them, in the body only).
+    if code in REJECTED or status == 413 or (status == 400 and not code):
         return Rejected, f"{service} rejected{about}: {what}"
     if code in CONTAINER_MISSING:
         return (

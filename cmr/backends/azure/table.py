@@ -5,13 +5,16 @@ Where Azure's tables are not DynamoDB, and what is done about it:
 * **Keys.** PartitionKey and RowKey refuse ``/ \\ # ?`` and control characters, and cmr's
   keys hold them (``jobs#active``, output URLs). Keys are stored as the hex of their UTF-8
   bytes: every key is storable, and hex keeps DynamoDB's byte order, so a prefix query is a
-  RowKey range. A key is at most 512 bytes (Azure's 1 KiB of hex); longer is Rejected.
+  RowKey range. Azure's keys hold 512 characters: a key past 250 bytes is stored as the
+  hex of its first 200 and a digest of it all, each entity keeps its own keys (``kk``),
+  and a query's prefix or start may be at most 200 bytes (cmr's are short).
 * **Values.** Azure's properties have no null, list or map, and one property holds at most
   64 KiB. An item is stored whole as msgpack (int, float, bool, bytes, None, lists and
-  maps keep their types; integers past 64 bits as an extension) in binary properties of
-  CHUNK bytes, ``d0 d1 ...``. The item limit is DynamoDB's 400 KB, as the engine sizes
-  its records by it; Azure's entity limit (1 MiB) holds an item and a pending image of it.
-  A read that is not such an item (an entity written by someone else) is Rejected.
+  maps keep their types; integers past 64 bits as an extension; map keys must be strings)
+  in binary properties of CHUNK bytes, ``d0 d1 ...``. The item limit is DynamoDB's 400 KB
+  (the engine sizes its records by it), and MAX_ENCODED_BYTES as stored, so that a lock
+  (an item and its pending image) fits one entity. A read that is not such an item (an
+  entity written by someone else) is Rejected.
 * **Conditions.** Azure's only write condition is the entity's ETag (If-Match) or its
   absence (insert). Every conditional write reads the entity, evaluates the condition as
   DynamoDB would (:func:`cmr.backends.items.holds`), and writes If-Match the ETag read: a
@@ -41,10 +44,15 @@ Where Azure's tables are not DynamoDB, and what is done about it:
   other move) and its locks rolled back: its holder died or stopped, and one that wakes
   finds its commit refused (Throttled: a conflict, retried from the start). No two
   machines' clocks are compared.
-* **Tokens.** DynamoDB applies a retried TransactWriteItems with the same
+* **Tokens and tries.** DynamoDB applies a retried TransactWriteItems with the same
   ClientRequestToken once. Here the record is keyed by the token: a retry finds it, and a
-  committed one is finished rather than applied again. Records are kept TOKEN_KEEP_S (the
-  service's clock, its Timestamp) and then swept, with any transaction left half-done.
+  committed one is finished rather than applied again. A pending one is an earlier try of
+  the call whose answer was lost (perhaps with requests still on their way): the retry
+  aborts it and restarts the transaction as a new try. Every lock names its try, and a
+  lock of another try than its record's is rolled back, never finished. Records are kept
+  TOKEN_KEEP_S (the service's clock, its Timestamp) and then swept, with any transaction
+  left half-done. A failure no retry can cure (a condition, an item refused) aborts the
+  transaction at once and frees its locks.
 * **Consistency.** Azure Table reads are always strong: ``consistent=False`` reads strongly.
 
 The price: a single write is two requests (read, write), a transaction of k items 3k + 2
@@ -58,11 +66,13 @@ import asyncio
 import builtins
 import contextlib
 import datetime
+import hashlib
 import random
+import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
@@ -97,7 +107,18 @@ from cmr.errors import BackendError, ConditionFailed, Rejected, Throttled
 log = logs.get_logger("cmr.backends.azure.table")
 
 CHUNK = 60_000  # bytes per binary property (Azure's limit: 64 KiB)
-MAX_KEY_BYTES = 512  # a key's UTF-8 bytes: its hex fills Azure's 1 KiB
+# Azure's keys hold 1 KiB of UTF-16: 512 characters, 256 bytes as hex. A key of up to
+# WHOLE_KEY_BYTES is its hex; a longer one the hex of its first HEAD_KEY_BYTES, "~" and a
+# digest of it all (440 characters): byte order and prefixes hold for the head, which is
+# where cmr's queries and ranges lie (their prefixes and starts are short, QUERY_KEY_BYTES).
+WHOLE_KEY_BYTES = 250
+HEAD_KEY_BYTES = 200
+QUERY_KEY_BYTES = HEAD_KEY_BYTES
+# An item as stored: a lock holds it twice (its value and its pending image) in one entity.
+# Azure takes 1 MiB of an entity's binary properties; Azurite 3.35.0 counts an update's
+# request body instead (base64: about 780 KB of binary), which this bound keeps a lock
+# under. Past it an item is refused at its write, saying so (DynamoDB's limit is 400 KB).
+MAX_ENCODED_BYTES = 370_000
 TX_PARTITION = "~tx"  # the transaction records' partition: not hex, so no item's
 STALE_S = 15.0  # a pending transaction watched this long (our clock) is aborted
 TOKEN_KEEP_S = 600  # records kept (DynamoDB keeps a token ten minutes), then swept
@@ -106,22 +127,31 @@ WRITE_PATIENCE_S = 120.0  # a write losing its If-Match race this long is Thrott
 _BIG_INT = 1  # msgpack extension code: an integer past 64 bits, as its decimal text
 _DATA = "d"  # the item's properties: d0, d1, ...
 _AFTER = "x"  # the image a pending transaction leaves: x0, x1, ...
-_LOCK = "lk"
+_LOCK = "lk"  # the token of the transaction holding the item
+_TRY = "lt"  # which try of that token's transaction (a retry restarts it under a new one)
 _ACTION = "xa"  # what the lock's transaction does: put (the x image), delete, keep
+_KEYS = "kk"  # the entity's own (pk, sk), as msgpack: a long key's RowKey is a digest
+MAX_WAIT_S = 120.0  # a write waiting on others' transactions this long is Throttled
+SWEEP_MAX = 200  # records one sweep finishes at most (the rest: the next sweep)
 
 
-def _key(text: str, what: str) -> str:
+def _key(text: str) -> str:
+    """A key as Azure stores it (see WHOLE_KEY_BYTES)."""
     raw = text.encode("utf-8", "surrogatepass")
-    if len(raw) > MAX_KEY_BYTES:
+    if len(raw) <= WHOLE_KEY_BYTES:
+        return raw.hex()
+    return raw[:HEAD_KEY_BYTES].hex() + "~" + hashlib.sha256(raw).hexdigest()[:40]
+
+
+def _query_key(text: str, what: str) -> str:
+    """A query's prefix or start, as a RowKey bound: only a head's bytes compare in order."""
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) > QUERY_KEY_BYTES:
         raise Rejected(
-            f"table: a {what} of {len(raw)} bytes is longer than the {MAX_KEY_BYTES} an Azure "
-            f"table key holds ({text[:60]!r}...)"
+            f"table: a query's {what} of {len(raw)} bytes is longer than the "
+            f"{QUERY_KEY_BYTES} an Azure table range keeps in order ({text[:60]!r}...)"
         )
     return raw.hex()
-
-
-def _unkey(hexed: str) -> str:
-    return bytes.fromhex(hexed).decode("utf-8", "surrogatepass")
 
 
 def _packed(value: Any) -> Any:
@@ -136,8 +166,25 @@ def _ext(code: int, data: bytes) -> int:
     return int(data)
 
 
+def _check_keys(value: Any) -> None:
+    """Every map key a string, as DynamoDB's are: msgpack would pack an int key, and the
+    read (strict_map_key) would then refuse the item for ever."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise Rejected(f"table: a map key must be a string, not {type(k).__name__}")
+            _check_keys(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _check_keys(v)
+
+
 def _encode(item: Item) -> bytes:
-    return bytes(msgpack.packb(item, default=_packed, use_bin_type=True))
+    _check_keys(item)
+    try:
+        return bytes(msgpack.packb(item, default=_packed, use_bin_type=True))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise Rejected(f"table: a value cannot be stored: {exc}") from exc
 
 
 def _decode(data: bytes, where: str) -> Item:
@@ -177,6 +224,7 @@ class _Row:
     data: dict[str, Any] = field(default_factory=dict)  # the item's raw d* properties
     lock: str | None = None
     after: Item | None = None  # with lock: the image left (None: the item is deleted)
+    nonce: str | None = None  # with lock: the try of the lock's transaction
 
 
 @dataclass
@@ -186,6 +234,11 @@ class _Tx:
     etag: str
     keys: list[tuple[str, str]]
     stamp: datetime.datetime | None = None
+    nonce: str = ""  # this try's: a lock of another try of the token is not this one's
+
+    def holds(self, row: _Row) -> bool:
+        """Whether ``row``'s lock is this try's."""
+        return row.lock == self.token and row.nonce == self.nonce
 
 
 class AzureTable:
@@ -256,7 +309,7 @@ class AzureTable:
         row.item = None if data is None else _decode(data, where)
         lock = entity.get(_LOCK)
         if lock is not None:
-            row.lock = str(lock)
+            row.lock, row.nonce = str(lock), str(entity.get(_TRY, ""))
             action = entity.get(_ACTION)
             if action == "keep":
                 row.after = row.item
@@ -268,7 +321,7 @@ class AzureTable:
     async def _read(self, pk: str, sk: str) -> _Row:
         try:
             async with self._translated(f"{pk}/{sk}", "QueryEntity"):
-                entity = await self._client.get_entity(_key(pk, "partition key"), _key(sk, "key"))
+                entity = await self._client.get_entity(_key(pk), _key(sk))
         except ResourceNotFoundError:
             return _Row(pk, sk)
         return self._row(pk, sk, entity)
@@ -277,7 +330,8 @@ class AzureTable:
         """Write the entity as ``props`` if it is still as ``row`` was read (insert if it
         was absent); its new ETag. ResourceModifiedError / ResourceExistsError /
         ResourceNotFoundError when it changed meanwhile."""
-        entity = {"PartitionKey": _key(row.pk, ""), "RowKey": _key(row.sk, ""), **props}
+        keys = bytes(msgpack.packb([row.pk, row.sk]))
+        entity = {"PartitionKey": _key(row.pk), "RowKey": _key(row.sk), _KEYS: keys, **props}
         async with self._translated(f"{row.pk}/{row.sk}", "UpdateEntity"):
             if row.etag is None:
                 answer = await self._client.create_entity(entity)
@@ -296,8 +350,8 @@ class AzureTable:
             return
         async with self._translated(f"{row.pk}/{row.sk}", "DeleteEntity"):
             await self._client.delete_entity(
-                _key(row.pk, ""),
-                _key(row.sk, ""),
+                _key(row.pk),
+                _key(row.sk),
                 etag=row.etag,
                 match_condition=MatchConditions.IfNotModified,
             )
@@ -312,7 +366,8 @@ class AzureTable:
 
     # -- transaction records ----------------------------------------------------------
 
-    def _tx_of(self, token: str, entity: Any) -> _Tx:
+    def _tx_of(self, entity: Any) -> _Tx:
+        token = str(entity.get("tk", ""))
         keys = _decode(_joined(entity, "k") or b"\x80", f"transaction {token}")
         return _Tx(
             token,
@@ -320,19 +375,20 @@ class AzureTable:
             str(entity.metadata["etag"]),
             [(str(pk), str(sk)) for pk, sk in keys.get("keys", [])],
             entity.metadata.get("timestamp"),
+            str(entity.get("try", "")),
         )
 
     async def _tx(self, token: str) -> _Tx | None:
         try:
             async with self._translated(f"transaction {token}", "QueryEntity"):
-                entity = await self._client.get_entity(TX_PARTITION, _key(token, "token"))
+                entity = await self._client.get_entity(TX_PARTITION, _key(token))
         except ResourceNotFoundError:
             return None
-        return self._tx_of(token, entity)
+        return self._tx_of(entity)
 
     async def _move(self, tx: _Tx, state: str) -> bool:
         """Move the record from its state to ``state`` if nobody moved it since it was read."""
-        entity = {"PartitionKey": TX_PARTITION, "RowKey": _key(tx.token, ""), "state": state}
+        entity = {"PartitionKey": TX_PARTITION, "RowKey": _key(tx.token), "state": state}
         try:
             async with self._translated(f"transaction {tx.token}", "MergeEntity"):
                 answer = await self._client.update_entity(
@@ -346,19 +402,25 @@ class AzureTable:
         tx.state, tx.etag = state, str(answer["etag"])
         return True
 
-    async def _fate(self, row: _Row) -> str:
-        """What becomes of a locked row: ``committed`` (its image stands), ``pending``, or
-        ``aborted`` (its current value stands; a transaction whose record is gone too)."""
-        assert row.lock is not None
-        tx = await self._tx(row.lock)
-        return "aborted" if tx is None else tx.state
+    @staticmethod
+    def _fate(row: _Row, tx: _Tx | None) -> str:
+        """What becomes of a locked row, its lock's record as read: ``committed`` (its image
+        stands), ``pending``, or ``aborted`` (its current value stands): a record moved to
+        aborted, or a lock of another try than the record's (a try is restarted only once
+        aborted), or no record (see :meth:`_seen` for a record swept away)."""
+        if tx is None or not tx.holds(row):
+            return "aborted"
+        return tx.state
 
-    async def _finish(self, row: _Row, fate: str) -> None:
+    async def _finish(self, row: _Row, fate: str) -> bool:
         """Write a committed transaction's image into a row, or roll an aborted one's lock
-        back; a row that changed meanwhile was finished by someone else."""
+        back; False if the row changed meanwhile (finished by someone else, or locked again)."""
         item = row.after if fate == "committed" else row.item
-        with contextlib.suppress(ResourceModifiedError, ResourceNotFoundError, ResourceExistsError):
+        try:
             await self._settle(row, item)
+        except (ResourceModifiedError, ResourceNotFoundError, ResourceExistsError):
+            return False
+        return True
 
     async def _abort_stale(self, tx: _Tx) -> bool:
         """Abort ``tx`` (pending, as just read) if we have watched this very record pending
@@ -380,32 +442,43 @@ class AzureTable:
             )
         return True
 
-    async def _free(self, pk: str, sk: str, mine: str = "") -> _Row:
-        """The row, unlocked (or locked by ``mine``): other transactions' locks are finished
-        when decided, waited for while pending, and aborted when pending too long."""
+    async def _free(self, pk: str, sk: str, mine: _Tx | None = None) -> _Row:
+        """The row, unlocked (or locked by the try ``mine``): other transactions' locks are
+        finished when decided, waited for while pending, and aborted when pending too long.
+        Throttled after MAX_WAIT_S of others' transactions on the row."""
+        deadline = time.monotonic() + MAX_WAIT_S
         pause = 0.005
         while True:
             row = await self._read(pk, sk)
-            if row.lock is None or row.lock == mine:
+            if row.lock is None or (mine is not None and mine.holds(row)):
                 return row
+            if time.monotonic() > deadline:
+                raise Throttled(
+                    f"table: {pk}/{sk} was held by other transactions for {MAX_WAIT_S:.0f} s"
+                )
             tx = await self._tx(row.lock)
-            if tx is not None and tx.state == "pending":
+            if tx is not None and tx.holds(row) and tx.state == "pending":
                 if not await self._abort_stale(tx):
                     await asyncio.sleep(pause * random.uniform(0.5, 1.5))
                     pause = min(0.2, pause * 2)
                 continue  # aborted now, or moved meanwhile: read it all again
-            await self._finish(row, "aborted" if tx is None else tx.state)
+            await self._finish(row, self._fate(row, tx))  # changed meanwhile: read again
 
     async def _seen(self, row: _Row) -> Item | None:
         """The item a reader sees in a row: a committed lock's image (written in for whoever
-        left it), else the current value."""
-        if row.lock is None:
-            return row.item
-        fate = await self._fate(row)
-        if fate == "pending":
-            return row.item
-        await self._finish(row, fate)
-        return row.after if fate == "committed" else row.item
+        left it), else the current value. A lock whose record is gone is rolled back; if the
+        row changed meanwhile (the sweep finished a committed transaction and forgot its
+        record), it is read again rather than answered from what was read before."""
+        while True:
+            if row.lock is None:
+                return row.item
+            tx = await self._tx(row.lock)
+            fate = self._fate(row, tx)
+            if fate == "pending":
+                return row.item
+            if await self._finish(row, fate) or tx is not None:
+                return row.after if fate == "committed" else row.item
+            row = await self._read(row.pk, row.sk)
 
     # -- the protocol -----------------------------------------------------------------
 
@@ -417,15 +490,20 @@ class AzureTable:
         self, pk: str, *, prefix: str = "", start: str = "", consistent: bool = True
     ) -> builtins.list[Item]:
         check_start(prefix, start)
-        low = _key(start or prefix, "key")
-        high = _key(prefix, "key") + "g"  # past every hex key that starts with prefix's
+        low = _query_key(start or prefix, "start")
+        # Past every RowKey that starts with prefix's hex: hex digits, and a long key's "~".
+        high = _query_key(prefix, "prefix") + "~~"
         rows: list[_Row] = []
         async with self._translated(f"{pk}/{prefix}*", "QueryEntities"):
             async for entity in self._client.query_entities(
                 "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
-                parameters={"pk": _key(pk, "partition key"), "low": low, "high": high},
+                parameters={"pk": _key(pk), "low": low, "high": high},
             ):
-                rows.append(self._row(pk, _unkey(str(entity["RowKey"])), entity))
+                keys = msgpack.unpackb(bytes(entity[_KEYS])) if _KEYS in entity else None
+                if not (isinstance(keys, list) and len(keys) == 2 and keys[0] == pk):
+                    raise Rejected(f"table: an entity in {pk} is not a cmr item's (its keys)")
+                rows.append(self._row(pk, str(keys[1]), entity))
+        rows.sort(key=lambda r: r.sk.encode("utf-8", "surrogatepass"))  # long keys' tails
         found: list[Item] = []
         for row in rows:
             item = await self._seen(row)
@@ -493,7 +571,6 @@ class AzureTable:
                 f"once; got {len(writes)} writes on {len(set(keys))} items"
             )
         for w in writes:
-            _key(w.pk, "partition key"), _key(w.sk, "key")
             if isinstance(w, Put):
                 _check_size(w.pk, w.sk, {**w.item, "pk": w.pk, "sk": w.sk})
         tx = await self._begin(token, sorted(keys))
@@ -504,42 +581,54 @@ class AzureTable:
         try:
             for w in sorted(writes, key=lambda w: (w.pk, w.sk)):
                 locked[(w.pk, w.sk)] = await self._lock(tx, w)
-        except ConditionFailed:
+        except (ConditionFailed, Rejected):
+            # Decided: no try of it could do otherwise. Abort it, and free what it locked.
             await self._give_up(tx, locked)
             raise
         # Any other failure leaves it undecided: the record stays pending, and a retry with
-        # this token carries on, or whoever meets one of its locks aborts it after STALE_S.
+        # this token aborts and restarts it, or whoever meets one of its locks aborts it
+        # after stale_s.
         if not await self._move(tx, "committed"):
             now = await self._tx(token)
-            if now is None or now.state != "committed":
+            if now is None or now.nonce != tx.nonce or now.state != "committed":
                 await self._give_up(tx, locked)
                 raise Throttled(
                     f"table: transaction {token} was aborted by another writer that found it "
                     "pending too long; it is tried again"
                 )
         for row, etag in locked.values():
-            locked_row = _Row(row.pk, row.sk, etag, row.item, {}, tx.token, row.after)
             with contextlib.suppress(BackendError):  # whoever meets the lock finishes it
-                await self._finish(locked_row, "committed")
-        await self._maybe_sweep(tx)
+                await self._finish(replace(row, etag=etag), "committed")
+        await self._maybe_sweep()
 
     async def _begin(self, token: str, keys: list[tuple[str, str]]) -> _Tx:
-        """Insert the transaction's record, pending; or find the one a retry left."""
-        props = {"state": "pending", **_chunks(_encode({"keys": [list(k) for k in keys]}), "k")}
-        entity = {"PartitionKey": TX_PARTITION, "RowKey": _key(token, "token"), **props}
+        """Insert the transaction's record, pending, as a try of its own; or find the one
+        that took effect (committed). A pending record of this token is an earlier try of
+        this call whose answer was lost, perhaps with requests of it still on their way:
+        it is aborted and the transaction restarted as a new try, whose locks the old try's
+        can never be taken for (each lock names its try)."""
         while True:
+            nonce = secrets.token_hex(8)
+            props = {
+                "tk": token,
+                "try": nonce,
+                "state": "pending",
+                **_chunks(_encode({"keys": [list(k) for k in keys]}), "k"),
+            }
+            entity = {"PartitionKey": TX_PARTITION, "RowKey": _key(token), **props}
             try:
                 async with self._translated(f"transaction {token}", "InsertEntity"):
                     answer = await self._client.create_entity(entity)
-                return _Tx(token, "pending", str(answer["etag"]), keys)
+                return _Tx(token, "pending", str(answer["etag"]), keys, nonce=nonce)
             except ResourceExistsError:
                 pass
             tx = await self._tx(token)
             if tx is None:
                 continue  # swept between the two: insert again
-            if tx.state != "aborted":
-                return tx  # pending: ours, from a try whose answer was lost; or committed
-            # Aborted (a condition failed, or it was stalled): this call starts it again.
+            if tx.state == "committed":
+                return tx
+            if tx.state == "pending" and not await self._move(tx, "aborted"):
+                continue  # it moved meanwhile: look again
             try:
                 async with self._translated(f"transaction {token}", "UpdateEntity"):
                     answer = await self._client.update_entity(
@@ -548,7 +637,7 @@ class AzureTable:
                         etag=tx.etag,
                         match_condition=MatchConditions.IfNotModified,
                     )
-                return _Tx(token, "pending", str(answer["etag"]), keys)
+                return _Tx(token, "pending", str(answer["etag"]), keys, nonce=nonce)
             except (ResourceModifiedError, ResourceNotFoundError):
                 continue
 
@@ -556,7 +645,7 @@ class AzureTable:
         """Lock one item for the transaction: its condition judged on its current value, the
         image it leaves written beside that value. The row as locked, and its ETag."""
         while True:
-            row = await self._free(w.pk, w.sk, mine=tx.token)
+            row = await self._free(w.pk, w.sk, mine=tx)
             if not holds(w.condition, row.item):
                 raise ConditionFailed(f"transaction cancelled: condition failed on {w.pk}/{w.sk}")
             after: Item | None
@@ -571,7 +660,7 @@ class AzureTable:
                     after, action = row.item, "keep"
             if after is not None:
                 _check_size(w.pk, w.sk, after)
-            props = {**row.data, _LOCK: tx.token, _ACTION: action}
+            props = {**row.data, _LOCK: tx.token, _TRY: tx.nonce, _ACTION: action}
             if action == "put":
                 assert after is not None
                 props.update(_chunks(_encode(after), _AFTER))
@@ -579,7 +668,7 @@ class AzureTable:
                 etag = await self._replace(row, props)
             except (ResourceModifiedError, ResourceNotFoundError, ResourceExistsError):
                 continue
-            row.after, row.lock = after, tx.token
+            row.after, row.lock, row.nonce = after, tx.token, tx.nonce
             return row, etag
 
     async def _give_up(self, tx: _Tx, locked: dict[tuple[str, str], tuple[_Row, str]]) -> None:
@@ -588,19 +677,20 @@ class AzureTable:
             await self._move(tx, "aborted")
         for row, etag in locked.values():
             with contextlib.suppress(BackendError):
-                await self._finish(_Row(row.pk, row.sk, etag, row.item, {}, tx.token), "aborted")
+                await self._finish(replace(row, etag=etag), "aborted")
 
     async def _roll(self, tx: _Tx) -> None:
-        """Finish a decided transaction on every item it names (those it still locks)."""
+        """Finish a decided try on every item it names that it still locks (a lock of
+        another try of the token is that try's: left to whoever meets it)."""
         for pk, sk in tx.keys:
             row = await self._read(pk, sk)
-            if row.lock == tx.token:
+            if tx.holds(row):
                 await self._finish(row, tx.state)
 
-    async def _maybe_sweep(self, tx: _Tx) -> None:
+    async def _maybe_sweep(self) -> None:
         """Now and then: finish transactions left half-done, and forget records older than
-        TOKEN_KEEP_S, both by the service's clock (the Timestamp of the record just
-        written is its now)."""
+        TOKEN_KEEP_S, both by the service's clock (the Timestamp of a record just written
+        is its now)."""
         now = time.monotonic()
         if now - self._swept < SWEEP_EVERY_S:
             return
@@ -609,10 +699,15 @@ class AzureTable:
             await self.sweep()
 
     async def sweep(self, keep_s: float = TOKEN_KEEP_S) -> int:
-        """Finish and delete every transaction record older than ``keep_s`` on the
-        service's clock; how many were deleted."""
-        probe = f"sweep-{random.getrandbits(64):016x}"
-        entity = {"PartitionKey": TX_PARTITION, "RowKey": _key(probe, ""), "state": "aborted"}
+        """Finish and delete the transaction records older than ``keep_s`` on the service's
+        clock (SWEEP_MAX at most); how many were deleted."""
+        probe = f"sweep {secrets.token_hex(8)}"  # a space: no engine token has one
+        entity = {
+            "PartitionKey": TX_PARTITION,
+            "RowKey": _key(probe),
+            "tk": probe,
+            "state": "aborted",
+        }
         async with self._translated("transaction records", "InsertOrReplaceEntity"):
             await self._client.upsert_entity(entity)
         probed = await self._tx(probe)
@@ -625,29 +720,40 @@ class AzureTable:
                 "PartitionKey eq @pk and Timestamp lt @before",
                 parameters={"pk": TX_PARTITION, "before": before},
             ):
-                old.append(self._tx_of(_unkey(str(e["RowKey"])), e))
-        old.append(probed)
-        for tx in old:
-            if tx.state == "pending":
-                await self._move(tx, "aborted")
-                if tx.state == "pending":
-                    continue  # it moved meanwhile: the next sweep sees it
+                old.append(self._tx_of(e))
+                if len(old) >= SWEEP_MAX:
+                    break
+        deleted = 0
+        for tx in [*old, probed]:
+            if tx.state == "pending" and not await self._move(tx, "aborted"):
+                continue  # it moved meanwhile: the next sweep sees it
             await self._roll(tx)
-            with contextlib.suppress(ResourceModifiedError, ResourceNotFoundError):
+            try:
                 async with self._translated(f"transaction {tx.token}", "DeleteEntity"):
                     await self._client.delete_entity(
                         TX_PARTITION,
-                        _key(tx.token, ""),
+                        _key(tx.token),
                         etag=tx.etag,
                         match_condition=MatchConditions.IfNotModified,
                     )
-        return len(old) - 1
+            except (ResourceModifiedError, ResourceNotFoundError):
+                continue  # restarted, or deleted by another sweep
+            deleted += tx is not probed
+        return deleted
 
 
 def _check_size(pk: str, sk: str, item: Item) -> None:
+    """DynamoDB's item limit, by its sizing (as the engine sizes its records); and the item
+    as stored, which a lock holds twice within Azure's 1 MiB entity."""
     size = item_bytes(item)
     if size > MAX_ITEM_BYTES:
         raise Rejected(
             f"table: item {pk}/{sk} of about {size:,} bytes exceeds the "
             f"{MAX_ITEM_BYTES:,}-byte item size limit"
+        )
+    stored = len(_encode(item))
+    if stored > MAX_ENCODED_BYTES:
+        raise Rejected(
+            f"table: item {pk}/{sk} takes {stored:,} bytes stored, more than the "
+            f"{MAX_ENCODED_BYTES:,} an Azure entity holds twice (a value and its pending image)"
         )
