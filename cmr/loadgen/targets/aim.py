@@ -124,7 +124,9 @@ class Sighting:
         what = f"  {a.kind} {a.name}"
         if self.found is None:
             after = "kept afterwards (--keep)" if keep else "deleted afterwards"
-            lines.append(f"{what}: will be created, tagged {MARKER}={a.run}, {after}")
+            # Azure tables have no tags: the run marks what it makes (azure_resources)
+            how = "marked as the run's" if a.target in AZURE else "tagged"
+            lines.append(f"{what}: will be created, {how} {MARKER}={a.run}, {after}")
             return lines
         mine = (
             f"messages it sends (attribute {MARKER}={a.run})"
