@@ -45,8 +45,9 @@ __all__ = ["loadgen_app"]
 loadgen_app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="Load tests and consistency measurements of a store (DynamoDB, S3, SQS, SimpleDB or "
-    "the simulated 'sim'), run as cmr jobs: map tasks drive traffic, reducers merge it.",
+    help="Load tests and consistency measurements of a store (DynamoDB, S3, SQS, SimpleDB, "
+    "Azure Table and Blob storage, or the simulated 'sim'), run as cmr jobs: map tasks drive "
+    "traffic, reducers merge it.",
 )
 
 Tasks = Annotated[int, typer.Option(help="map tasks (spread over the workers)")]

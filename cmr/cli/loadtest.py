@@ -40,6 +40,7 @@ from cmr.loadgen import extra, plan, report
 from cmr.loadgen.spec import TARGETS, LoadTask
 from cmr.loadgen.targets import RESOURCE, Prepared, cleanup, prepare
 from cmr.loadgen.targets.aim import Aim, aim, survey
+from cmr.loadgen.targets.azure import missing_sdk
 from cmr.settings import BackendName, Store
 
 # the engine, HDR histograms and matplotlib are imported inside the commands: the help and
@@ -81,7 +82,8 @@ class LoadFlags:
     keep: Annotated[
         bool,
         typer.Option(
-            "--keep", help="keep what the run made: its new table/bucket/queue/domain, or its keys"
+            "--keep",
+            help="keep what the run made: its new table/bucket/queue/domain/container, or its keys",
         ),
     ] = False
     yes: Annotated[
@@ -99,7 +101,7 @@ class LoadFlags:
     ] = False
     target_table: Annotated[
         str | None,
-        typer.Option(help="DynamoDB table to load; an existing one is kept [a new one]"),
+        typer.Option(help="DynamoDB or Azure table to load; an existing one is kept [a new one]"),
     ] = None
     target_bucket: Annotated[
         str | None, typer.Option(help="S3 bucket to load; an existing one is kept [a new one]")
@@ -110,6 +112,10 @@ class LoadFlags:
     target_domain: Annotated[
         str | None,
         typer.Option(help="SimpleDB domain to load; an existing one is kept [a new one]"),
+    ] = None
+    target_container: Annotated[
+        str | None,
+        typer.Option(help="Azure blob container to load; an existing one is kept [a new one]"),
     ] = None
     workers: Annotated[int, typer.Option(help="workers to start (in-process when embedded)")] = 1
     visibility_timeout: Annotated[
@@ -168,6 +174,8 @@ def engine_of(load: LoadFlags, store: StoreFlags) -> Engine:
         missing = extra.missing("cmr loadgen", "hdrh")
     else:
         missing = extra.missing("cmr loadgen --plots", "hdrh", "matplotlib")
+    # the Azure targets' SDKs are the azure extra: said the same way
+    missing = missing or missing_sdk(str(load.target))
     if missing:
         fail(missing, code=USAGE)
     configure_logs(logging.WARNING - 10 * load.verbose)
@@ -177,6 +185,7 @@ def engine_of(load: LoadFlags, store: StoreFlags) -> Engine:
         "bucket": load.target_bucket,
         "queue": load.target_queue,
         "domain": load.target_domain,
+        "container": load.target_container,
     }
     resources = {kind: name for kind, name in named.items() if name}
     wanted = RESOURCE.get(target)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from cmr.errors import UsageError
 
-TARGETS = ("dynamodb", "s3", "sqs", "simpledb", "sim")
+TARGETS = ("dynamodb", "s3", "sqs", "simpledb", "azure-table", "azure-blob", "sim")
 Kind = Literal["jam", "staleness"]
 Retries = Literal["off", "standard", "adaptive"]
 
@@ -31,7 +31,8 @@ class LoadTask:
     rate: float | None = None  # open loop: intended operations/s for this task
     retries: Retries = "off"  # SDK retries: off for jamming (errors must be seen)
     write_interval_ms: int = 1000  # staleness: time between the writer's writes
-    # table/bucket/queue/domain name, region, the run's id and its key prefix (see prepare)
+    # the table/bucket/queue/domain/container name, the region, the run's id and its key
+    # prefix (see prepare)
     resources: dict[str, str] = field(default_factory=dict)
     sim: dict[str, Any] = field(default_factory=dict)  # SimConfig overrides for target sim
 

@@ -6,8 +6,9 @@ single request; it deletes only what it created; a table, bucket or queue the us
 that existed before is used as-is and keeps its contents; cmr's own store is refused as a
 target unless the user asks for it.
 
-Against the local stack (``aws_stack``); the refusals need no stack: a counting
-HTTP(S) proxy stands in for AWS and proves no request left.
+Against the local stack (``aws_stack``, ``azure_stack``); the refusals need no stack: a
+counting HTTP(S) proxy stands in for AWS and Azure and proves no request left. The Azure
+targets' endpoints are read from AZURE_STORAGE_CONNECTION_STRING, by the same rules.
 """
 
 from __future__ import annotations
@@ -496,3 +497,107 @@ def test_a_terminal_is_asked_and_no_means_nothing_is_created(
     code, text = _on_a_terminal(args, "y")
     assert code == 0, text
     assert (tmp_path / "j.json").exists() and name not in _tables()
+
+
+# the Azure targets: endpoints from the connection string, by the same rules ----------------
+
+
+def _azure_connection(endpoints: str) -> str:
+    from tests.stack import AZURITE_ACCOUNT, AZURITE_KEY
+
+    return f"AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};{endpoints}"
+
+
+@pytest.mark.parametrize(
+    ("target", "endpoints", "stated"),
+    [
+        ("azure-table", "DefaultEndpointsProtocol=https;EndpointSuffix=core.windows.net",
+         "azure-table at Azure (https://devstoreaccount1.table.core.windows.net)"),
+        ("azure-blob", "DefaultEndpointsProtocol=https;EndpointSuffix=core.windows.net",
+         "azure-blob at Azure (https://devstoreaccount1.blob.core.windows.net)"),
+        ("azure-table", "TableEndpoint=http://table.example.invalid:10002/devstoreaccount1",
+         "at http://table.example.invalid:10002/devstoreaccount1"),
+    ],
+)  # fmt: skip
+def test_a_non_local_azure_target_without_yes_or_a_terminal_is_refused_before_any_request(
+    target: str,
+    endpoints: str,
+    stated: str,
+    proxy: CountingProxy,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", _azure_connection(endpoints))
+    code, _, err = _run("jam", "--target", target, "--ops", "10", "--json", str(tmp_path / "j"))
+    assert code == 1
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "--yes" in err and stated in err and "account devstoreaccount1" in err
+    assert proxy.connections == 0
+
+
+@pytest.mark.parametrize("target", ["azure-table", "azure-blob"])
+def test_a_created_azure_table_or_container_is_stated_local_and_removed(
+    target: str, azure_stack: str, tmp_path: Path
+) -> None:
+    err = _ok(
+        "jam", "--target", target, "--ops", "20", "--readers", "1", "--writers", "1",
+        "--json", str(tmp_path / "j.json"),
+    )  # fmt: skip
+    port = 10002 if target == "azure-table" else 10000
+    assert f"target: {target} at http://127.0.0.1:{port}/devstoreaccount1 (local)" in err
+    assert "account devstoreaccount1" in err
+    kind = "table cmrload" if target == "azure-table" else "container cmr-load-"
+    assert f"  {kind}" in err and "will be created" in err and "deleted afterwards" in err
+
+
+def test_an_azure_table_name_azure_refuses_is_refused_before_any_request(
+    proxy: CountingProxy, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    endpoints = "DefaultEndpointsProtocol=https;EndpointSuffix=core.windows.net"
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", _azure_connection(endpoints))
+    code, _, err = _run(
+        "jam", "--target", "azure-table", "--target-table", "cmr-load-x", "--ops", "10",
+        "--yes", "--json", str(tmp_path / "j"),
+    )  # fmt: skip
+    assert code == 1 and "table name 'cmr-load-x'" in err and "letters and digits" in err
+    assert proxy.connections == 0
+
+
+def test_the_container_flag_does_not_apply_to_an_aws_target(tmp_path: Path) -> None:
+    code, _, err = _run(
+        "jam", "--target", "s3", "--target-container", "c", "--ops", "10",
+        "--json", str(tmp_path / "j"),
+    )  # fmt: skip
+    assert code == 1 and "--target-container does not apply to target s3" in err
+
+
+@pytest.fixture
+def remote_azurite(azure_stack: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Azurite's table service behind this machine's own non-loopback address."""
+    host = _outward_address()
+    if host is None:
+        pytest.skip("this machine has no non-loopback address to relay through")
+    relay = Relay(host, 10002)
+    at = f"{relay.url}/devstoreaccount1"
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", _azure_connection(f"TableEndpoint={at}"))
+    try:
+        yield at
+    finally:
+        relay.close()
+
+
+def test_yes_loads_a_non_local_azure_target_and_states_it(
+    remote_azurite: str, tmp_path: Path
+) -> None:
+    code, _, err = _run(
+        "jam", "--target", "azure-table", "--ops", "10", "--json", str(tmp_path / "j.json"),
+    )  # fmt: skip
+    assert code == 1 and "is not a local endpoint" in err  # refused first, without --yes
+    err = _ok(
+        "jam", "--target", "azure-table", "--ops", "20", "--yes", "--readers", "1",
+        "--writers", "1", "--json", str(tmp_path / "j.json"),
+    )  # fmt: skip
+    assert f"target: azure-table at {remote_azurite}, account devstoreaccount1" in err
+    assert "(local)" not in err
+    data = json.loads((tmp_path / "j.json").read_text())
+    assert sum(o["ok"] for o in data["ops"]) == 20

@@ -15,6 +15,10 @@ Targets (``make_target``):
   ignored (one queue) and every operation is "plain".
 - ``simpledb``: GetAttributes with ConsistentRead; PutAttributes with Expected. moto's server,
   the only local SimpleDB, accepts ConsistentRead and Expected but ignores both.
+- ``azure-table``: Azure Table storage, Query Entity / Insert Or Replace Entity; its reads
+  are always strong ("plain"); conditional writes If-Match an ETag (``azure_table``).
+- ``azure-blob``: Azure Blob storage, Get Blob / Put Blob; reads always strong ("plain");
+  conditional writes If-Match / If-None-Match (``azure_blob``).
 - ``sim``: :class:`cmr.loadgen.sim.SimStore` in this process (one store per task).
 
 Conditional writes come in two styles (``condition=``), both from seed 000:
@@ -28,10 +32,15 @@ Conditional writes come in two styles (``condition=``), both from seed 000:
   run. Concurrent writers make most of these fail; a failure refreshes the remembered version.
   The simulated store only has version conditions, so ``sim`` always uses this style.
 
-Endpoints, credentials and SDK retries: see :mod:`cmr.loadgen.targets.aws`.
+Endpoints, credentials and SDK retries: see :mod:`cmr.loadgen.targets.aws`, and for the
+Azure targets (``AZURE_STORAGE_CONNECTION_STRING`` alone) :mod:`cmr.loadgen.targets.azure`.
+Azure's conditions are ETags, not attributes: each Azure module says what the two styles
+become there.
 
 Modules: ``base`` (the protocol, replies, error classes), ``aws`` (the AWS targets' client,
-endpoints and SDK retries), ``dynamodb``, ``s3``, ``sqs``, ``simpledb``, ``sim``,
+endpoints and SDK retries), ``dynamodb``, ``s3``, ``sqs``, ``simpledb``, ``sim``, ``azure``
+(the Azure targets' client; ``azure_table`` and ``azure_blob``, imported only when used:
+the Azure SDKs are the ``azure`` extra), ``azure_resources``,
 ``resources`` (``find``/``prepare``/``cleanup``: a run deletes only what it created),
 ``endpoints`` (where calls go, and whether that is local) and ``aim`` (the target as stated
 before a load test starts); ``make_target`` is here.
@@ -45,6 +54,7 @@ from cmr.errors import UsageError
 from cmr.loadgen.sim import SimConfig
 from cmr.loadgen.spec import TARGETS, LoadTask
 from cmr.loadgen.targets.aws import retry_config
+from cmr.loadgen.targets.azure import SDKS, need_sdk
 from cmr.loadgen.targets.base import (
     ERROR_CLASSES,
     Condition,
@@ -112,4 +122,18 @@ def make_target(
         return S3Target(task.resources, **options)
     if task.target == "sqs":
         return SQSTarget(task.resources, **options)
+    if task.target in SDKS:
+        return _azure_target(task, condition, options)
     raise UsageError(f"unknown target {task.target!r}: use one of {', '.join(TARGETS)}")
+
+
+def _azure_target(task: LoadTask, condition: Condition, options: dict[str, Any]) -> Target:
+    # imported here: the Azure SDKs come with the azure extra, never with cmr alone
+    need_sdk(task.target)
+    if task.target == "azure-table":
+        from cmr.loadgen.targets.azure_table import AzureTableTarget
+
+        return AzureTableTarget(task.resources, condition=condition, **options)
+    from cmr.loadgen.targets.azure_blob import AzureBlobTarget
+
+    return AzureBlobTarget(task.resources, condition=condition, **options)

@@ -2,12 +2,13 @@
 production table.
 
 ``aim`` settles the target without a single request: the endpoint its calls will go to
-(and so whether it is local), the region, the resource's name (a new ``cmr-load-<run>``
-unless the user named one), and it refuses cmr's own store (the table, bucket and queue
-prefix of ``--store``, where the load's items would mix with job records) unless allowed.
-``survey`` then asks: STS for the account (only where STS answers at the target's own
-endpoint, or both are AWS's, so the account shown is the target's), and whether the
-resource exists. ``Sighting.statement`` is the text the CLI shows.
+(and so whether it is local), the region (on Azure, the account), the resource's name (a
+new ``cmr-load-<run>``, ``cmrload<run>`` for an Azure table, unless the user named one),
+and it refuses cmr's own store (the table, bucket and queue prefix of ``--store``, where
+the load's items would mix with job records) unless allowed. ``survey`` then asks: STS for
+the account (only where STS answers at the target's own endpoint, or both are AWS's, so
+the account shown is the target's; an Azure account is the connection string's), and
+whether the resource exists. ``Sighting.statement`` is the text the CLI shows.
 """
 
 from __future__ import annotations
@@ -15,8 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cmr.errors import UsageError
-from cmr.loadgen.targets.endpoints import Endpoint, endpoint_of
-from cmr.loadgen.targets.resources import MARKER, RESOURCE, Found, find, new_run
+from cmr.loadgen.targets.endpoints import Endpoint, azure_endpoint_of, endpoint_of
+from cmr.loadgen.targets.resources import (
+    AZURE,
+    MARKER,
+    RESOURCE,
+    Found,
+    check_name,
+    default_name,
+    find,
+    new_run,
+)
 from cmr.settings import AwsSettings
 
 SIM = "sim, the simulated store inside each map task (local)"
@@ -49,7 +59,7 @@ class Aim:
         if self.endpoint is None:
             return SIM
         e = self.endpoint
-        return f"{self.target} at {e}, region {e.region}, {self.kind} {self.name}"
+        return f"{self.target} at {e}, {e.scope}, {self.kind} {self.name}"
 
 
 def own_store(target: str, resources: dict[str, str], aws: AwsSettings) -> str | None:
@@ -83,8 +93,12 @@ def aim(
             f"name another with --target-{kind}, or pass --allow-cmr-store if you mean it"
         )
     resources = {**named, "run": run or new_run()}
-    resources.setdefault(RESOURCE[target], f"cmr-load-{resources['run']}")
+    resources.setdefault(RESOURCE[target], default_name(target, resources["run"]))
+    check_name(target, resources[RESOURCE[target]])
     resources.setdefault("prefix", f"cmr-load/{resources['run']}/")
+    if target in AZURE:
+        # an Azure account has no region: its endpoints are all the connection string says
+        return Aim(target, resources, azure_endpoint_of(target))
     service = "sdb" if target == "simpledb" else target
     endpoint = endpoint_of(service, aws)
     # the tasks use the region stated, wherever they run
@@ -105,11 +119,14 @@ class Sighting:
         if a.endpoint is None:
             return [f"target: {SIM}"]
         e = a.endpoint
-        lines = [f"target: {a.target} at {e}, region {e.region}, account {self.account}"]
+        region = f"region {e.region}, " if e.region else ""
+        lines = [f"target: {a.target} at {e}, {region}account {self.account}"]
         what = f"  {a.kind} {a.name}"
         if self.found is None:
             after = "kept afterwards (--keep)" if keep else "deleted afterwards"
-            lines.append(f"{what}: will be created, tagged {MARKER}={a.run}, {after}")
+            # Azure tables have no tags: the run marks what it makes (azure_resources)
+            how = "marked as the run's" if a.target in AZURE else "tagged"
+            lines.append(f"{what}: will be created, {how} {MARKER}={a.run}, {after}")
             return lines
         mine = (
             f"messages it sends (attribute {MARKER}={a.run})"
@@ -146,5 +163,6 @@ async def survey(target: Aim, aws: AwsSettings) -> Sighting:
     """Ask the services about an aim: read-only requests (STS, Describe/Head/GetQueueUrl)."""
     if target.endpoint is None:
         return Sighting(target, "", None)
-    account = await account_of(target.endpoint, aws)
+    # Azure's account is named in the connection string; AWS's is asked of STS
+    account = target.endpoint.account or await account_of(target.endpoint, aws)
     return Sighting(target, account, await find(target.target, target.name, aws))

@@ -3,16 +3,19 @@
 Every failure leaves a target as :class:`OpFailed` carrying one of the jam report's error
 classes, translated at this edge so the driver never sees botocore's types. The classes are
 read from cmr's one classification of service errors (:mod:`cmr.backends.aws.errors`, which
-the engine and ``cmr fleet`` use too):
+the engine and ``cmr fleet`` use too; :mod:`cmr.backends.azure.errors` for the Azure
+targets, :mod:`cmr.loadgen.targets.azure`):
 
     throttled           the service asked us to slow down: DynamoDB
                         ProvisionedThroughputExceeded / Throttling / RequestLimitExceeded,
-                        S3 503 SlowDown, SQS RequestThrottled / OverLimit
+                        S3 503 SlowDown, SQS RequestThrottled / OverLimit, Azure 503
+                        ServerBusy / 500 OperationTimedOut
     unavailable         any other 5xx: ServiceUnavailable (SimpleDB's 503 under load, seed 000),
                         InternalServerError; and the simulated store over capacity, which
                         models exactly that SimpleDB 503
-    timeout             connect or read timeouts (botocore's, aiohttp's, asyncio's)
-    conditional_failed  a conditional write whose condition was false
+    timeout             connect or read timeouts (botocore's, azure-core's, aiohttp's, asyncio's)
+    conditional_failed  a conditional write whose condition was false (Azure: 412, or 409 on
+                        a create-only write)
     other               everything else (connection refused, a missing table, bad input)
 """
 
@@ -100,6 +103,13 @@ def classify(exc: BaseException, service: str = "") -> ErrorClass:
         return "unavailable"
     if isinstance(exc, ConditionalCheckFailed):
         return "conditional_failed"
+    if "azure.core" in sys.modules:
+        from azure.core.exceptions import AzureError
+
+        if isinstance(exc, AzureError):
+            from cmr.loadgen.targets.azure import error_class
+
+            return error_class(service, exc)
     if "botocore" not in sys.modules:
         # Nothing botocore raised, then; importing it now would stall a simulated run.
         return "other"

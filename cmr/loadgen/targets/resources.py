@@ -1,5 +1,5 @@
-"""What a load test on an AWS target needs, found, created and removed: a load test deletes
-only what it created.
+"""What a load test on an AWS or Azure target needs, found, created and removed: a load
+test deletes only what it created (the Azure side: :mod:`cmr.loadgen.targets.azure_resources`).
 
 Every run has an id (``resources["run"]``). What the run creates carries it as a tag,
 ``cmr-loadgen-run=<run>`` (DynamoDB's CreateTable Tags, SQS queue tags, S3 bucket tagging;
@@ -24,6 +24,7 @@ safe to run twice.
 from __future__ import annotations
 
 import contextlib
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -39,12 +40,43 @@ MARKER = "cmr-loadgen-run"  # the tag (and SQS message attribute) naming the run
 DRAIN_HIDE_S = 30  # teardown hides others' messages this long while it looks for the run's
 DRAIN_BATCHES = 1000  # at most this many receives of 10 when draining the run's messages
 
-# the name in a task's resources of what each AWS target needs
-RESOURCE = {"dynamodb": "table", "s3": "bucket", "sqs": "queue", "simpledb": "domain"}
+# the name in a task's resources of what each target needs
+RESOURCE = {
+    "dynamodb": "table",
+    "s3": "bucket",
+    "sqs": "queue",
+    "simpledb": "domain",
+    "azure-table": "table",
+    "azure-blob": "container",
+}
+AZURE = ("azure-table", "azure-blob")  # cmr.loadgen.targets.azure_resources handles these
+# Azure's naming rules, checked before any request: a table's name is letters and digits,
+# a container's lowercase letters, digits and single hyphens
+_AZURE_NAMES = {
+    "azure-table": (re.compile(r"[A-Za-z][A-Za-z0-9]{2,62}"), "3-63 letters and digits"),
+    "azure-blob": (
+        re.compile(r"(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]"),
+        "3-63 lowercase letters, digits and single hyphens",
+    ),
+}
 
 
 def new_run() -> str:
     return uuid.uuid4().hex[:12]
+
+
+def default_name(target: str, run: str) -> str:
+    """The name of the resource a run creates when none is given."""
+    # Azure table names allow no hyphen
+    return f"cmrload{run}" if target == "azure-table" else f"cmr-load-{run}"
+
+
+def check_name(target: str, name: str) -> None:
+    """Refuse a name the target's service would refuse, before anything is sent."""
+    rule = _AZURE_NAMES.get(target)
+    if rule is not None and not rule[0].fullmatch(name):
+        kind = RESOURCE[target]
+        raise UsageError(f"{kind} name {name!r} is not one Azure accepts: use {rule[1]}")
 
 
 def _admin_failed(what: str, service: str, exc: Exception) -> BackendError:
@@ -447,6 +479,8 @@ async def find(target: str, name: str, aws: AwsSettings | None = None) -> Found 
 
     if target == "sim":
         return None
+    if target in AZURE:
+        return await _azure_find(target, name)
     service = _service(target)
     try:
         async with _admin(service.name, aws or AwsSettings()) as (client, _):
@@ -473,13 +507,15 @@ async def prepare(
     run = out.setdefault("run", new_run())
     if target == "sim":
         return Prepared(target, out, None)
-    service = _service(target)
     out.setdefault("prefix", f"cmr-load/{run}/")
+    if target in AZURE:
+        return await _azure_prepare(target, out)
+    service = _service(target)
     aws = aws or AwsSettings()
     if aws.region:
         out.setdefault("region", aws.region)
     kind = RESOURCE[target]
-    name = out.setdefault(kind, f"cmr-load-{run}")
+    name = out.setdefault(kind, default_name(target, run))
     try:
         async with _admin(service.name, aws) as (client, region):
             created = None
@@ -504,6 +540,8 @@ async def cleanup(
     target, name = prepared.target, prepared.name
     if target == "sim" or target not in RESOURCE or not name:
         return []
+    if target in AZURE:
+        return await _azure_cleanup(prepared, written)
     service, kind = _service(target), RESOURCE[target]
     try:
         async with _admin(service.name, aws or AwsSettings()) as (client, _):
@@ -519,4 +557,60 @@ async def cleanup(
     except (BotoCoreError, ClientError) as exc:
         what = f"cannot clean up {target} {kind} {name!r}"
         raise _admin_failed(what, service.name, exc) from exc
+    return []
+
+
+# Azure --------------------------------------------------------------------------------------
+
+
+async def _azure_find(target: str, name: str) -> Found | None:
+    from azure.core.exceptions import AzureError
+
+    from cmr.loadgen.targets import azure_resources as az
+
+    check_name(target, name)
+    try:
+        async with az.admin(target) as client:
+            return Found() if await az.exists(target, client, name) else None
+    except AzureError as exc:
+        raise az.failure(f"cannot check {target} {RESOURCE[target]} {name!r}", target, exc) from exc
+
+
+async def _azure_prepare(target: str, out: dict[str, str]) -> Prepared:
+    from azure.core.exceptions import AzureError
+
+    from cmr.loadgen.targets import azure_resources as az
+
+    kind = RESOURCE[target]
+    name = out.setdefault(kind, default_name(target, out["run"]))
+    check_name(target, name)
+    try:
+        async with az.admin(target) as client:
+            created = None
+            if not await az.exists(target, client, name):
+                created = await az.create(target, client, name, out["run"])
+    except AzureError as exc:
+        raise az.failure(f"cannot prepare {target} {kind} {name!r}", target, exc) from exc
+    return Prepared(target, out, created)
+
+
+async def _azure_cleanup(prepared: Prepared, written: Iterable[str]) -> list[str]:
+    from azure.core.exceptions import AzureError
+
+    from cmr.loadgen.targets import azure_resources as az
+
+    target, name, kind = prepared.target, prepared.name, RESOURCE[prepared.target]
+    try:
+        async with az.admin(target) as client:
+            if prepared.created is None:
+                await az.forget(target, client, name, sorted(set(written)))
+                return []
+            ours = await az.is_ours(target, client, name, prepared.run)
+            if ours is None:
+                return []  # gone already
+            if not ours:
+                return [f"left {kind} {name} alone: it is no longer the one this run created"]
+            await az.delete(target, client, name)
+    except AzureError as exc:
+        raise az.failure(f"cannot clean up {target} {kind} {name!r}", target, exc) from exc
     return []
