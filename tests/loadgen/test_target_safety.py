@@ -254,8 +254,15 @@ def test_cmr_own_table_is_refused_as_a_target(user_table: str, tmp_path: Path) -
     [
         ["--target", "s3", "--bucket", "lg-own-bucket", "--target-bucket", "lg-own-bucket"],
         ["--target", "sqs", "--queue-prefix", "lgown-", "--target-queue", "lgown-x-in"],
+        *(
+            ["--target", target, "--store", "azure:///lg-own/lgown1", flag, name]
+            for target, flag, name in [
+                ("azure-table", "--target-table", "lgown1"),
+                ("azure-blob", "--target-container", "lg-own"),
+            ]
+        ),
     ],
-    ids=["bucket", "queue"],
+    ids=["bucket", "queue", "azure-table", "azure-container"],
 )
 def test_cmr_own_bucket_and_queues_are_refused_as_targets(
     args: list[str], test_credentials: None, tmp_path: Path

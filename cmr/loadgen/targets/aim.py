@@ -68,6 +68,12 @@ def own_store(target: str, resources: dict[str, str], aws: AwsSettings) -> str |
         return f"cmr's own table {aws.table}"
     if target == "s3" and resources.get("bucket") == aws.bucket:
         return f"cmr's own bucket {aws.bucket}"
+    # Azure's: the store's table and container by name (its account is the connection
+    # string's, which the load uses too)
+    if target == "azure-table" and resources.get("table") == aws.table:
+        return f"cmr's own table {aws.table}"
+    if target == "azure-blob" and resources.get("container") == aws.bucket:
+        return f"cmr's own container {aws.bucket}"
     queue = resources.get("queue", "")
     if target == "sqs" and aws.queue_prefix and queue.startswith(aws.queue_prefix):
         return f"under cmr's own queue prefix {aws.queue_prefix!r} (job queues live there)"
