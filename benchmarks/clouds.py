@@ -26,7 +26,6 @@ import platform
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -39,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.shuffle_wire import Proxy, Tally, proxies  # noqa: E402
+from benchmarks.shuffle_wire import Proxy, Tally, proxies, serving  # noqa: E402
 
 GB = 1_000_000_000
 AZURE_SERVICES = ("blob", "queue", "table")
@@ -59,52 +58,20 @@ def azure_name(service: str) -> Any:
 def azure_proxies(conn: str) -> Iterator[tuple[Tally, str]]:
     """One counting proxy per Azure service, and the connection string that points at
     them (the account's path kept: Azurite's endpoints are http://host:port/ACCOUNT)."""
-    import asyncio
-
     from cmr.backends.azure.opening import endpoints
 
     tally = Tally()
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    made: dict[str, Any] = {}
-    upstream = endpoints(conn)
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-
-        async def go() -> None:
-            made["proxies"] = []
-            made["runners"] = []
-            for service in AZURE_SERVICES:
-                parts = urlsplit(upstream[service])
-                p = Proxy(f"{parts.scheme}://{parts.netloc}", tally, name=azure_name(service))
-                made["runners"].append(await p.start())
-                made["proxies"].append((service, p, parts.path))
-            started.set()
-
-        loop.run_until_complete(go())
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    started.wait(30)
-    pairs = [p for p in conn.split(";") if not p.split("=", 1)[0].endswith("Endpoint")]
-    for service, proxy, path in made["proxies"]:
-        pairs.append(f"{service.capitalize()}Endpoint=http://127.0.0.1:{proxy.port}{path}")
-    try:
+    upstream = {s: urlsplit(u) for s, u in endpoints(conn).items()}
+    made = [
+        Proxy(f"{upstream[s].scheme}://{upstream[s].netloc}", tally, name=azure_name(s))
+        for s in AZURE_SERVICES
+    ]
+    with serving(made):
+        pairs = [p for p in conn.split(";") if not p.split("=", 1)[0].endswith("Endpoint")]
+        for service, proxy in zip(AZURE_SERVICES, made, strict=True):
+            path = upstream[service].path
+            pairs.append(f"{service.capitalize()}Endpoint=http://127.0.0.1:{proxy.port}{path}")
         yield tally, ";".join(pairs)
-    finally:
-
-        async def stop() -> None:
-            for r in made["runners"]:
-                await r.cleanup()
-            for _, p, _ in made["proxies"]:
-                if p.session is not None:
-                    await p.session.close()
-
-        asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
 
 
 @dataclass
@@ -114,7 +81,7 @@ class Run:
     ok: bool
     requests: dict[str, int]
     by_service: dict[str, int]
-    per_gb: dict[str, float]
+    per_gb: dict[str, int]
 
 
 def first_mb(src: Path, mb: float, dst: Path) -> Path:

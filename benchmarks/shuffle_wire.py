@@ -212,26 +212,19 @@ class Proxy:
 
 
 @contextlib.contextmanager
-def proxies(
-    localstack: str, dynamodb: str, kind: Any = None, tls: ssl.SSLContext | None = None
-) -> Iterator[tuple[Tally, Tally, int, int]]:
-    """Two counting proxies served by a loop in a thread of their own (``kind``: the
-    breakdown of LocalStack's requests, Proxy's). With ``tls`` they serve https, as AWS
-    does, and forward plain http to the local stack: the TLS is the clients' and this
-    process's, never the stack's."""
-    aws, ddb = Tally(), Tally()
+def serving(made: list[Proxy], tls: ssl.SSLContext | None = None) -> Iterator[list[Proxy]]:
+    """Counting proxies served by a loop in a thread of their own, started (each with its
+    port) for the block and stopped after it. With ``tls`` they serve https."""
     loop = asyncio.new_event_loop()
     started = threading.Event()
-    made: dict[str, Any] = {}
+    runners: list[web.AppRunner] = []
 
     def serve() -> None:
         asyncio.set_event_loop(loop)
 
         async def go() -> None:
-            p1, p2 = Proxy(localstack, aws, kind), Proxy(dynamodb, ddb)
-            made["runners"] = [await p1.start(tls), await p2.start(tls)]
-            made["ports"] = (p1.port, p2.port)
-            made["proxies"] = (p1, p2)
+            for p in made:
+                runners.append(await p.start(tls))
             started.set()
 
         loop.run_until_complete(go())
@@ -241,19 +234,31 @@ def proxies(
     thread.start()
     started.wait(30)
     try:
-        yield aws, ddb, *made["ports"]
+        yield made
     finally:
 
         async def stop() -> None:
-            for r in made["runners"]:
+            for r in runners:
                 await r.cleanup()
-            for p in made["proxies"]:
+            for p in made:
                 if p.session is not None:
                     await p.session.close()
 
         asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+@contextlib.contextmanager
+def proxies(
+    localstack: str, dynamodb: str, kind: Any = None, tls: ssl.SSLContext | None = None
+) -> Iterator[tuple[Tally, Tally, int, int]]:
+    """Two counting proxies (``kind``: the breakdown of LocalStack's requests, Proxy's).
+    With ``tls`` they serve https, as AWS does, and forward plain http to the local stack:
+    the TLS is the clients' and this process's, never the stack's."""
+    aws, ddb = Tally(), Tally()
+    with serving([Proxy(localstack, aws, kind), Proxy(dynamodb, ddb)], tls) as (p1, p2):
+        yield aws, ddb, p1.port, p2.port
 
 
 @dataclass

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -155,3 +156,22 @@ async def _azure_backend(names: AzureNames) -> AsyncIterator[Backend]:
             scratch=blobs.url(names.container, "scratch"),
             local_blobs=EmbeddedBlobs(),
         )
+
+
+@pytest.fixture
+async def tables(azure_names: AzureNames) -> AsyncIterator[Callable[..., Any]]:
+    """Clients of this session's Azure table, each a process's own view (as many as asked):
+    what tests of the Azure table's own protocol play several processes with."""
+    from cmr.backends.azure import AzureTable
+
+    azure_names.used = True
+    made: list[AzureTable] = []
+
+    def make(**kwargs: Any) -> AzureTable:
+        made.append(AzureTable(azure_names.table, **kwargs))
+        return made[-1]
+
+    await make().create()
+    yield make
+    for t in made:
+        await t.close()

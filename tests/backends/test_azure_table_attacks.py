@@ -11,50 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from cmr.backends.base import TxWrite, Update
 from cmr.errors import BackendError, Rejected
+from tests.backends.azure_tables import locks
 from tests.backends.conftest import AzureNames
 
 pytestmark = pytest.mark.usefixtures("azure_stack")
-
-
-@pytest.fixture
-async def tables(azure_names: AzureNames) -> AsyncIterator[Callable[..., Any]]:
-    """Clients of this session's table, each a process's own view (as many as asked)."""
-    from cmr.backends.azure import AzureTable
-
-    azure_names.used = True
-    made: list[AzureTable] = []
-
-    def make(**kwargs: Any) -> AzureTable:
-        made.append(AzureTable(azure_names.table, **kwargs))
-        return made[-1]
-
-    await make().create()
-    yield make
-    for t in made:
-        await t.close()
-
-
-def raw_entities(table: str, pk: str) -> list[dict[str, Any]]:
-    from azure.data.tables import TableServiceClient
-
-    conn = os.environ["AZURE_STORAGE_CONNECTION_STRING"]
-    with TableServiceClient.from_connection_string(conn) as s:
-        client = s.get_table_client(table)
-        hexed = pk.encode().hex()
-        return [dict(e) for e in client.query_entities(f"PartitionKey eq '{hexed}'")]
-
-
-def locks(table: str, *pks: str) -> list[str]:
-    return [f"{pk}: {e.get('lk')}" for pk in pks for e in raw_entities(table, pk) if "lk" in e]
 
 
 # -- keys and values ----------------------------------------------------------------------
