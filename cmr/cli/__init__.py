@@ -31,8 +31,8 @@ LAZY = {"loadgen": ("cmr.cli.loadgen", "loadgen_app"), "fleet": ("cmr.fleet", "f
 # name -> the sub-app's help, for `cmr --help` to list it without importing it
 LAZY_HELP = {
     "loadgen": "Load tests and consistency measurements of a store (DynamoDB, S3, SQS, "
-    "SimpleDB or the simulated 'sim'), run as cmr jobs: map tasks drive traffic, reducers "
-    "merge it.",
+    "SimpleDB, Azure Table and Blob storage, or the simulated 'sim'), run as cmr jobs: map "
+    "tasks drive traffic, reducers merge it.",
     "fleet": "Run a worker fleet on EC2: up, scale, status, logs, down (deploy/fleet.yaml).",
 }
 

@@ -29,9 +29,9 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any, ClassVar
 
-from cmr.errors import ConditionFailed, Throttled, UsageError
+from cmr.errors import UsageError
 from cmr.loadgen.spec import Retries
-from cmr.loadgen.targets.base import ErrorClass, OpFailed
+from cmr.loadgen.targets.base import ErrorClass, OpFailed, error_class
 
 INSTALL = "pip install 'cmr[azure]'"
 SDKS = {"azure-table": "azure.data.tables", "azure-blob": "azure.storage.blob"}
@@ -76,25 +76,6 @@ def retry_options(retries: Retries) -> dict[str, Any]:
     if retries == "off":
         return {"retry_total": 0}
     return {k: v for k, v in RETRY.items() if k not in ("connection_timeout", "read_timeout")}
-
-
-def error_class(service: str, exc: BaseException) -> ErrorClass:
-    """The jam report's class of an azure-core failure (see the module notes)."""
-    from azure.core.exceptions import ServiceRequestTimeoutError, ServiceResponseTimeoutError
-
-    from cmr.backends.azure.errors import classify, http_status
-
-    if isinstance(exc, ServiceRequestTimeoutError | ServiceResponseTimeoutError):
-        return "timeout"
-    if isinstance(getattr(exc, "inner_exception", None), TimeoutError):
-        return "timeout"  # aiohttp's read timeout, kept under a ServiceResponseError
-    cls = classify(service, exc)
-    if issubclass(cls, ConditionFailed):
-        return "conditional_failed"
-    if issubclass(cls, Throttled):
-        return "throttled"
-    # the engine retries both alike; the jam report counts a 5xx apart from throttling
-    return "unavailable" if http_status(exc) >= 500 else "other"
 
 
 def failed(

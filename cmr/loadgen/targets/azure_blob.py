@@ -24,8 +24,8 @@ from azure.storage.blob.aio import ContainerClient
 
 from cmr.backends.azure.errors import BLOB_MISSING, error_code
 from cmr.loadgen.targets.aws import _need
-from cmr.loadgen.targets.azure import AzureTarget, error_class, failed
-from cmr.loadgen.targets.base import Condition, Reply, _int
+from cmr.loadgen.targets.azure import AzureTarget, failed
+from cmr.loadgen.targets.base import Condition, Reply, _int, error_class
 
 NEVER_ETAG = '"cmr-never"'  # Azure's ETags are "0x..." hex: this one matches no blob
 

@@ -93,6 +93,25 @@ def _retries_of(response: Mapping[str, Any]) -> int:
     return int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0)
 
 
+def error_class(service: str, exc: BaseException) -> ErrorClass:
+    """The jam report's class of an azure-core failure (see the module notes)."""
+    from azure.core.exceptions import ServiceRequestTimeoutError, ServiceResponseTimeoutError
+
+    from cmr.backends.azure.errors import classify, http_status
+
+    if isinstance(exc, ServiceRequestTimeoutError | ServiceResponseTimeoutError):
+        return "timeout"
+    if isinstance(getattr(exc, "inner_exception", None), TimeoutError):
+        return "timeout"  # aiohttp's read timeout, kept under a ServiceResponseError
+    cls = classify(service, exc)
+    if issubclass(cls, ConditionFailed):
+        return "conditional_failed"
+    if issubclass(cls, Throttled):
+        return "throttled"
+    # the engine retries both alike; the jam report counts a 5xx apart from throttling
+    return "unavailable" if http_status(exc) >= 500 else "other"
+
+
 def classify(exc: BaseException, service: str = "") -> ErrorClass:
     """The error class of any exception a store call raised (see the module notes)."""
     if isinstance(exc, OpFailed):
@@ -107,8 +126,6 @@ def classify(exc: BaseException, service: str = "") -> ErrorClass:
         from azure.core.exceptions import AzureError
 
         if isinstance(exc, AzureError):
-            from cmr.loadgen.targets.azure import error_class
-
             return error_class(service, exc)
     if "botocore" not in sys.modules:
         # Nothing botocore raised, then; importing it now would stall a simulated run.
