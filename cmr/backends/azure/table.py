@@ -133,6 +133,7 @@ _ACTION = "xa"  # what the lock's transaction does: put (the x image), delete, k
 _KEYS = "kk"  # the entity's own (pk, sk), as msgpack: a long key's RowKey is a digest
 MAX_WAIT_S = 120.0  # a write waiting on others' transactions this long is Throttled
 SWEEP_MAX = 200  # records one sweep finishes at most (the rest: the next sweep)
+_UPDATES = {UpdateMode.REPLACE: "UpdateEntity", UpdateMode.MERGE: "MergeEntity"}  # Azure's names
 
 
 def _key(text: str) -> str:
@@ -326,35 +327,45 @@ class AzureTable:
             return _Row(pk, sk)
         return self._row(pk, sk, entity)
 
-    async def _replace(self, row: _Row, props: dict[str, Any]) -> str:
-        """Write the entity as ``props`` if it is still as ``row`` was read (insert if it
-        was absent); its new ETag. ResourceModifiedError / ResourceExistsError /
-        ResourceNotFoundError when it changed meanwhile."""
-        keys = bytes(msgpack.packb([row.pk, row.sk]))
-        entity = {"PartitionKey": _key(row.pk), "RowKey": _key(row.sk), _KEYS: keys, **props}
-        async with self._translated(f"{row.pk}/{row.sk}", "UpdateEntity"):
-            if row.etag is None:
+    async def _write_if(
+        self,
+        entity: dict[str, Any],
+        etag: str | None,
+        subject: str,
+        mode: UpdateMode = UpdateMode.REPLACE,
+    ) -> str:
+        """Write ``entity`` if it is still at ``etag`` (None: insert, if there is none); its
+        new ETag. ResourceModifiedError / ResourceExistsError / ResourceNotFoundError when
+        it changed meanwhile: every write of this table is one of these."""
+        operation = "InsertEntity" if etag is None else _UPDATES[mode]
+        async with self._translated(subject, operation):
+            if etag is None:
                 answer = await self._client.create_entity(entity)
             else:
                 answer = await self._client.update_entity(
-                    entity,
-                    mode=UpdateMode.REPLACE,
-                    etag=row.etag,
-                    match_condition=MatchConditions.IfNotModified,
+                    entity, mode=mode, etag=etag, match_condition=MatchConditions.IfNotModified
                 )
         return str(answer["etag"])
 
+    async def _delete_if(self, pk: str, rk: str, etag: str, subject: str) -> None:
+        """Delete the entity (Azure's keys) if it is still at ``etag``; raises as
+        :meth:`_write_if` does when it changed."""
+        async with self._translated(subject, "DeleteEntity"):
+            await self._client.delete_entity(
+                pk, rk, etag=etag, match_condition=MatchConditions.IfNotModified
+            )
+
+    async def _replace(self, row: _Row, props: dict[str, Any]) -> str:
+        """Write the entity as ``props`` if it is still as ``row`` was read (insert if it
+        was absent); its new ETag."""
+        keys = bytes(msgpack.packb([row.pk, row.sk]))
+        entity = {"PartitionKey": _key(row.pk), "RowKey": _key(row.sk), _KEYS: keys, **props}
+        return await self._write_if(entity, row.etag, f"{row.pk}/{row.sk}")
+
     async def _remove(self, row: _Row) -> None:
         """Delete the entity if it is still as ``row`` was read."""
-        if row.etag is None:
-            return
-        async with self._translated(f"{row.pk}/{row.sk}", "DeleteEntity"):
-            await self._client.delete_entity(
-                _key(row.pk),
-                _key(row.sk),
-                etag=row.etag,
-                match_condition=MatchConditions.IfNotModified,
-            )
+        if row.etag is not None:
+            await self._delete_if(_key(row.pk), _key(row.sk), row.etag, f"{row.pk}/{row.sk}")
 
     async def _settle(self, row: _Row, item: Item | None) -> None:
         """Leave the entity holding ``item`` (None: no entity), unlocked, if it is still as
@@ -389,17 +400,12 @@ class AzureTable:
     async def _move(self, tx: _Tx, state: str) -> bool:
         """Move the record from its state to ``state`` if nobody moved it since it was read."""
         entity = {"PartitionKey": TX_PARTITION, "RowKey": _key(tx.token), "state": state}
+        subject = f"transaction {tx.token}"
         try:
-            async with self._translated(f"transaction {tx.token}", "MergeEntity"):
-                answer = await self._client.update_entity(
-                    entity,
-                    mode=UpdateMode.MERGE,
-                    etag=tx.etag,
-                    match_condition=MatchConditions.IfNotModified,
-                )
+            etag = await self._write_if(entity, tx.etag, subject, UpdateMode.MERGE)
         except (ResourceModifiedError, ResourceNotFoundError):
             return False
-        tx.state, tx.etag = state, str(answer["etag"])
+        tx.state, tx.etag = state, etag
         return True
 
     @staticmethod
@@ -527,13 +533,11 @@ class AzureTable:
             if not holds(condition, row.item):
                 raise ConditionFailed(f"condition failed on {pk}/{sk}")
             new = make(row.item)
-            if new is not None:
-                _check_size(pk, sk, new)
             try:
                 if new is None:
                     await self._remove(row)
                 else:
-                    await self._replace(row, _chunks(_encode(new), _DATA))
+                    await self._replace(row, _chunks(_stored(pk, sk, new), _DATA))
             except (ResourceModifiedError, ResourceNotFoundError, ResourceExistsError):
                 if time.monotonic() > deadline:
                     raise Throttled(
@@ -572,7 +576,7 @@ class AzureTable:
             )
         for w in writes:
             if isinstance(w, Put):
-                _check_size(w.pk, w.sk, {**w.item, "pk": w.pk, "sk": w.sk})
+                _stored(w.pk, w.sk, {**w.item, "pk": w.pk, "sk": w.sk})  # refused before any lock
         tx = await self._begin(token, sorted(keys))
         if tx.state == "committed":
             await self._roll(tx)  # a retry of a transaction that took effect: finish it
@@ -616,10 +620,10 @@ class AzureTable:
                 **_chunks(_encode({"keys": [list(k) for k in keys]}), "k"),
             }
             entity = {"PartitionKey": TX_PARTITION, "RowKey": _key(token), **props}
+            subject = f"transaction {token}"
             try:
-                async with self._translated(f"transaction {token}", "InsertEntity"):
-                    answer = await self._client.create_entity(entity)
-                return _Tx(token, "pending", str(answer["etag"]), keys, nonce=nonce)
+                etag = await self._write_if(entity, None, subject)
+                return _Tx(token, "pending", etag, keys, nonce=nonce)
             except ResourceExistsError:
                 pass
             tx = await self._tx(token)
@@ -630,14 +634,8 @@ class AzureTable:
             if tx.state == "pending" and not await self._move(tx, "aborted"):
                 continue  # it moved meanwhile: look again
             try:
-                async with self._translated(f"transaction {token}", "UpdateEntity"):
-                    answer = await self._client.update_entity(
-                        entity,
-                        mode=UpdateMode.REPLACE,
-                        etag=tx.etag,
-                        match_condition=MatchConditions.IfNotModified,
-                    )
-                return _Tx(token, "pending", str(answer["etag"]), keys, nonce=nonce)
+                etag = await self._write_if(entity, tx.etag, subject)
+                return _Tx(token, "pending", etag, keys, nonce=nonce)
             except (ResourceModifiedError, ResourceNotFoundError):
                 continue
 
@@ -658,12 +656,11 @@ class AzureTable:
                     after, action = None, "delete"
                 case Check():
                     after, action = row.item, "keep"
-            if after is not None:
-                _check_size(w.pk, w.sk, after)
+            stored = None if after is None else _stored(w.pk, w.sk, after)
             props = {**row.data, _LOCK: tx.token, _TRY: tx.nonce, _ACTION: action}
             if action == "put":
-                assert after is not None
-                props.update(_chunks(_encode(after), _AFTER))
+                assert stored is not None
+                props.update(_chunks(stored, _AFTER))
             try:
                 etag = await self._replace(row, props)
             except (ResourceModifiedError, ResourceNotFoundError, ResourceExistsError):
@@ -729,31 +726,29 @@ class AzureTable:
                 continue  # it moved meanwhile: the next sweep sees it
             await self._roll(tx)
             try:
-                async with self._translated(f"transaction {tx.token}", "DeleteEntity"):
-                    await self._client.delete_entity(
-                        TX_PARTITION,
-                        _key(tx.token),
-                        etag=tx.etag,
-                        match_condition=MatchConditions.IfNotModified,
-                    )
+                await self._delete_if(
+                    TX_PARTITION, _key(tx.token), tx.etag, f"transaction {tx.token}"
+                )
             except (ResourceModifiedError, ResourceNotFoundError):
                 continue  # restarted, or deleted by another sweep
             deleted += tx is not probed
         return deleted
 
 
-def _check_size(pk: str, sk: str, item: Item) -> None:
-    """DynamoDB's item limit, by its sizing (as the engine sizes its records); and the item
-    as stored, which a lock holds twice within Azure's 1 MiB entity."""
+def _stored(pk: str, sk: str, item: Item) -> bytes:
+    """The item as stored, once it is checked against DynamoDB's item limit, by its sizing
+    (as the engine sizes its records), and against what a lock holds twice within Azure's
+    1 MiB entity."""
     size = item_bytes(item)
     if size > MAX_ITEM_BYTES:
         raise Rejected(
             f"table: item {pk}/{sk} of about {size:,} bytes exceeds the "
             f"{MAX_ITEM_BYTES:,}-byte item size limit"
         )
-    stored = len(_encode(item))
-    if stored > MAX_ENCODED_BYTES:
+    data = _encode(item)
+    if len(data) > MAX_ENCODED_BYTES:
         raise Rejected(
-            f"table: item {pk}/{sk} takes {stored:,} bytes stored, more than the "
+            f"table: item {pk}/{sk} takes {len(data):,} bytes stored, more than the "
             f"{MAX_ENCODED_BYTES:,} an Azure entity holds twice (a value and its pending image)"
         )
+    return data
