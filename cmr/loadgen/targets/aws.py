@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from cmr.errors import UsageError
 from cmr.loadgen.spec import Retries
-from cmr.loadgen.targets.base import Condition, _failed
+from cmr.loadgen.targets.base import ClientTarget, Condition, _failed
 
 
 def retry_config(retries: Retries) -> dict[str, Any]:
@@ -41,30 +41,12 @@ def _need(resources: Mapping[str, str], name: str, target: str) -> str:
     return value
 
 
-class _AwsTarget:
+class _AwsTarget(ClientTarget):
     """One aioboto3 client for the life of the target; calls translated by ``_call``."""
 
-    service: ClassVar[str]
-    name: str
-    consistent_reads = False
-    conditional_writes = False
-    time_scale = 1.0
-
-    def __init__(
-        self,
-        resources: Mapping[str, str],
-        *,
-        retries: Retries = "off",
-        connections: int = 10,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 30.0,
-    ) -> None:
-        self.resources = dict(resources)
-        self._retries = retries
-        self._connections = max(1, connections)
-        self._timeouts = (connect_timeout, read_timeout)
+    def __init__(self, resources: Mapping[str, str], **options: Any) -> None:
+        super().__init__(resources, **options)
         self._stack = AsyncExitStack()
-        self._client: Any = None
 
     def _extra_config(self) -> dict[str, Any]:
         return {}

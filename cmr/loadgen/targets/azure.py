@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from cmr.errors import UsageError
 from cmr.loadgen.spec import Retries
-from cmr.loadgen.targets.base import ErrorClass, OpFailed, error_class
+from cmr.loadgen.targets.base import ClientTarget, ErrorClass, OpFailed, error_class
 
 INSTALL = "pip install 'cmr[azure]'"
 SDKS = {"azure-table": "azure.data.tables", "azure-blob": "azure.storage.blob"}
@@ -93,32 +93,18 @@ def failed(
     )
 
 
-class AzureTarget:
+class AzureTarget(ClientTarget):
     """One service client for the life of the target, on a session of its own whose pool
     holds a connection per concurrent operator (aiohttp's default, 100, would queue more)."""
 
     service: ClassVar[str]  # cmr's name for it in errors and counts: "table", "blob"
-    name: str
     consistent_reads = False  # Azure storage reads are always strong: one kind of read
     conditional_writes = True
-    time_scale = 1.0
 
-    def __init__(
-        self,
-        resources: Mapping[str, str],
-        *,
-        retries: Retries = "off",
-        connections: int = 10,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 30.0,
-    ) -> None:
-        self.resources = dict(resources)
-        self._retries = retries
-        self._connections = max(1, connections)
-        self._timeouts = (connect_timeout, read_timeout)
+    def __init__(self, resources: Mapping[str, str], **options: Any) -> None:
+        super().__init__(resources, **options)
         self.calls: Counter[str] = Counter()  # requests sent, by Azure's operation name
         self._session: Any = None
-        self._client: Any = None
 
     def _open(self, conn: str, options: dict[str, Any]) -> Any:
         """The service client of the connection string, with these pipeline options."""

@@ -24,10 +24,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from cmr.errors import BackendError, ConditionFailed, Throttled
 from cmr.loadgen.sim import ConditionalCheckFailed, ServiceUnavailable
+
+if TYPE_CHECKING:
+    from cmr.loadgen.spec import Retries
 
 ErrorClass = Literal["throttled", "unavailable", "timeout", "conditional_failed", "other"]
 ERROR_CLASSES: tuple[ErrorClass, ...] = (
@@ -87,6 +90,33 @@ class Target(Protocol):
     async def get(self, key: str, consistent: bool = False) -> Reply: ...
 
     async def put(self, key: str, value: int, conditional: bool = False) -> Reply: ...
+
+
+class ClientTarget:
+    """A cloud target: one service client for its life, opened from a task's options (its
+    resources, SDK retry choice, concurrent operators and timeouts). The AWS and Azure
+    targets are its kinds."""
+
+    service: ClassVar[str]
+    name: str
+    consistent_reads = False
+    conditional_writes = False
+    time_scale = 1.0
+
+    def __init__(
+        self,
+        resources: Mapping[str, str],
+        *,
+        retries: Retries = "off",
+        connections: int = 10,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 30.0,
+    ) -> None:
+        self.resources = dict(resources)
+        self._retries = retries
+        self._connections = max(1, connections)
+        self._timeouts = (connect_timeout, read_timeout)
+        self._client: Any = None
 
 
 def _retries_of(response: Mapping[str, Any]) -> int:
