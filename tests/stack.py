@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
@@ -132,43 +132,49 @@ def remove_azure_test_resources(container: str, queue_prefix: str, table: str = 
 
 
 @asynccontextmanager
-async def stack_backend(name: str, queue_tag: str) -> AsyncIterator[tuple[Backend, AwsSettings]]:
-    """An aws backend on the local stack with a bucket and table of its own
-    (``cmr-<name>-<tag>``) and queues named ``<queue_tag>-<tag>-``. Once the test is done
-    nothing of its jobs may be left (whatever was killed, paused or duplicated, every job
-    ended and cleaned up after itself); then all of it is removed, whatever happened."""
+async def _leaving_nothing(
+    backend: str, settings: AwsSettings, remove: Callable[[], None]
+) -> AsyncIterator[tuple[Backend, AwsSettings]]:
+    """The backend in these settings. Once the test is done nothing of its jobs may be left
+    (whatever was killed, paused or duplicated, every job ended and cleaned up after
+    itself); then ``remove`` takes all of it away, whatever happened."""
     from cmr.api import open_backend
-    from cmr.settings import AwsSettings
     from cmr.testing import backend_leftovers
 
-    tag = uuid.uuid4().hex[:8]
-    settings = AwsSettings(
-        bucket=f"cmr-{name}-{tag}", table=f"cmr-{name}-{tag}", queue_prefix=f"{queue_tag}-{tag}-"
-    )
     try:
-        async with open_backend("aws", settings) as be:
+        async with open_backend(backend, settings) as be:
             yield be, settings
             assert await backend_leftovers(be, settings.queue_prefix) == []
     finally:
-        remove_test_resources(settings.bucket, settings.table, settings.queue_prefix)
+        remove()
+
+
+@asynccontextmanager
+async def stack_backend(name: str, queue_tag: str) -> AsyncIterator[tuple[Backend, AwsSettings]]:
+    """An aws backend on the local stack with a bucket and table of its own
+    (``cmr-<name>-<tag>``) and queues named ``<queue_tag>-<tag>-``, left as it was found
+    (:func:`_leaving_nothing`)."""
+    from cmr.settings import AwsSettings
+
+    tag = uuid.uuid4().hex[:8]
+    s = AwsSettings(
+        bucket=f"cmr-{name}-{tag}", table=f"cmr-{name}-{tag}", queue_prefix=f"{queue_tag}-{tag}-"
+    )
+    async with _leaving_nothing(
+        "aws", s, lambda: remove_test_resources(s.bucket, s.table, s.queue_prefix)
+    ) as made:
+        yield made
 
 
 @asynccontextmanager
 async def azure_stack_backend(queue_tag: str) -> AsyncIterator[tuple[Backend, AwsSettings]]:
     """An azure backend on Azurite with a container and table of its own and queues named
-    ``<queue_tag><tag>-``; as :func:`stack_backend`, nothing of its jobs may be left once
-    the test is done, and then all of it is removed, whatever happened."""
-    from cmr.api import open_backend
+    ``<queue_tag><tag>-``, left as it was found (:func:`_leaving_nothing`)."""
     from cmr.settings import AwsSettings
-    from cmr.testing import backend_leftovers
 
     tag = uuid.uuid4().hex[:8]
-    settings = AwsSettings(
-        bucket=f"cmr-{tag}", table=f"cmr{tag}", queue_prefix=f"{queue_tag}{tag}-"
-    )
-    try:
-        async with open_backend("azure", settings) as be:
-            yield be, settings
-            assert await backend_leftovers(be, settings.queue_prefix) == []
-    finally:
-        remove_azure_test_resources(settings.bucket, settings.queue_prefix, settings.table)
+    s = AwsSettings(bucket=f"cmr-{tag}", table=f"cmr{tag}", queue_prefix=f"{queue_tag}{tag}-")
+    async with _leaving_nothing(
+        "azure", s, lambda: remove_azure_test_resources(s.bucket, s.queue_prefix, s.table)
+    ) as made:
+        yield made
