@@ -242,6 +242,25 @@ class _Tx:
         return row.lock == self.token and row.nonce == self.nonce
 
 
+class _Races:
+    """The If-Match races one write loses: each backed off (jittered, 5 ms doubling to
+    0.2 s), and past WRITE_PATIENCE_S the write ends, Throttled, rather than run on."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.deadline = time.monotonic() + WRITE_PATIENCE_S
+        self.pause = 0.005
+
+    async def lost(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise Throttled(
+                f"table: {self.what} kept changing under a write for "
+                f"{WRITE_PATIENCE_S:.0f} s (too many writers of one item)"
+            )
+        await asyncio.sleep(self.pause * random.uniform(0.5, 1.5))
+        self.pause = min(0.2, self.pause * 2)
+
+
 class AzureTable:
     """The table protocol on one Azure table (``name``) of the account in ``conn``."""
 
@@ -526,8 +545,7 @@ class AzureTable:
     ) -> Item | None:
         """One conditional write: read, judge, write If-Match what was read, again on a
         lost race. ``make`` gives the new item from the current (None: delete)."""
-        deadline = time.monotonic() + WRITE_PATIENCE_S
-        pause = 0.005
+        races = _Races(f"{pk}/{sk}")
         while True:
             row = await self._free(pk, sk)
             if not holds(condition, row.item):
@@ -539,13 +557,7 @@ class AzureTable:
                 else:
                     await self._replace(row, _chunks(_stored(pk, sk, new), _DATA))
             except (ResourceModifiedError, ResourceNotFoundError, ResourceExistsError):
-                if time.monotonic() > deadline:
-                    raise Throttled(
-                        f"table: {pk}/{sk} kept changing under a write for "
-                        f"{WRITE_PATIENCE_S:.0f} s (too many writers of one item)"
-                    ) from None
-                await asyncio.sleep(pause * random.uniform(0.5, 1.5))
-                pause = min(0.2, pause * 2)
+                await races.lost()
             else:
                 return new
 
@@ -611,6 +623,7 @@ class AzureTable:
         this call whose answer was lost, perhaps with requests of it still on their way:
         it is aborted and the transaction restarted as a new try, whose locks the old try's
         can never be taken for (each lock names its try)."""
+        races = _Races(f"transaction {token}")
         while True:
             nonce = secrets.token_hex(8)
             props = {
@@ -627,21 +640,21 @@ class AzureTable:
             except ResourceExistsError:
                 pass
             tx = await self._tx(token)
-            if tx is None:
-                continue  # swept between the two: insert again
-            if tx.state == "committed":
+            if tx is not None and tx.state == "committed":
                 return tx
-            if tx.state == "pending" and not await self._move(tx, "aborted"):
-                continue  # it moved meanwhile: look again
+            if tx is None or (tx.state == "pending" and not await self._move(tx, "aborted")):
+                await races.lost()  # swept, or moved meanwhile: look again
+                continue
             try:
                 etag = await self._write_if(entity, tx.etag, subject)
                 return _Tx(token, "pending", etag, keys, nonce=nonce)
             except (ResourceModifiedError, ResourceNotFoundError):
-                continue
+                await races.lost()
 
     async def _lock(self, tx: _Tx, w: TxWrite) -> tuple[_Row, str]:
         """Lock one item for the transaction: its condition judged on its current value, the
         image it leaves written beside that value. The row as locked, and its ETag."""
+        races = _Races(f"{w.pk}/{w.sk}")
         while True:
             row = await self._free(w.pk, w.sk, mine=tx)
             if not holds(w.condition, row.item):
@@ -664,6 +677,7 @@ class AzureTable:
             try:
                 etag = await self._replace(row, props)
             except (ResourceModifiedError, ResourceNotFoundError, ResourceExistsError):
+                await races.lost()
                 continue
             row.after, row.lock, row.nonce = after, tx.token, tx.nonce
             return row, etag
