@@ -130,6 +130,21 @@ def _check_azure(text: str, settings: AwsSettings) -> None:
         )
 
 
+def _query_parts(
+    text: str, query: str, names: dict[str, str], known: str, parts: dict[str, Any]
+) -> None:
+    """A store URL's query into ``parts`` (AwsSettings fields, by ``names``): each key known,
+    given once, not empty."""
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key not in names:
+            raise UsageError(f"store {text!r}: unknown setting {key!r}; {known}")
+        if names[key] in parts:
+            raise UsageError(f"store {text!r}: {key} is given twice")
+        if not value:
+            raise UsageError(f"store {text!r}: {key} is empty (leave it out for the default)")
+        parts[names[key]] = value
+
+
 def _parse_azure(text: str) -> Store:
     url = urlsplit("azure://" if text == BackendName.azure else text)
     parts: dict[str, Any] = {}
@@ -140,18 +155,11 @@ def _parse_azure(text: str) -> Store:
         raise UsageError(f"store {text!r}: use {AZURE_STORE} (no more parts after TABLE)")
     for name, value in zip(("bucket", "table"), path, strict=False):
         parts[name] = value
-    for key, value in parse_qsl(url.query, keep_blank_values=True):
-        if key not in _AZURE_QUERY:
-            raise UsageError(
-                f"store {text!r}: unknown setting {key!r}; known on Azure: "
-                f"{', '.join(_AZURE_QUERY)} (credentials and endpoints come from "
-                "AZURE_STORAGE_CONNECTION_STRING)"
-            )
-        if _AZURE_QUERY[key] in parts:
-            raise UsageError(f"store {text!r}: {key} is given twice")
-        if not value:
-            raise UsageError(f"store {text!r}: {key} is empty (leave it out for the default)")
-        parts[_AZURE_QUERY[key]] = value
+    known = (
+        f"known on Azure: {', '.join(_AZURE_QUERY)} (credentials and endpoints come from "
+        "AZURE_STORAGE_CONNECTION_STRING)"
+    )
+    _query_parts(text, url.query, _AZURE_QUERY, known, parts)
     settings = AwsSettings(**parts)
     _check_azure(text, settings)
     return Store(BackendName.azure, settings)
@@ -187,16 +195,8 @@ class Store:
             parts["bucket"] = unquote(url.netloc)
         if url.path.strip("/"):
             parts["table"] = unquote(url.path.strip("/"))
-        for key, value in parse_qsl(url.query, keep_blank_values=True):
-            if key not in _STORE_QUERY:
-                raise UsageError(
-                    f"store {text!r}: unknown setting {key!r}; known: {', '.join(_STORE_QUERY)}"
-                )
-            if _STORE_QUERY[key] in parts:
-                raise UsageError(f"store {text!r}: {key} is given twice")
-            if not value:
-                raise UsageError(f"store {text!r}: {key} is empty (leave it out for the default)")
-            parts[_STORE_QUERY[key]] = value
+        known = f"known: {', '.join(_STORE_QUERY)}"
+        _query_parts(text, url.query, _STORE_QUERY, known, parts)
         return Store(BackendName.aws, AwsSettings(**parts))
 
     @property
