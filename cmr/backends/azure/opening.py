@@ -9,14 +9,15 @@ here knows about it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from urllib.parse import urlsplit
 
 from azure.core.exceptions import ResourceExistsError
 
+from cmr.aio import run_all
 from cmr.backends.azure.blobs import AzureBlobs
 from cmr.backends.azure.clients import SETTING, connection_string
 from cmr.backends.azure.errors import translate
@@ -24,6 +25,7 @@ from cmr.backends.azure.queues import AzureQueues
 from cmr.backends.azure.table import AzureTable
 from cmr.backends.base import REMOTE, Backend
 from cmr.backends.embedded.blobs import EmbeddedBlobs
+from cmr.backends.reach import connect, place
 from cmr.errors import StoreMissing, Unreachable, UsageError
 from cmr.settings import AwsSettings
 
@@ -55,28 +57,30 @@ def endpoints(conn: str) -> dict[str, str]:
 
 
 async def reach(conn: str) -> None:
-    """Connect to each service's endpoint once: refused, unresolvable or silent is an
-    Unreachable at once, naming the endpoint (the SDK would retry for ~17 s first)."""
+    """Connect to each service's endpoint once (:mod:`cmr.backends.reach`): refused or
+    unresolvable is an Unreachable at once, and one accepting no connection by
+    PROBE_SECONDS is one too, each naming the endpoint (the SDK would retry for ~17 s
+    first, then say less)."""
+    deadline = time.monotonic() + PROBE_SECONDS
 
     async def one(service: str, url: str) -> None:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port or (443 if parts.scheme == "https" else 80)
         try:
-            async with asyncio.timeout(PROBE_SECONDS):
-                _, writer = await asyncio.open_connection(host, port)
-        except (OSError, TimeoutError) as exc:
-            why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
-            raise Unreachable(
-                f"cannot reach Azure {service} storage at {url}: {why}; is the endpoint in "
-                f"{SETTING} right (for Azurite: is the local stack running? "
-                "`scripts/stack.sh start`)?"
-            ) from None
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
+            await connect(url, deadline)
+        except TimeoutError:
+            why = f"no connection accepted within {PROBE_SECONDS:g} s"
+        except socket.gaierror:
+            why = f"host {place(url)[0]} does not resolve"
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+        else:
+            return
+        raise Unreachable(
+            f"cannot reach Azure {service} storage at {url}: {why}; is the endpoint in "
+            f"{SETTING} right (for Azurite: is the local stack running? "
+            "`scripts/stack.sh start`)?"
+        )
 
-    await asyncio.gather(*(one(s, u) for s, u in endpoints(conn).items()))
+    await run_all(one(s, u) for s, u in endpoints(conn).items())
 
 
 async def _ensure(blobs: AzureBlobs, table: AzureTable, settings: AwsSettings) -> None:
