@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import random
 import signal
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from cmr.backends.base import Backend
 from cmr.publish import Manifest
 from cmr.settings import AwsSettings, BackendName, Store
 from cmr.testing import read_output, sequential
+from tests.engine.test_aws_lifecycle import cmr as popen
 from tests.engine.test_status_cli import cmr
 from tests.stack import azure_stack_backend
 
@@ -47,19 +47,6 @@ def in_container(be: Backend, key: str) -> str:
 
 def store_of(s: AwsSettings) -> str:
     return Store(BackendName.azure, s).url
-
-
-def popen(*args: str, **env: str) -> subprocess.Popen[str]:
-    import os
-    import sys
-
-    return subprocess.Popen(
-        [sys.executable, "-m", "cmr", *args],
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 async def test_wordcount_with_three_worker_processes(
@@ -164,7 +151,7 @@ async def test_detached_job_survives_a_worker_killed_while_publishing(
     job_id = submitted.stdout.strip().splitlines()[-1]
     assert status_json(store, job_id)["state"] == "running"
     worker = ["worker", "--store", store, "--job", job_id, "--processes", "1"]
-    doomed = popen(*worker, CMR_STOP_AT="publish.copied")
+    doomed = popen(*worker, env={"CMR_STOP_AT": "publish.copied"})
     procs = [doomed]
     try:
         assert doomed.stderr is not None
