@@ -31,6 +31,7 @@ import pytest
 from botocore.exceptions import BotoCoreError, ClientError
 
 from cmr.api import RunResult, run_on
+from cmr.backends.azure.table import STALE_S
 from cmr.backends.base import Backend, Item
 from cmr.records import job_pk
 from cmr.settings import AwsSettings, BackendName, Store
@@ -236,7 +237,11 @@ class Fleet:
                     w.proc.send_signal(signal.SIGCONT)
                     w.proc.send_signal(signal.SIGTERM)
         problems = []
-        deadline = time.monotonic() + 20
+        # A worker told to stop finishes the cleanup it holds first. On Azure that cleanup
+        # waits out each transaction a SIGKILLed worker left pending (its locks stand
+        # until a waiter has watched them STALE_S, 15 s, each): seen to take over 20 s.
+        grace = 20 + (2 * STALE_S if self.backend == "azure" else 0)
+        deadline = time.monotonic() + grace
         for w in self.workers:
             try:
                 w.proc.wait(max(0.1, deadline - time.monotonic()))
