@@ -235,7 +235,7 @@ CLEANUP_CONCURRENCY = 32  # deletes in flight: one at a time, thousands of recor
 async def cleanup(backend: Backend, spec: JobSpec, state: JobState, step: Step = no_step) -> None:
     """Remove what an ended job leaves behind: the parts its output replaced (succeeded) or its
     own unpublished parts (failed, cancelled), its queues, scratch blobs and task records;
-    keep the job record. Idempotent, and safe to stop anywhere: run it again."""
+    keep the job record and its timeline. Idempotent, and safe to stop anywhere: run it again."""
     pk = job_pk(spec.job_id)
     scratch = job_scratch(spec.scratch, spec.job_id)
     if state == JobState.SUCCEEDED and not spec.final:
@@ -287,8 +287,12 @@ async def cleanup(backend: Backend, spec: JobSpec, state: JobState, step: Step =
     for t in range(spec.maps if spec.shuffle == "blob" else 0):
         items = await backend.table.query(pk, prefix=task_pages(t))
         await asyncio.gather(*(delete_item(str(item["sk"])) for item in items))
+    # The attempts are kept as the job's timeline (cmr.attempts) before their rows go.
+    from cmr import attempts  # here: it writes its rows with this module's guards
+
+    await attempts.fold(backend, spec.job_id)
     # Then every record left, pages a table writer made for no task included.
-    for prefix in ("map#", "page#", "fail#", "reduce#"):
+    for prefix in ("map#", "page#", "fail#", "reduce#", attempts.PREFIX):
         items = await backend.table.query(pk, prefix=prefix)
         await asyncio.gather(*(delete_item(str(item["sk"])) for item in items))
     await step("cleanup.records", {"job": spec.job_id})

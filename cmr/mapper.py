@@ -19,11 +19,12 @@ import secrets
 import stat
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import msgpack
 
-from cmr import bulk, failures, formats, rangefile, sidefiles, wire
+from cmr import attempts, bulk, failures, formats, rangefile, sidefiles, wire
 from cmr import digest as digests
 from cmr.aio import TaskGroup, first_error
 from cmr.backends.base import Put, Received, item_absent
@@ -46,22 +47,77 @@ SEND_CONCURRENCY = 16  # SendMessageBatch calls in flight, and so at most this m
 PENDING_BYTES = 16 * 1024 * 1024  # bodies waiting for a full batch of 10, all partitions
 
 
-async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.MapTask) -> None:
-    in_q, _, part_qs = spec.queues()
+async def run_map_task(
+    rt: Runtime, spec: JobSpec, msg: Received | None, task: wire.MapTask
+) -> None:
+    """One attempt of the map task. ``msg`` None: a straggler's backup (:mod:`cmr.backup`),
+    which holds no task message: it renews, deletes and fails none, and its failure is only
+    its own (the attempt it backs up goes on, and is counted if it fails too)."""
+    in_q = spec.queues()[0]
     table, queues = rt.backend.table, rt.backend.queues
     pk = job_pk(spec.job_id)
     stats: Counter[str] = Counter()
     if await table.get(pk, map_sk(task.task)) is not None:
         stats["map_duplicates_skipped"] += 1
-        await queues.delete_messages(in_q, [msg.receipt])
+        if msg is not None:
+            await queues.delete_messages(in_q, [msg.receipt])
         await rt.add_stats(spec.job_id, stats)
         return
     ref = failures.TaskRef.map(task.task)
-    if msg.receive_count > 1 and not await failures.map_redelivered(rt, spec, ref):
+    redelivered = msg is not None and msg.receive_count > 1
+    if redelivered and not await failures.map_redelivered(rt, spec, ref):
         return  # started too often: the job was failed
     attempt = secrets.token_hex(6)
+    row = attempts.Running(rt.backend, spec.job_id, "m", task.task, attempt, rt.worker_id)
+    if not await row.start(backup=msg is None):
+        return  # the job has ended
+    try:
+        await _attempt(rt, spec, msg, task, attempt, row, stats)
+    except Exception as exc:
+        with contextlib.suppress(BackendError):
+            await row.end("failed", failures.describe(exc))
+        raise
+    await rt.add_stats(spec.job_id, stats)
+
+
+async def _failed(
+    rt: Runtime,
+    spec: JobSpec,
+    msg: Received | None,
+    row: attempts.Running,
+    task: int,
+    error: str,
+    *,
+    permanent: bool = False,
+) -> None:
+    """The attempt failed: counted against the task (a backup's failure only ends it)."""
+    await row.end("failed", error)
+    if msg is not None:
+        ref = failures.TaskRef.map(task)
+        await failures.task_failed(rt, spec, ref, error, spec.queues()[0], msg, permanent=permanent)
+
+
+def _leased(rt: Runtime, spec: JobSpec, msg: Received | None) -> AbstractAsyncContextManager[Any]:
+    if msg is None:
+        return contextlib.nullcontext()
+    in_q = spec.queues()[0]
+    return message_lease(rt.backend.queues, in_q, msg.receipt, spec.visibility_s, rt.awake)
+
+
+async def _attempt(
+    rt: Runtime,
+    spec: JobSpec,
+    msg: Received | None,
+    task: wire.MapTask,
+    attempt: str,
+    row: attempts.Running,
+    stats: Counter[str],
+) -> None:
+    in_q, _, part_qs = spec.queues()
+    table, queues = rt.backend.table, rt.backend.queues
+    pk = job_pk(spec.job_id)
     log = rt.log.bind(job=spec.job_id, task=task.task, attempt=attempt)
-    async with message_lease(queues, in_q, msg.receipt, spec.visibility_s, rt.awake):
+    async with _leased(rt, spec, msg):
         ranges, cuts, checks = await _ranges(rt, spec, task.task)
         files_dir = await sidefiles.fetch(rt, spec)
         fmt = _input_format(spec)
@@ -79,9 +135,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
                     # In a task group: one range failing stops the others' reads.
                     chunks = await _read_all(rt, ranges, fmt, checks, stream)
             except TimeoutError:
-                await failures.task_failed(
-                    rt, spec, ref, _read_too_long(task.task, read_limit), in_q, msg
-                )
+                await _failed(rt, spec, msg, row, task.task, _read_too_long(task.task, read_limit))
                 return
             # Compression is told by a file's first bytes (decompressing is the pool's work);
             # a slice was told uncompressed by its head.
@@ -123,9 +177,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             del chunks
             result = await _map_streamed(mapping, stream, ranges, task.task, map_limit)
         if result.error:
-            await failures.task_failed(
-                rt, spec, ref, result.error, in_q, msg, permanent=result.permanent
-            )
+            await _failed(rt, spec, msg, row, task.task, result.error, permanent=result.permanent)
             return
         written, spiller = None, _Spiller(rt, spec, task.task, attempt)
         ended = False  # the job ended before this attempt's pages were written
@@ -170,6 +222,7 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             won = held is not None and held.get("attempt") == attempt
         if result.status:
             log.info("map task status", status=result.status)
+        await row.end("committed" if won else "lost")
         if not won:
             stats["map_attempts_filtered"] += 1
             log.info("map attempt lost to an earlier commit; its batches will be ignored")
@@ -182,8 +235,8 @@ async def run_map_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.Map
             stats["progress_maps"] += 1
             stats["progress_bytes"] += result.bytes_in
         await rt.step("map.committed", job=spec.job_id, task=task.task, attempt=attempt, won=won)
-        await queues.delete_messages(in_q, [msg.receipt])
-    await rt.add_stats(spec.job_id, stats)
+        if msg is not None:
+            await queues.delete_messages(in_q, [msg.receipt])
 
 
 async def _ranges(

@@ -9,6 +9,9 @@
     pk=job#<id>      sk=fail#<m|r><n>     how often a map task or partition failed or restarted
     pk=job#<id>      sk=reduce#<p>        the partition's claim (owner, token, epoch, beat) and
                                           commit (output, records, bytes, blake3)
+    pk=job#<id>      sk=att#<m|r><n>#<id> a task attempt: worker, start, end, outcome
+                                          (cmr.attempts); folded into timeline#<n> at cleanup
+    pk=workers       sk=<worker id>       a worker's beat: host, jobs, busy (cmr.workers)
 
 Every decision record is written once with a condition, so whoever reads it later — any
 worker, any time — reaches the same conclusion (the "stable decisions" invariant). A job's
@@ -37,6 +40,9 @@ from cmr.job import LINE_ENDINGS, MAX_STEPS, JobRef
 JOBS_PK = "jobs"  # every job ever submitted (what `cmr status` lists)
 ACTIVE_PK = "jobs#active"  # jobs with duties left: what workers poll, so it stays small
 OUTPUTS_PK = "outputs"  # output places and the job that owns each while it runs
+WORKERS_PK = "workers"  # the workers seen lately, one row each (cmr.workers)
+# A job's records its cleanup keeps beside the job record: what the dashboard shows of it.
+KEPT = ("timeline#",)
 
 
 class JobState(StrEnum):

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from cmr import bulk, clock, failures, finalize, sidefiles, wire
+from cmr import attempts, bulk, clock, failures, finalize, sidefiles, wire
 from cmr import digest as digests
 from cmr.aio import TaskGroup, first_error
 from cmr.backends.base import Received
@@ -357,7 +357,7 @@ async def _spilled_pairs(rt: Runtime, spec: JobSpec, batch: wire.Batch) -> bytes
 
 
 async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.ReduceTask) -> None:
-    _, reduce_q, part_qs = spec.queues()
+    reduce_q = spec.queues()[1]
     queues = rt.backend.queues
     p = task.partition
     async with message_lease(queues, reduce_q, msg.receipt, spec.visibility_s, rt.awake):
@@ -384,11 +384,26 @@ async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.
     if not await failures.reduce_claimed(rt, spec, failures.TaskRef.reduce(p), got.epoch):
         await got.release()
         return  # started too often: the job was failed
+    await run_claimed(rt, spec, got, msg)
+
+
+async def run_claimed(rt: Runtime, spec: JobSpec, got: Claim, msg: Received | None) -> None:
+    """Reduce the partition we hold and commit it. ``msg`` None: a straggler's backup that
+    took the claim over (:mod:`cmr.backup`); it holds no task message, so it renews, deletes
+    and fails none (its failure only releases the claim: the task message, still held by the
+    attempt it replaced, brings the task back if nobody commits)."""
+    _, reduce_q, part_qs = spec.queues()
+    p = got.partition
+    row = attempts.Running(rt.backend, spec.job_id, "r", p, got.token, rt.worker_id)
+    if not await row.start(backup=msg is None):
+        await got.forget()  # the job ended: our claim must not linger
+        return
     workdir = tempfile.mkdtemp(prefix=f"reduce-{p}-", dir=rt.spool_dir)
     drain = Drain(spec, p, workdir)
     queue = part_qs[p] if part_qs else ""  # "": the blob shuffle, no partition queue
     try:
-        await _run_claimed(rt, spec, got, drain, msg, queue, reduce_q)
+        outcome, error = await _run_claimed(rt, spec, got, drain, msg, queue, reduce_q)
+        await row.end(outcome, error)
     except QueueGone:
         await got.forget()  # the job ended while we held the partition
         rt.log.info(
@@ -396,15 +411,18 @@ async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.
             job=spec.job_id,
             partition=p,
         )
+        with contextlib.suppress(BackendError):
+            await row.end("released")
         raise
     except WorkerCrashed:
         raise  # a dead worker releases nothing: its leases lapse
-    except Exception:
+    except Exception as exc:
         # A failure (counted by the caller): the next owner need not wait for our lease or
         # for our batches to reappear.
         with contextlib.suppress(BackendError):
             await got.release()
             await _let_go(rt, drain, queue, lost=False)
+            await row.end("failed", failures.describe(exc))
         raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -416,20 +434,27 @@ async def _run_claimed(
     spec: JobSpec,
     got: Claim,
     drain: Drain,
-    msg: Received,
+    msg: Received | None,
     queue: str,
     reduce_q: str,
-) -> None:
+) -> tuple[str, str]:
+    """How the attempt ended (committed, lost: the claim was taken over, or failed) and the
+    reduce's error if it failed."""
+    leased: contextlib.AbstractAsyncContextManager[Any] = (
+        message_lease(rt.backend.queues, reduce_q, msg.receipt, spec.visibility_s, rt.awake)
+        if msg is not None
+        else contextlib.nullcontext()
+    )
     async with (
-        message_lease(rt.backend.queues, reduce_q, msg.receipt, spec.visibility_s, rt.awake),
+        leased,
         got.renewing(rt.awake),
         _holding(rt, drain, queue, spec.visibility_s, got),
     ):
         await _drain(rt, spec, got, drain, queue)
         if got.lost.is_set():
             await _let_go(rt, drain, queue, lost=True)
-            return
-        await _reduce_and_commit(rt, spec, got, drain, msg, queue)
+            return "lost", ""
+        return await _reduce_and_commit(rt, spec, got, drain, msg, queue)
 
 
 @contextlib.asynccontextmanager
@@ -638,8 +663,8 @@ async def _reduce_streamed(
 
 
 async def _reduce_and_commit(
-    rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, msg: Received, queue: str
-) -> None:
+    rt: Runtime, spec: JobSpec, owner: Claim, drain: Drain, msg: Received | None, queue: str
+) -> tuple[str, str]:
     reduce_q = spec.queues()[1]
     limit = task_limit(spec.task_timeout_s, drain.spooled)
     url = reduce_output_url(spec.scratch, spec.job_id, drain.partition, owner.epoch, owner.token)
@@ -683,10 +708,11 @@ async def _reduce_and_commit(
     if result.error:
         await owner.release()
         await _let_go(rt, drain, queue, lost=False)
-        await failures.task_failed(
-            rt, spec, failures.TaskRef.reduce(drain.partition), result.error, reduce_q, msg
-        )
-        return
+        if msg is not None:
+            await failures.task_failed(
+                rt, spec, failures.TaskRef.reduce(drain.partition), result.error, reduce_q, msg
+            )
+        return "failed", result.error
     await rt.step("reduce.output_written", job=spec.job_id, partition=drain.partition, output=url)
     if result.status:
         rt.log.info("reduce task status", job=spec.job_id, status=result.status)
@@ -702,7 +728,7 @@ async def _reduce_and_commit(
             partition=drain.partition,
         )
         await rt.backend.blobs.delete([url])
-        return
+        return "lost", ""
     await rt.step("reduce.committed", job=spec.job_id, partition=drain.partition, output=url)
     await rt.add_stats(spec.job_id, drain.stats)
     drain.stats.clear()
@@ -712,4 +738,6 @@ async def _reduce_and_commit(
     # receiver counts our commit and finalizes.
     if await finalize.count_commit(rt, spec):
         await finalize.finalize(rt, spec)
-    await rt.backend.queues.delete_messages(reduce_q, [msg.receipt])
+    if msg is not None:
+        await rt.backend.queues.delete_messages(reduce_q, [msg.receipt])
+    return "committed", ""

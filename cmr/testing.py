@@ -43,6 +43,7 @@ import msgpack
 
 from cmr import (
     adapters,
+    attempts,
     counters,
     formats,
     pipeline,
@@ -56,6 +57,7 @@ from cmr import (
 )
 from cmr.admission import serving_own_job
 from cmr.api import job_ref
+from cmr.attempts import Attempt
 from cmr.backends.base import Backend
 from cmr.backends.embedded import temporary_backend
 from cmr.backends.embedded.blobs import EmbeddedBlobs
@@ -75,7 +77,7 @@ from cmr.jobload import LoadedJob
 from cmr.joboptions import JobOptions
 from cmr.lifecycle import job_scratch
 from cmr.publish import MANIFEST, Manifest
-from cmr.records import ACTIVE_PK, JOBS_PK, OUTPUTS_PK, JobSpec, job_pk
+from cmr.records import ACTIVE_PK, JOBS_PK, KEPT, OUTPUTS_PK, JobSpec, job_pk
 from cmr.runtime import STEPS, Hook, Runtime, WorkerCrashed
 from cmr.settings import AwsSettings, WorkerSettings
 from cmr.split import Input
@@ -375,6 +377,7 @@ class ChaosResult:
     pauses: Counter[str] = field(default_factory=Counter)  # by step
     workers_started: int = 0
     leftovers: list[str] = field(default_factory=list)  # what the job left behind (none!)
+    attempts: list[Attempt] = field(default_factory=list)  # its timeline, after cleanup
 
     @property
     def duplicates_handled(self) -> dict[str, int]:
@@ -431,7 +434,7 @@ async def leftovers(be: Backend, spec: JobSpec) -> list[str]:
         found += [
             f"record {i['pk']}/{i['sk']}"
             for i in await be.table.query(job_pk(step.job_id))
-            if i["sk"] != "job"
+            if i["sk"] != "job" and not str(i["sk"]).startswith(KEPT)
         ]
         if await be.table.get(ACTIVE_PK, step.job_id) is not None:
             found.append(f"record {ACTIVE_PK}/{step.job_id}")
@@ -442,6 +445,16 @@ async def leftovers(be: Backend, spec: JobSpec) -> list[str]:
     if claim is not None and claim.get("active"):
         found.append(f"record {OUTPUTS_PK}/{spec.output} (still active)")
     return found
+
+
+async def task_records(be: Backend, job_id: str) -> list[str]:
+    """The sort keys of a job's records but those its cleanup keeps (records.KEPT: the
+    timeline): after cleanup, ``["job"]``."""
+    return [
+        str(i["sk"])
+        for i in await be.table.query(job_pk(job_id))
+        if not str(i["sk"]).startswith(KEPT)
+    ]
 
 
 async def backend_leftovers(be: Backend, queue_prefix: str, settle_s: float = 60.0) -> list[str]:
@@ -467,12 +480,33 @@ async def backend_leftovers(be: Backend, queue_prefix: str, settle_s: float = 60
             found += [
                 f"record {i['pk']}/{i['sk']}"
                 for i in await be.table.query(job_pk(step.job_id))
-                if i["sk"] != "job"
+                if i["sk"] != "job" and not str(i["sk"]).startswith(KEPT)
             ]
     root = be.scratch.rstrip("/")
     found += [f"blob {b.url}" for b in await be.blobs.list(f"{root}/jobs/")]
     found += [f"blob {b.url}" for b in await be.blobs.list(f"{root}/results/")]
     return found
+
+
+def timeline_problems(result: ChaosResult) -> list[str]:
+    """What is wrong with a succeeded job's timeline (cmr.attempts): every map task and
+    every partition must have exactly one committed attempt, and every attempt an end."""
+    record = result.record
+    wanted = {"m": int(record.get("maps", 0)), "r": int(record.get("partitions", 0))}
+    committed: Counter[tuple[str, int]] = Counter(
+        (a.kind, a.task) for a in result.attempts if a.outcome == "committed"
+    )
+    problems = [
+        f"{'map task' if kind == 'm' else 'partition'} {n}: {committed[(kind, n)]} committed "
+        "attempts in the timeline"
+        for kind, count in wanted.items()
+        for n in range(count)
+        if committed[(kind, n)] != 1
+    ]
+    problems += [
+        f"attempt without an outcome: {a}" for a in result.attempts if a.outcome == "running"
+    ]
+    return problems
 
 
 async def chaos_run(
@@ -591,6 +625,7 @@ async def chaos_run(
         # A pipeline's record is its last step's.
         _, result.record = await pipeline.current(be, spec.job_id)
         result.leftovers = await leftovers(be, spec)
+        result.attempts = await attempts.attempts(be, spec.job_id)
     return result
 
 

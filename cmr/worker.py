@@ -25,7 +25,7 @@ from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-from cmr import clock, failures, janitor, taskprogress, wire
+from cmr import clock, failures, janitor, taskprogress, wire, workers
 from cmr.admission import Admission
 from cmr.aio import TaskGroup
 from cmr.backends.base import Backend, Item, Received, Update
@@ -100,6 +100,7 @@ class Worker:
         self._turn = 0
         self.last_work = clock.monotonic()
         self.busy = 0
+        self.tasks_done = 0  # messages handled (for the worker's row: cmr.workers)
         self.broken = False
         self.refused = ""  # why this worker's only job was refused
         self._finished = False
@@ -258,6 +259,10 @@ class Worker:
         self._repaired[spec.job_id] = (now, before)
         self._duty(spec, check)
 
+    def job_ids(self) -> list[str]:
+        """The running jobs this worker serves (its row says them: cmr.workers)."""
+        return [j.job_id for j in self.jobs]
+
     def _next_job(self) -> JobSpec | None:
         if not self.jobs:
             return None
@@ -306,6 +311,7 @@ class Worker:
                 try:
                     await handle(spec, got[0])
                 finally:
+                    self.tasks_done += 1
                     self.busy -= 1
                     if not self.busy:
                         self._idle.set()
@@ -487,6 +493,8 @@ class Worker:
             await self.refresh_jobs()
             tg.create_task(self._watch())
             folder = tg.create_task(self._fold_progress())
+            beat = workers.Beat(self.rt.backend, self.rt.worker_id, s.map_slots, s.reduce_slots)
+            beating = tg.create_task(beat.loop(self))
             slots = [
                 tg.create_task(self._slot(lambda j: j.queues()[0], self._map))
                 for _ in range(s.map_slots)
@@ -505,7 +513,7 @@ class Worker:
                         async with asyncio.timeout(FINISH_GRACE_S):
                             await self._idle.wait()
             finally:
-                for t in [*slots, folder]:
+                for t in [*slots, folder, beating]:
                     t.cancel()
             duties = list(self._duties.values())
             if duties:

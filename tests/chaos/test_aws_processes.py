@@ -35,6 +35,7 @@ from cmr.backends.azure.table import STALE_S
 from cmr.backends.base import Backend, Item
 from cmr.records import job_pk
 from cmr.settings import AwsSettings, BackendName, Store
+from cmr.testing import task_records
 from tests.engine.corpus import edge_cases
 from tests.engine.reference import counts_from_parts, word_count
 from tests.stack import azure_stack_backend, stack_backend
@@ -438,7 +439,7 @@ async def assert_cleaned(
     # or a reduce's output leaves its parts stored (and billed) until they are aborted.
     # (Azure has none to abort: uncommitted blocks are invisible, and expire in 7 days.)
     if records:
-        assert [i["sk"] for i in await be.table.query(job_pk(job_id))] == ["job"]
+        assert await task_records(be, job_id) == ["job"]
     if be.name != "aws":
         return
     bucket, _, key = be.scratch.removeprefix("s3://").partition("/")

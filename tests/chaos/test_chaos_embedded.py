@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 
 from cmr.backends.faults import FaultPlan
-from cmr.testing import chaos_run, chaos_shuffle, diff_outputs, read_output, sequential
+from cmr.testing import (
+    chaos_run,
+    chaos_shuffle,
+    diff_outputs,
+    read_output,
+    sequential,
+    timeline_problems,
+)
 from cmr.virtualtime import in_virtual_time
 from tests.engine.corpus import edge_cases
 
@@ -97,6 +104,9 @@ async def test_chaos_runs_match_a_sequential_run(
             return f"{repro}: job ended {result.record.get('state')}: {result.record.get('error')}"
         if result.leftovers:
             return f"{repro}: left behind {result.leftovers}"
+        timeline = timeline_problems(result)
+        if timeline:
+            return f"{repro}: timeline: " + "; ".join(timeline[:5])
         return None
 
     failures = [f for f in await asyncio.gather(*(one(s) for s in seeds)) if f]

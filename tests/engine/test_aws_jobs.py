@@ -18,8 +18,9 @@ from cmr.api import run_on
 from cmr.backends.base import Backend
 from cmr.errors import JobFailed, WorkersGone
 from cmr.lifecycle import load_spec
-from cmr.records import JobState, job_pk
+from cmr.records import JobState
 from cmr.settings import AwsSettings
+from cmr.testing import task_records
 from tests.stack import remove_test_resources
 
 from .corpus import edge_cases, small_files
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("aws_stack")
 async def assert_cleaned(be: Backend, settings: AwsSettings, job_id: str) -> None:
     assert await be.queues.list(settings.queue_prefix) == []
     assert await be.blobs.list(f"{be.scratch}/jobs/{job_id}/") == []
-    assert [i["sk"] for i in await be.table.query(job_pk(job_id))] == ["job"]
+    assert await task_records(be, job_id) == ["job"]
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from cmr.plan import Plan, plan_url
 from cmr.pool import cpu_pool
 from cmr.records import JobSpec, JobState, job_pk
 from cmr.runtime import Runtime
+from cmr.testing import task_records
 from cmr.virtualtime import in_virtual_time
 
 from .tampering import topwords_tampered
@@ -41,7 +42,7 @@ class Forger:
             nxt = self.nxt
             self.left = [b.url for b in await be.blobs.list(job_scratch(nxt.scratch, nxt.job_id))]
             self.left += await be.queues.list(f"{nxt.queue_prefix}{nxt.job_id}-")
-            self.left += [i["sk"] for i in await be.table.query(job_pk(nxt.job_id))]
+            self.left += await task_records(be, nxt.job_id)
         if step != "pipeline.next_made" or self.forged is not None:
             return
         spec, record = await load_spec(be, context["job"])

@@ -1,0 +1,277 @@
+"""Task attempts: who ran which task, when, and how it ended; the timeline a job keeps.
+
+Every map attempt and every reduce claim writes one row when it starts and updates it when
+it ends. They are what the dashboard draws and what straggler backups (:mod:`cmr.backup`)
+judge: a task running far longer than its finished peers. The rows are
+
+    pk=job#<id>  sk=att#m<task>#<attempt>     a map attempt (its attempt id)
+    pk=job#<id>  sk=att#r<partition>#<token>  a reduce claim (its claim token)
+
+with ``worker``, ``host``, ``started``, ``ended`` (absent while it runs), ``outcome``,
+``error`` (a failure's headline) and ``backup`` (started as a straggler's backup).
+
+A job's cleanup deletes its task records; before it does, it folds the attempts into
+``sk=timeline#<n>`` items (written once: the first complete fold stands), so a finished job
+keeps its timeline next to its record. Rows and timelines are strangers' data to whoever
+reads them: each field is checked and bounded, and a row that fails is skipped, not trusted.
+
+The start row is written only while the job runs (a paused worker waking after cleanup must
+not leave a row behind); the end is an update of a row that still exists, so it cannot
+recreate one cleanup deleted. Two writes per attempt: small beside the attempt's shuffle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import socket
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from cmr import clock
+from cmr.backends.base import Backend, Present, Put, Update, item_absent
+from cmr.errors import ConditionFailed
+from cmr.failures import headline
+from cmr.lifecycle import write_while_running
+from cmr.records import job_pk, task_of
+
+Kind = Literal["m", "r"]
+OUTCOMES = frozenset({"running", "committed", "lost", "failed", "released", "abandoned"})
+MAX_ERROR = 300  # characters of a failure's headline kept in a row
+MAX_ID = 120  # worker ids, hosts, attempt ids
+TIMELINE_ROWS = 2_000  # attempts per timeline item (~60 bytes each: well under an item's limit)
+PREFIX = "att#"
+TIMELINE = "timeline#"
+HOST = socket.gethostname()[:MAX_ID]
+
+
+def row_sk(kind: Kind, task: int, attempt: str) -> str:
+    return f"{PREFIX}{kind}{task:06d}#{attempt}"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    kind: Kind
+    task: int  # the map task, or the partition
+    attempt: str  # the map attempt id, or the claim token
+    worker: str
+    host: str
+    started: float  # wall clock of the worker that ran it
+    ended: float | None
+    outcome: str
+    error: str = ""
+    backup: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.ended is None
+
+    def seconds(self, now: float) -> float:
+        return max(0.0, (self.ended if self.ended is not None else now) - self.started)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "map" if self.kind == "m" else "reduce",
+            "task": self.task,
+            "attempt": self.attempt,
+            "worker": self.worker,
+            "host": self.host,
+            "started": self.started,
+            "ended": self.ended,
+            "outcome": self.outcome,
+            "error": self.error,
+            "backup": self.backup,
+        }
+
+    def to_row(self) -> list[Any]:
+        return [
+            self.kind,
+            self.task,
+            self.attempt,
+            self.worker,
+            self.host,
+            self.started,
+            self.ended,
+            self.outcome,
+            self.error,
+            self.backup,
+        ]
+
+
+def _text(value: Any, most: int) -> str:
+    if not isinstance(value, str) or len(value) > most:
+        raise ValueError("not a bounded string")
+    return value
+
+
+def _time(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e11:
+        raise ValueError("not a time")
+    return float(value)
+
+
+def _checked(
+    kind: Any,
+    task: Any,
+    attempt: Any,
+    worker: Any,
+    host: Any,
+    started: Any,
+    ended: Any,
+    outcome: Any,
+    error: Any,
+    backup: Any,
+) -> Attempt:
+    if kind not in ("m", "r") or isinstance(task, bool) or not isinstance(task, int):
+        raise ValueError("not a task")
+    if not 0 <= task < 10**6 or outcome not in OUTCOMES or not isinstance(backup, bool):
+        raise ValueError("not an attempt")
+    return Attempt(
+        kind,
+        task,
+        _text(attempt, MAX_ID),
+        _text(worker, MAX_ID),
+        _text(host, MAX_ID),
+        _time(started),
+        None if ended is None else _time(ended),
+        outcome,
+        _text(error, MAX_ERROR),
+        backup,
+    )
+
+
+def from_item(item: dict[str, Any]) -> Attempt | None:
+    """The attempt a row holds, or None if it is not one (a stranger's or damaged row)."""
+    sk = item.get("sk")
+    if not isinstance(sk, str) or not sk.startswith(PREFIX) or "#" not in sk[len(PREFIX) :]:
+        return None
+    head, _, attempt = sk[len(PREFIX) :].partition("#")
+    try:
+        return _checked(
+            head[:1],
+            int(head[1:]) if head[1:].isdigit() else None,
+            attempt,
+            item.get("worker"),
+            item.get("host"),
+            item.get("started"),
+            item.get("ended"),
+            item.get("outcome"),
+            item.get("error", ""),
+            item.get("backup", False),
+        )
+    except (ValueError, TypeError):
+        return None
+
+
+class Running:
+    """One attempt's row: written when it starts, ended once with its outcome."""
+
+    def __init__(
+        self, backend: Backend, job_id: str, kind: Kind, task: int, attempt: str, worker: str
+    ) -> None:
+        self.backend = backend
+        self.job_id = job_id
+        self.key = (job_pk(job_id), row_sk(kind, task, attempt))
+        self.worker = worker
+        self.written = False
+        self.ended = False
+
+    async def start(self, *, backup: bool = False) -> bool:
+        """Write the row, only while the job runs: False if it has ended."""
+        fields = {
+            "worker": self.worker[:MAX_ID],
+            "host": HOST,
+            "started": clock.wall(),
+            "outcome": "running",
+            "backup": backup,
+        }
+        try:
+            await write_while_running(self.backend, self.job_id, Put(*self.key, fields))
+        except ConditionFailed:
+            return False
+        self.written = True
+        return True
+
+    async def end(self, outcome: str, error: str = "") -> None:
+        """Say how it ended (once): an update of the row if it still exists, so a late end
+        never recreates a row the job's cleanup deleted."""
+        if not self.written or self.ended:
+            return
+        self.ended = True
+        fields: dict[str, Any] = {"ended": clock.wall(), "outcome": outcome}
+        if error.strip():
+            fields["error"] = headline(error)[0][:MAX_ERROR]
+        with contextlib.suppress(ConditionFailed):
+            await self.backend.table.update(Update(*self.key, set_=fields, condition=Present("pk")))
+
+
+async def attempts(backend: Backend, job_id: str) -> list[Attempt]:
+    """The job's attempts, from its rows while it has them, else from its timeline (after
+    cleanup). Sorted by kind, task and start."""
+    pk = job_pk(job_id)
+    rows = await backend.table.query(pk, prefix=PREFIX)
+    found = [a for a in map(from_item, rows) if a is not None]
+    if not rows:
+        for item in await backend.table.query(pk, prefix=TIMELINE):
+            found.extend(_unfold(item.get("rows")))
+    return sorted(found, key=lambda a: (a.kind, a.task, a.started))
+
+
+def _unfold(rows: Any) -> list[Attempt]:
+    if not isinstance(rows, list):
+        return []
+    found = []
+    for row in rows[:TIMELINE_ROWS]:
+        if isinstance(row, list) and len(row) == 10:
+            with contextlib.suppress(ValueError, TypeError):
+                found.append(_checked(*row))
+    return found
+
+
+async def fold(backend: Backend, job_id: str) -> None:
+    """Keep the ended job's attempts as its timeline, before cleanup deletes the rows. Each
+    item is written once: a cleanup run again after a partial delete finds the first fold
+    standing and leaves it (the rows it would read are fewer by then).
+
+    The commit records have the last word on who won: an attempt killed between its commit
+    and its row's end is the winner all the same, and the rest still 'running' when the job
+    ended were abandoned (their workers died, or the job ended under them)."""
+    pk = job_pk(job_id)
+    # Not the whole partition: a blob job's pages alone may be tens of thousands of items.
+    maps, reduces, items = await asyncio.gather(
+        backend.table.query(pk, prefix="map#"),
+        backend.table.query(pk, prefix="reduce#"),
+        backend.table.query(pk, prefix=PREFIX),
+    )
+    won = {("m", task_of(str(i["sk"]))): i.get("attempt") for i in maps if _is(i, "map#")}
+    won |= {
+        ("r", int(str(i["sk"])[len("reduce#") :])): i.get("token")
+        for i in reduces
+        if _is(i, "reduce#") and i.get("state") == "committed"
+    }
+    rows = sorted(
+        (_settled(a, won.get((a.kind, a.task))) for a in map(from_item, items) if a),
+        key=lambda a: (a.kind, a.task, a.started),
+    )
+    for n, start in enumerate(range(0, len(rows), TIMELINE_ROWS)):
+        chunk = [a.to_row() for a in rows[start : start + TIMELINE_ROWS]]
+        with contextlib.suppress(ConditionFailed):
+            await backend.table.put(
+                pk, f"{TIMELINE}{n:04d}", {"rows": chunk}, condition=item_absent()
+            )
+
+
+def _is(item: dict[str, Any], prefix: str) -> bool:
+    sk = item.get("sk")
+    return isinstance(sk, str) and sk.startswith(prefix) and sk[len(prefix) :].isdigit()
+
+
+def _settled(a: Attempt, winner: object) -> Attempt:
+    if a.attempt == winner:
+        outcome = "committed"
+    elif a.outcome in ("running", "committed"):
+        outcome = "abandoned" if a.ended is None else "lost"
+    else:
+        outcome = a.outcome
+    return dataclasses.replace(a, outcome=outcome)
