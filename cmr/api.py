@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cmr import counters, logs, pipeline, submit, watch
+from cmr import counters, logs, pipeline, submit, usage, watch
 from cmr.admission import serving_own_job
 from cmr.backends.base import Backend
 from cmr.backends.embedded import temporary_backend
@@ -23,7 +23,7 @@ from cmr.jobload import LoadedJob, load_job
 from cmr.joboptions import JobOptions
 from cmr.pool import CpuPool, cpu_pool
 from cmr.publish import read_manifest
-from cmr.records import JobSpec
+from cmr.records import JobSpec, step_job_id
 from cmr.settings import (
     AwsSettings,
     BackendName,
@@ -229,6 +229,27 @@ async def run_on(
     )
     started = time.monotonic()
     calls_before = be.calls()
+    caller = usage.JOB.set(usage.JOB.get())  # submit makes us the job's: put it back after
+    try:
+        return await _run_on(
+            be, loaded, input, output, opts, job_options, ws, started, calls_before
+        )
+    finally:
+        usage.JOB.reset(caller)
+
+
+async def _run_on(
+    be: Backend,
+    loaded: LoadedJob,
+    input: str | Sequence[str],
+    output: str,
+    opts: RunOptions,
+    job_options: JobOptions,
+    ws: WorkerSettings,
+    started: float,
+    calls_before: Counter[str],
+) -> RunResult:
+    workers = opts.workers
     spec = await submit.submit(
         be,
         loaded,
@@ -243,6 +264,27 @@ async def run_on(
     )
     if opts.on_submit is not None:
         opts.on_submit(spec.job_id)
+    try:
+        return await _watched(be, spec, output, opts, ws, started, calls_before)
+    finally:
+        # The client's part of the job's cost (cmr.usage): its submit and its watch.
+        steps = [
+            step_job_id(spec.pipeline_id, spec.first_step, n)
+            for n in range(spec.step, spec.last_step + 1)
+        ]
+        with contextlib.suppress(Exception):
+            await asyncio.shield(usage.flush(be, steps))
+
+
+async def _watched(
+    be: Backend,
+    spec: JobSpec,
+    output: str,
+    opts: RunOptions,
+    ws: WorkerSettings,
+    started: float,
+    calls_before: Counter[str],
+) -> RunResult:
     if opts.detach:
         record = {"state": "running"}
         return RunResult(

@@ -21,7 +21,7 @@ import secrets
 from collections import Counter
 from collections.abc import AsyncIterator
 
-from cmr import failures, wire
+from cmr import failures, usage, wire
 from cmr.backends.base import AllOf, Condition, Eq, Missing, Present, Update
 from cmr.errors import BackendError, ConditionFailed, QueueGone, WireError
 from cmr.finalize import committed_parts, finalize
@@ -96,6 +96,8 @@ async def clean(rt: Runtime, spec: JobSpec, seen: Seen | None) -> None:
         return
     async with _beating(rt, spec, token):
         await cleanup(rt.backend, spec, JobState(str(job["state"])), rt.hook_step)
+    # The job's cost as this process saw it, after its cleanup (cleanup keeps usage rows).
+    await usage.flush(rt.backend, [spec.job_id])
     rt.forget_job(spec.job_id)
     rt.log.info("job cleaned up", job=spec.job_id)
 

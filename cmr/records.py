@@ -42,7 +42,7 @@ ACTIVE_PK = "jobs#active"  # jobs with duties left: what workers poll, so it sta
 OUTPUTS_PK = "outputs"  # output places and the job that owns each while it runs
 WORKERS_PK = "workers"  # the workers seen lately, one row each (cmr.workers)
 # A job's records its cleanup keeps beside the job record: what the dashboard shows of it.
-KEPT = ("timeline#",)
+KEPT = ("timeline#", "usage#")  # usage#: its cost, by process (cmr.usage)
 
 
 class JobState(StrEnum):

@@ -19,7 +19,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cmr import adapters, bulk, formats, joboptions, logs, places, sampling, sidefiles, wire
+from cmr import (
+    adapters,
+    bulk,
+    formats,
+    joboptions,
+    logs,
+    places,
+    sampling,
+    sidefiles,
+    usage,
+    wire,
+)
 from cmr.backends.base import Backend, BlobInfo, Blobs
 from cmr.errors import BackendError, BlobMissing, QueueGone, UsageError
 from cmr.fileurls import file_url
@@ -431,6 +442,9 @@ async def submit(
     memory_bytes: int | None = None,
 ) -> JobSpec:
     job_id = new_job_id()
+    # From here the caller works for this job (cmr.usage): its requests, and the tasks it
+    # makes after (the watch), are the job's cost. run_on puts the caller's back.
+    usage.JOB.set(job_id)
     # Everything checkable before work starts, cheapest first, and nothing written until
     # all of it passed: the places, the local input's files, the output.
     sources = input_list(source)

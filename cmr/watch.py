@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cmr import usage
 from cmr.backends.base import Backend
 from cmr.backends.retry import transient
 from cmr.errors import BackendError, JobFailed, NotFound, UsageError
@@ -137,6 +138,7 @@ async def _wait_one(
     counted done, or after REDUCE_QUERY_EVERY polls in case a map counter was lost with its
     worker: during the map phase a waiting client costs one request per poll, not two."""
     reduces_done, polls, full = 0, 0, True
+    usage.JOB.set(spec.job_id)  # watching is a request of the job (this task's context)
     while True:
         try:
             polls += 1

@@ -25,7 +25,7 @@ from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-from cmr import backup, clock, failures, janitor, taskprogress, wire, workers
+from cmr import backup, clock, failures, janitor, taskprogress, usage, wire, workers
 from cmr.admission import Admission
 from cmr.aio import TaskGroup
 from cmr.attempts import Kind
@@ -120,6 +120,11 @@ class Worker:
         # When a running task of the job may become a straggler (our clock): an idle slot's
         # long poll ends by then, not after its idle backoff (up to idle_wait_s).
         self._backups_due: dict[tuple[str, str], float] = {}
+        # The cost of every job (cmr.usage): this worker's time, and the jobs it has worked
+        # for, whose usage rows it writes (the ones it stopped serving: at once).
+        self.clock = usage.WorkerClock()
+        self.usage_jobs: set[str] = set()
+        self._usage_due: set[str] = set()
 
     async def _spec(self, job_id: str) -> JobSpec | None:
         spec = self._specs.get(job_id)
@@ -188,6 +193,7 @@ class Worker:
             self.done.set()
 
     def _forget(self, job_id: str) -> None:
+        self._usage_due.add(job_id)  # its usage row, now: we stop serving it
         self._specs.pop(job_id, None)
         for kind in ("m", "r"):
             self._backups_checked.pop((job_id, kind), None)
@@ -208,7 +214,9 @@ class Worker:
 
         async def run() -> None:
             try:
-                await work()
+                self.usage_jobs.add(spec.job_id)
+                with usage.working_for(spec.job_id, self.clock):
+                    await work()
             except (WorkerCrashed, BrokenProcessPool):
                 raise
             except Exception:
@@ -304,13 +312,15 @@ class Worker:
                 continue
             due = self._backups_due.get((spec.job_id, kind))
             wait = wait_s if due is None else min(wait_s, max(poll_s / 4, due - clock.monotonic()))
+            self.usage_jobs.add(spec.job_id)
             try:
-                got = await queues.receive(
-                    queue_of(spec),
-                    max_messages=1,
-                    wait_s=wait,
-                    visibility_s=spec.visibility_s,
-                )
+                with usage.working_for(spec.job_id):  # polling its queue: a request of the job
+                    got = await queues.receive(
+                        queue_of(spec),
+                        max_messages=1,
+                        wait_s=wait,
+                        visibility_s=spec.visibility_s,
+                    )
                 if not got:
                     wait_s = min(self.rt.settings.idle_wait_s, wait_s * 2)
                     if await self._back_up(spec, kind):
@@ -322,7 +332,8 @@ class Worker:
                 self.last_work = self._last_task[spec.job_id] = clock.monotonic()
                 last = f"a message of job {spec.job_id} via {handle.__name__}"
                 try:
-                    await handle(spec, got[0])
+                    with usage.working_for(spec.job_id, self.clock):
+                        await handle(spec, got[0])
                 finally:
                     self.tasks_done += 1
                     self.busy -= 1
@@ -369,14 +380,15 @@ class Worker:
         if now - self._backups_checked.get(key, -backup.CHECK_S) < backup.CHECK_S:
             return False
         self._backups_checked[key] = now
-        verdict = await backup.find(self.rt, spec, kind)
-        if verdict.due_in is not None:
-            self._backups_due[key] = now + verdict.due_in
-        else:
-            self._backups_due.pop(key, None)
-        found = verdict.straggler
-        if found is None or not await backup.reserve(self.rt, spec, found):
-            return False
+        with usage.working_for(spec.job_id):
+            verdict = await backup.find(self.rt, spec, kind)
+            if verdict.due_in is not None:
+                self._backups_due[key] = now + verdict.due_in
+            else:
+                self._backups_due.pop(key, None)
+            found = verdict.straggler
+            if found is None or not await backup.reserve(self.rt, spec, found):
+                return False
         what = "map task" if kind == "m" else "partition"
         self.rt.log.info(
             f"backing up a straggling {what}",
@@ -389,13 +401,14 @@ class Worker:
         self.busy += 1
         self._idle.clear()
         try:
-            if kind == "m":
-                task = wire.MapTask(spec.job_id, found.attempt.task)
-                await run_map_task(self.rt, spec, None, task)
-            else:
-                held = await backup.take_over(self.rt, spec, found)
-                if held is not None:
-                    await run_claimed(self.rt, spec, held, None)
+            with usage.working_for(spec.job_id, self.clock):
+                if kind == "m":
+                    task = wire.MapTask(spec.job_id, found.attempt.task)
+                    await run_map_task(self.rt, spec, None, task)
+                else:
+                    held = await backup.take_over(self.rt, spec, found)
+                    if held is not None:
+                        await run_claimed(self.rt, spec, held, None)
         finally:
             self.tasks_done += 1
             self.busy -= 1
@@ -508,7 +521,7 @@ class Worker:
                     break
                 pending.setdefault(job_id, Counter()).update(counters)
             for job_id, counters in pending.items():
-                with contextlib.suppress(BackendError):
+                with contextlib.suppress(BackendError), usage.working_for(job_id):
                     await self.rt.backend.table.update(
                         Update(
                             job_pk(job_id),
@@ -525,6 +538,16 @@ class Worker:
         except asyncio.CancelledError:
             await asyncio.shield(flush())  # the last window too, as the worker stops
             raise
+
+    async def _write_usage(self) -> None:
+        """Write the usage rows of the jobs we work for (cmr.usage): a job we stopped
+        serving at once, the others at most every FLUSH_S while their totals change."""
+        while True:
+            await asyncio.sleep(1.0)
+            due, self._usage_due = self._usage_due, set()
+            with contextlib.suppress(BackendError):
+                await usage.flush(self.rt.backend, sorted(due))
+                await usage.flush(self.rt.backend, sorted(self.usage_jobs - due), due=False)
 
     async def run(self) -> None:
         """Serve jobs until ``done`` is set (by the caller, idleness, or the only job ending
@@ -553,6 +576,7 @@ class Worker:
             folder = tg.create_task(self._fold_progress())
             beat = workers.Beat(self.rt.backend, self.rt.worker_id, s.map_slots, s.reduce_slots)
             beating = tg.create_task(beat.loop(self))
+            billing = tg.create_task(self._write_usage())
             slots = [
                 tg.create_task(self._slot(lambda j: j.queues()[0], self._map, "m"))
                 for _ in range(s.map_slots)
@@ -571,7 +595,7 @@ class Worker:
                         async with asyncio.timeout(FINISH_GRACE_S):
                             await self._idle.wait()
             finally:
-                for t in [*slots, folder, beating]:
+                for t in [*slots, folder, beating, billing]:
                     t.cancel()
             duties = list(self._duties.values())
             if duties:
@@ -579,4 +603,7 @@ class Worker:
                 for t in late:
                     t.cancel()
         self._group = None
+        # Stopping: every job's row, this worker's last counts and seconds.
+        with contextlib.suppress(Exception):
+            await asyncio.shield(usage.flush(self.rt.backend, sorted(self.usage_jobs)))
         await self.rt.close_stats()

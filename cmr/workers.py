@@ -20,7 +20,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from cmr import clock
+from cmr import clock, usage
 from cmr.backends.base import Backend, Eq
 from cmr.errors import BackendError, ConditionFailed
 from cmr.records import WORKERS_PK
@@ -136,6 +136,10 @@ class Beat:
             "busy": busy,
             "jobs": [j[:MAX_TEXT] for j in jobs[:MAX_JOBS]],
             "tasks_done": tasks_done,
+            # The fleet's overhead (cmr.usage): this process's requests for no job, and its
+            # idle seconds, as of the last beat. cmr.cost.fleet_overhead reads them.
+            "usage": usage.overhead(),
+            "usage_process": usage.process_id(),
         }
         if stopped:
             item["stopped"] = item["beat"]

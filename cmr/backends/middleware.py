@@ -23,6 +23,7 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from cmr import billing, usage
 from cmr.backends.base import (
     Backend,
     BlobInfo,
@@ -327,6 +328,14 @@ class Counting(Middleware):
             # An oversized body or a deleted queue is refused before any batch is counted.
             result = await proceed(call)
             calls[call.op] += call.requests
+            usage.charge(call.op, call.requests, billing.units_of_call(call, result))
             return result
         calls[call.op] += call.requests
-        return await proceed(call)
+        result = None
+        try:
+            result = await proceed(call)
+            return result
+        finally:
+            # Charged as billed, for the job the caller works for: a failed conditional
+            # write is charged too, as DynamoDB charges it.
+            usage.charge(call.op, call.requests, billing.units_of_call(call, result))

@@ -10,7 +10,7 @@ from typing import Any
 
 from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
 
-from cmr.backends.aws.calls import _counting
+from cmr.backends.aws.calls import counting
 from cmr.backends.aws.errors import translate as _translate
 from cmr.backends.base import (
     AllOf,
@@ -143,7 +143,7 @@ class AwsTable:
         self._db = client
         self._table = table
         self.calls: Counter[str] = Counter()
-        client.meta.events.register("before-send.dynamodb", _counting(self.calls))
+        counting(client, "dynamodb", self.calls)
 
     def _key(self, pk: str, sk: str) -> dict[str, Any]:
         return {"pk": {"S": pk}, "sk": {"S": sk}}

@@ -15,7 +15,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from cmr.backends.aws.calls import _all, _counting
+from cmr.backends.aws.calls import _all, counting
 from cmr.backends.aws.errors import translate as _translate
 from cmr.backends.aws.errors import translated as _translated
 from cmr.backends.base import BlobInfo
@@ -49,7 +49,7 @@ class AwsBlobs:
     def __init__(self, client: Any) -> None:
         self._s3 = client
         self.calls: Counter[str] = Counter()
-        client.meta.events.register("before-send.s3", _counting(self.calls))
+        counting(client, "s3", self.calls)
 
     async def put(self, url: str, data: bytes) -> None:
         bucket, key = _split(url)

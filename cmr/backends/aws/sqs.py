@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any
 
-from cmr.backends.aws.calls import _all, _counting
+from cmr.backends.aws.calls import _all, counting
 from cmr.backends.aws.errors import translate as _translate
 from cmr.backends.base import Received
 from cmr.backends.embedded import MAX_MESSAGE_BYTES, SQS_BODY_LIMIT
@@ -81,7 +81,7 @@ class AwsQueues:
         self._sqs = client
         self._urls: dict[str, str] = {}
         self.calls: Counter[str] = Counter()
-        client.meta.events.register("before-send.sqs", _counting(self.calls))
+        counting(client, "sqs", self.calls)
 
     async def _url(self, name: str) -> str:
         url = self._urls.get(name)

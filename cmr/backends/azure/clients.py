@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl, urlparse
 
 from azure.core.pipeline import PipelineRequest
 
+from cmr import usage
 from cmr.errors import Unreachable
 
 SETTING = "AZURE_STORAGE_CONNECTION_STRING"
@@ -109,7 +110,9 @@ def _table_operation(method: str, path: str, headers: Any) -> str:
 class Counting:
     """Counts every request a client sends, by operation (``blob.PutBlob``,
     ``queue.GetMessages`` ...): the storage SDKs' ``raw_request_hook``, which their
-    pipeline calls after its retry policy, so retries count too."""
+    pipeline calls after its retry policy, so retries count too. Each is also charged to the
+    job it serves (cmr.usage): Azure bills storage requests one operation each, by class
+    (cmr.billing.price_key); a message is at most 64 KiB, one operation."""
 
     def __init__(self, service: str, calls: Counter[str]) -> None:
         self._service = service
@@ -118,4 +121,6 @@ class Counting:
     def __call__(self, request: PipelineRequest[Any]) -> None:
         http = request.http_request
         op = _operation(self._service, http.method, http.url, http.headers)
-        self._calls[f"{self._service}.{op}"] += 1
+        name = f"{self._service}.{op}"
+        self._calls[name] += 1
+        usage.charge(name)
