@@ -179,3 +179,47 @@ async def fleet_overhead(backend: Any, prices: Prices | None = None) -> JobCost:
     cost = price("", rows, prices)
     cost.refused = refused
     return cost
+
+
+async def run_cost(backend: Any, job_ids: Iterable[str], prices: Prices | None = None) -> JobCost:
+    """The cost of a run: a job's, or a pipeline's steps' summed (named by the first)."""
+    ids = list(job_ids)
+    total = JobCost(ids[0] if ids else "")
+    for job_id in ids:
+        step = await job_cost(backend, job_id, prices)
+        total.prices_date, total.price_files = step.prices_date, step.price_files
+        total.add(step)
+    return total
+
+
+def usd(amount: float) -> str:
+    """Dollars as `cmr status` prints them: small amounts with their significant digits."""
+    if amount == 0:
+        return "$0"
+    if amount >= 0.01:
+        return f"${amount:,.2f}"
+    return f"${amount:.2g}" if amount >= 1e-6 else f"${amount:.1e}"
+
+
+def lines(cost: JobCost) -> list[str]:
+    """The cost as `cmr status JOB` prints it: the total, then by service and operation
+    (requests, billed units, dollars), then worker-seconds."""
+    dated = f"prices of {cost.prices_date}" + (
+        f", {', '.join(cost.price_files)} over them" if cost.price_files else ""
+    )
+    out = [f"cost: {usd(cost.total_usd)} ({dated})"]
+    for service, ops in cost.services().items():
+        spent = sum(c.usd for c in ops.values())
+        name = billing.SERVICES.get(service, service)
+        out.append(f"  {name}: {usd(spent)}, {sum(c.requests for c in ops.values()):,} requests")
+        for op, c in ops.items():
+            units = f"{c.units:,.1f}".removesuffix(".0")
+            billed = f"{units} {c.price.rsplit('.', 1)[-1]}" if c.price else "free"
+            out.append(
+                f"    {op.partition('.')[2]}: {c.requests:,} requests, {billed}, {usd(c.usd)}"
+            )
+    kinds = ", ".join(f"{s:,.1f} s of {name}" for name, s in sorted(cost.instances.items()))
+    out.append(f"  workers: {usd(cost.workers_usd)}, {kinds or '0 s'}")
+    if cost.refused:
+        out.append(f"  {len(cost.refused)} usage rows refused (not priced): {cost.refused[0]}")
+    return out

@@ -413,16 +413,21 @@ def status(
     store: StoreFlags,
     job: Annotated[str | None, typer.Argument(help="a job id (default: list jobs)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object (or a list)")] = False,
+    prices_file: Annotated[
+        str | None,
+        typer.Option("--prices", help="a TOML file of prices over the shipped table [$CMR_PRICES]"),
+    ] = None,
     verbose: Verbose = 0,
 ) -> None:
-    """Jobs and their map/reduce progress, or one job's record and duplicate counters.
+    """Jobs and their map/reduce progress and cost, or one job's record, counters and cost.
 
     With no store given: $CMR_STORE, else the store the job (or your last `cmr run`) was
     submitted to."""
     from rich.table import Table
 
-    from cmr import counters, watch
+    from cmr import cost, counters, prices, watch
 
+    priced = prices.load(prices_file)  # a bad file: one line, before the store is opened
     configure_logs(logging.WARNING - 10 * verbose)
     w = where(store, job)
     here = embedded_run(w, job)
@@ -441,6 +446,7 @@ def status(
         async with _opened(w.store) as be:
             if job is None:
                 rows = []
+                costs = []
                 for row in await watch.list_jobs(be):
                     # A pipeline is listed once, where it stands: the step it is at; the
                     # job list's row says when the run started.
@@ -455,12 +461,17 @@ def status(
                             await watch.untouched(be, spec, rec),
                         )
                     )
+                    costs.append(await cost.run_cost(be, [s.job_id for s, _ in steps], priced))
                 if as_json:
                     docs = [_record_json(s, r, p, run, not idle) for s, r, p, run, idle in rows]
+                    for doc, c in zip(docs, costs, strict=True):
+                        doc["cost"] = c.to_json()
                     print(json.dumps(docs, default=str))
                     return
-                t = Table("job", "state", "started", "took", "step", "maps", "reduces", "input")
-                for spec, rec, p, row, idle in rows:
+                t = Table(
+                    "job", "state", "started", "took", "step", "maps", "reduces", "cost", "input"
+                )
+                for (spec, rec, p, row, idle), c in zip(rows, costs, strict=True):
                     span = Span.of(row, rec, p.state)
                     took = span.seconds
                     cells = (
@@ -471,6 +482,7 @@ def status(
                         f"{spec.step + 1}/{spec.job_steps}",
                         f"{p.maps_done}/{p.maps}",
                         f"{p.reduces_done}/{p.reduces}",
+                        cost.usd(c.total_usd),
                         str(rec.get("input", "")),
                     )
                     t.add_row(*map(safe_text, cells))  # data from the table: never obeyed
@@ -482,8 +494,10 @@ def status(
             first = steps[0][1]
             p = await watch.progress(be, spec)
             idle = await watch.untouched(be, spec, rec)
+            spent = await cost.run_cost(be, [s.job_id for s, _ in steps], priced)
             if as_json:
                 doc = _record_json(spec, rec, p, first, not idle)
+                doc["cost"] = spent.to_json()
                 if spec.pipeline:
                     doc["job"] = spec.pipeline_id
                     doc["steps"] = [_step_json(s, r) for s, r in steps]
@@ -532,6 +546,8 @@ def status(
                     highlight=False,
                     soft_wrap=True,
                 )
+            for line in cost.lines(spent):
+                out.print(safe_text(line), highlight=False, soft_wrap=True)
             found = counters.of_record(rec)
             if found:
                 out.print("counters:", highlight=False)
