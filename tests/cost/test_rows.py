@@ -22,7 +22,8 @@ GOOD = usage.encode("c7i.large", 3600.0, {"sqs.ReceiveMessage": [10, 12.0]})
 
 
 def _pack(*parts: object) -> bytes:
-    return msgpack.packb(list(parts))
+    data: bytes = msgpack.packb(list(parts))
+    return data
 
 
 JUNK = {
