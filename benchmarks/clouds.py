@@ -14,6 +14,12 @@ the service's operation: for Azure, Azure's REST operation names, as
 :mod:`cmr.backends.azure.clients` names them. The input is the first ``--mb`` MB of the
 real-text corpus (benchmarks/realtext.py); every run's output must equal a sequential
 count of the same text.
+
+Issue 30: after each run on a cloud, ``cmr status JOB --json`` (outside the proxies) reads
+the job's cost (cmr.cost): its usage rows priced at the shipped table. The figures set the
+dollars per GB beside the requests the proxies counted; the cost counts the job's requests,
+the proxies every request of the processes (the fleet's own too: its polls of the active
+index, its worker rows, the opening's probes).
 """
 
 from __future__ import annotations
@@ -82,6 +88,12 @@ class Run:
     requests: dict[str, int]
     by_service: dict[str, int]
     per_gb: dict[str, int]
+    cost_usd: float = 0.0  # the job's cost as `cmr status` prices it (issue 30)
+    cost_per_gb_usd: float = 0.0
+    cost_requests: int = 0  # the requests the job's usage rows count
+    cost_by_service_usd: dict[str, float] | None = None
+    worker_seconds: float = 0.0
+    workers_usd: float = 0.0
 
 
 def first_mb(src: Path, mb: float, dst: Path) -> Path:
@@ -154,6 +166,7 @@ def one_run(backend: str, data: Path, workers: int, scratch: Path, tag: str) -> 
         seconds = time.monotonic() - started
         if done.returncode != 0:
             raise SystemExit(f"{backend}: cmr run failed:\n{done.stderr[-3000:]}")
+        cost = job_cost(done.stderr, argv) if backend != "embedded" else {}
         requests: Counter[str] = Counter()
         for t in tallies:
             requests.update(t.requests)
@@ -165,7 +178,26 @@ def one_run(backend: str, data: Path, workers: int, scratch: Path, tag: str) -> 
     run = Run(
         backend, round(seconds, 2), True, dict(sorted(requests.items())), dict(by_service), per_gb
     )
+    if cost:
+        run.cost_usd = cost["total_usd"]
+        run.cost_per_gb_usd = cost["total_usd"] * GB / size
+        run.cost_requests = cost["requests"]
+        run.cost_by_service_usd = {s: v["usd"] * GB / size for s, v in cost["services"].items()}
+        run.worker_seconds = cost["worker_seconds"]
+        run.workers_usd = cost["workers_usd"]
     return run, out
+
+
+def job_cost(stderr: str, argv: list[str]) -> dict[str, Any]:
+    """The run's job's cost, as `cmr status JOB --json` reads it (not through the proxies)."""
+    job = stderr.split("submitted job ", 1)[1].split(maxsplit=1)[0]
+    store = argv[argv.index("--store") + 1]
+    done = subprocess.run(
+        [sys.executable, "-m", "cmr", "status", job, "--json", "--store", store],
+        check=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    cost: dict[str, Any] = json.loads(done.stdout)["cost"]
+    return cost
 
 
 def remove(tag: str) -> None:
@@ -192,6 +224,21 @@ def markdown(runs: list[Run], mb: float) -> str:
         secs = " / ".join(f"{r.seconds:.2f}" for r in mine)
         per_gb = ", ".join(f"{s} {n:,}" for s, n in mine[0].per_gb.items()) or "none: in-process"
         rows.append(f"| {backend} | {secs} | {per_gb} |")
+    rows += [
+        "",
+        "| backend | requests the proxies counted | requests in the job's cost | $ per GB: "
+        "requests, by service | worker-seconds per GB | $ per GB in all |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        if r.cost_by_service_usd is None:
+            continue
+        size_gb = r.cost_usd / r.cost_per_gb_usd if r.cost_per_gb_usd else 0
+        services = ", ".join(f"{s} {v:.4f}" for s, v in sorted(r.cost_by_service_usd.items()))
+        rows.append(
+            f"| {r.backend} | {sum(r.requests.values()):,} | {r.cost_requests:,} | {services} | "
+            f"{r.worker_seconds / size_gb if size_gb else 0:,.0f} | {r.cost_per_gb_usd:.4f} |"
+        )
     return f"Word count, {mb:g} MB of real text:\n\n" + "\n".join(rows)
 
 

@@ -201,12 +201,35 @@ def usd(amount: float) -> str:
     return f"${amount:.2g}" if amount >= 1e-6 else f"${amount:.1e}"
 
 
+_LABELS = {
+    "sqs.requests": "billed (64 KiB chunks)",
+    "s3.class_a": "class A",
+    "s3.class_b": "class B",
+    "dynamodb.write_units": "WRU",
+    "dynamodb.read_units": "RRU",
+    "azure.blob.write": "write ops",
+    "azure.blob.list": "list ops",
+    "azure.blob.read": "read ops",
+    "azure.blob.other": "other ops",
+    "azure.queue.class1": "class 1 ops",
+    "azure.queue.class2": "class 2 ops",
+    "azure.table.transactions": "transactions",
+}
+
+
+def short(cost: JobCost) -> str:
+    """The job list's cell: the total, or "-" when no process has written a usage row."""
+    return usd(cost.total_usd) if cost.processes else "-"
+
+
 def lines(cost: JobCost) -> list[str]:
     """The cost as `cmr status JOB` prints it: the total, then by service and operation
     (requests, billed units, dollars), then worker-seconds."""
     dated = f"prices of {cost.prices_date}" + (
         f", {', '.join(cost.price_files)} over them" if cost.price_files else ""
     )
+    if not cost.processes and not cost.refused:
+        return ["cost: not counted (no usage rows: the job ran before cmr counted costs)"]
     out = [f"cost: {usd(cost.total_usd)} ({dated})"]
     for service, ops in cost.services().items():
         spent = sum(c.usd for c in ops.values())
@@ -214,7 +237,7 @@ def lines(cost: JobCost) -> list[str]:
         out.append(f"  {name}: {usd(spent)}, {sum(c.requests for c in ops.values()):,} requests")
         for op, c in ops.items():
             units = f"{c.units:,.1f}".removesuffix(".0")
-            billed = f"{units} {c.price.rsplit('.', 1)[-1]}" if c.price else "free"
+            billed = f"{units} {_LABELS.get(c.price, c.price)}" if c.price else "free"
             out.append(
                 f"    {op.partition('.')[2]}: {c.requests:,} requests, {billed}, {usd(c.usd)}"
             )

@@ -482,7 +482,7 @@ def status(
                         f"{spec.step + 1}/{spec.job_steps}",
                         f"{p.maps_done}/{p.maps}",
                         f"{p.reduces_done}/{p.reduces}",
-                        cost.usd(c.total_usd),
+                        cost.short(c),
                         str(rec.get("input", "")),
                     )
                     t.add_row(*map(safe_text, cells))  # data from the table: never obeyed
