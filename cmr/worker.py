@@ -547,7 +547,10 @@ class Worker:
             due, self._usage_due = self._usage_due, set()
             with contextlib.suppress(BackendError):
                 await usage.flush(self.rt.backend, sorted(due))
-                await usage.flush(self.rt.backend, sorted(self.usage_jobs - due), due=False)
+                # Jobs we no longer serve leave the list a fleet worker checks every second
+                # (a slot that serves one again puts it back).
+                self.usage_jobs -= due
+                await usage.flush(self.rt.backend, sorted(self.usage_jobs), due=False)
 
     async def run(self) -> None:
         """Serve jobs until ``done`` is set (by the caller, idleness, or the only job ending
