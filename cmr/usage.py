@@ -57,6 +57,7 @@ MAX_ROW_BYTES = MAX_OPS * (MAX_OP_BYTES + 24) + MAX_INSTANCE + 64
 _OP = re.compile(r"[a-z0-9]{1,12}\.[A-Za-z0-9]{1,50}")
 INSTANCE = re.compile(r"[a-z0-9-]{1,20}\.[a-z0-9-]{1,20}")
 VERSION = 1
+WRITES_TO_LEARN = 3  # writes of a row at most, to learn what one costs (see flush)
 
 
 _PROCESS: tuple[int, str] | None = None
@@ -309,9 +310,14 @@ async def flush(backend: Any, jobs: Iterable[str], *, due: bool = True) -> int:
             if last is not None and last[0] == _payload(job, {}):
                 continue  # nothing new since: the row holds it, its own write included
             try:
-                for _ in range(1 if job in state.write_cost else 2):
+                # A write carries its own cost as predicted by the last one's; a process's
+                # first write of a row predicts none, and on Azure a row's first write is an
+                # insert where the next ones are updates: written again until the prediction
+                # holds (at most WRITES_TO_LEARN times; the periodic flush corrects the rest).
+                for _ in range(WRITES_TO_LEARN):
+                    predicted = state.write_cost.get(job, {})
                     before = LEDGER.totals(_USAGE + job)
-                    payload = _payload(job, state.write_cost.get(job, {}))
+                    payload = _payload(job, predicted)
                     with working_for(_USAGE + job):
                         await backend.table.put(
                             pk_of(job), PREFIX + process_id(), {"usage": payload}
@@ -320,6 +326,8 @@ async def flush(backend: Any, jobs: Iterable[str], *, due: bool = True) -> int:
                     # Equal to the totals now unless the cost was mispredicted or more came
                     # meanwhile: then the next flush writes again.
                     state.rows[job] = (payload, now)
+                    if state.write_cost[job] == predicted:
+                        break
                 written += 1
             except BackendError:
                 continue  # written at the next flush (a process killed first loses it)

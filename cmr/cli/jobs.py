@@ -634,6 +634,11 @@ def wait(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await hint  # a hint that failed to read the table must not fail the wait
         await watch.fetch_output(be, last, record)
+        from cmr import usage  # its watch is the job's cost too (cmr.usage)
+        from cmr.records import step_job_id
+
+        steps = range(spec.step, last.step + 1)
+        await usage.flush(be, [step_job_id(spec.pipeline_id, spec.first_step, n) for n in steps])
         return record
 
     try:

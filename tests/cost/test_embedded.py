@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cmr import usage
 from cmr.api import open_backend, run_on
-from cmr.cost import job_cost
+from cmr.cost import fleet_overhead, job_cost
 from cmr.records import job_pk
 from cmr.settings import AwsSettings
 
@@ -51,3 +51,6 @@ async def test_job_cost_equals_the_exact_call_counts(tmp_path: Path) -> None:
         rows = await be.table.query(job_pk(result.job_id))
         assert {str(r["sk"]).split("#")[0] for r in rows} <= {"job", "timeline", "usage"}
         assert any(str(r["sk"]).startswith(usage.PREFIX) for r in rows)
+        # The fleet's own requests are in its worker rows, not in the job.
+        overhead = await fleet_overhead(be)
+        assert overhead.processes == 1 and overhead.ops["dynamodb.Query"].requests >= 1
