@@ -1,9 +1,9 @@
 """Billing units: what one request to a service is billed as, by the rules each cloud
 publishes (docs/cost.md names the pages).
 
-* **SQS**: every 64 KiB chunk of a request's payload is one billed request, so a
-  SendMessageBatch of ten 200 KB messages is 32 requests and a ReceiveMessage is billed by
-  the payload it returned; every request is at least one.
+* **SQS**: every 64 KiB chunk of a request's payload is one billed request: a 200 KB
+  message is 4, a SendMessageBatch is billed on its whole payload (all its messages), a
+  ReceiveMessage on the payload it returned; every request is at least one.
 * **S3**: class A (PUT, COPY, POST, LIST, and each part and call of a multipart upload),
   class B (GET, HEAD and the rest), DELETE free.
 * **DynamoDB on demand**: a write is its item's size rounded up to 1 KB in write request
@@ -32,6 +32,28 @@ READ_UNIT = 4096  # bytes one DynamoDB read request unit covers (strongly consis
 def sqs_units(payload: int) -> int:
     """Billed SQS requests of one request carrying ``payload`` bytes of messages."""
     return max(1, -(-payload // SQS_CHUNK))
+
+
+SQS_BATCH_BYTES = 262_144  # a SendMessageBatch's payload at most (SQS's limit)
+
+
+def _b64(n: int) -> int:
+    """Bytes of ``n`` bytes of body as SQS gets them: cmr's bodies travel base64 (text)."""
+    return 4 * -(-n // 3) if n else 1
+
+
+def sqs_send_units(sizes: list[int]) -> int:
+    """Billed SQS requests of sending bodies of these raw sizes as the aws backend sends
+    them: base64, in SendMessageBatch payloads of 10 entries and 256 KiB at most."""
+    batches: list[int] = []
+    count = 0
+    for size in map(_b64, sizes):
+        if not batches or count == 10 or batches[-1] + size > SQS_BATCH_BYTES:
+            batches.append(0)
+            count = 0
+        batches[-1] += size
+        count += 1
+    return sum(sqs_units(b) for b in batches)
 
 
 def write_units(size: int, *, transactional: bool = False) -> int:
@@ -193,13 +215,9 @@ def units_of_call(call: Any, result: Any) -> float:
     service, method = call.service, call.method
     if service == "queues":
         if method == "send":
-            bodies = call.args[1]
-            return sum(
-                sqs_units(sum(len(b) for b in bodies[i : i + 10]))
-                for i in range(0, len(bodies), 10)
-            )
+            return float(sqs_send_units([len(b) for b in call.args[1]]))
         if method == "receive":
-            return sqs_units(sum(len(m.body) for m in result or ()))
+            return sqs_units(sum(_b64(len(m.body)) for m in result or ()))
         return float(call.requests)
     if service == "blobs":
         return float(call.requests)

@@ -16,6 +16,15 @@ def test_sqs_is_billed_per_64_kib_chunk() -> None:
     assert billing.sqs_units(0) == 1  # an empty receive is still a request
 
 
+def test_a_send_is_billed_as_the_aws_backend_batches_it() -> None:
+    # Ten 190 KB bodies (near the largest cmr sends): base64 makes each 253,336 bytes, so
+    # one to a batch (256 KiB at most), ten SendMessageBatch of 4 chunks of 64 KiB each.
+    assert billing.sqs_send_units([190_000] * 10) == 10 * 4
+    # Small bodies: ten to a batch, one chunk each batch.
+    assert billing.sqs_send_units([100] * 25) == 3
+    assert billing.sqs_send_units([]) == 0
+
+
 def test_dynamodb_write_units_round_up_to_1_kb() -> None:
     # "a 3.5 KB item ... 4 write request units"; transactional writes cost twice
     assert billing.write_units(3500) == 4
