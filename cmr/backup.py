@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from cmr import clock
 from cmr.attempts import Attempt, Kind, attempts
-from cmr.backends.base import AnyOf, Eq, Lt, Missing, Put, Update, item_absent
+from cmr.backends.base import AllOf, AnyOf, Eq, Lt, Missing, Put, Update, item_absent
 from cmr.claim import Claim
 from cmr.errors import ConditionFailed
 from cmr.lifecycle import while_running
@@ -163,7 +163,9 @@ async def take_over(rt: Runtime, spec: JobSpec, s: Straggler) -> Claim | None:
             "epoch": epoch,
             "backup": True,
         },
-        condition=Eq("token", s.attempt.attempt),
+        # Its token *and* still claimed: a commit keeps the token, and a committed
+        # partition must never be claimed again (the straggler may commit after our read).
+        condition=AllOf((Eq("token", s.attempt.attempt), Eq("state", "claimed"))),
     )
     try:
         await rt.backend.table.transact(

@@ -1,0 +1,121 @@
+"""Attacks on straggler backups and attempt rows (cmr.backup, cmr.attempts, cmr.tracking):
+races of a backup with its straggler, with the job's end and with other backups, and rows
+of the table that nobody should trust. On the embedded backend and the virtual clock."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cmr.attempts import Attempt
+from cmr.backends.base import Table, TxWrite, Update
+from cmr.backends.faults import FaultPlan
+from cmr.runtime import Runtime
+from cmr.settings import WorkerSettings
+from cmr.testing import (
+    ChaosResult,
+    chaos_run,
+    diff_outputs,
+    read_output,
+    sequential,
+    timeline_problems,
+)
+from cmr.virtualtime import in_virtual_time
+
+WORDCOUNT = "examples/wordcount.py"
+REDUCERS = 4
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    src = tmp_path / "in"
+    src.mkdir()
+    for n in range(8):
+        (src / f"{n}.txt").write_text(f"w{n} common x{n % 3}\n" * 200)
+    return src
+
+
+def _exact(data: Path, out: Path) -> bool:
+    return diff_outputs(sequential(WORDCOUNT, data, REDUCERS), read_output(out, REDUCERS)) == []
+
+
+def _backups(result: ChaosResult, kind: str) -> list[Attempt]:
+    return [a for a in result.attempts if a.kind == kind and a.backup]
+
+
+class _GatedTable:
+    """The table, but a backup's take-over write (cmr.backup.take_over) first waits for
+    ``before`` to be set, after setting ``taking``."""
+
+    def __init__(self, table: Table, taking: asyncio.Event, before: asyncio.Event) -> None:
+        self._table = table
+        self._taking = taking
+        self._before = before
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._table, name)
+
+    async def transact(self, writes: list[TxWrite], **kw: Any) -> None:
+        if any(isinstance(w, Update) and (w.set_ or {}).get("backup") is True for w in writes):
+            self._taking.set()
+            await asyncio.wait_for(self._before.wait(), 600)
+        await self._table.transact(writes, **kw)
+
+
+async def _chaos(data: Path, out: Path, pool: Executor, hooks: list[Any], **kw: Any) -> ChaosResult:
+    return await chaos_run(
+        WORDCOUNT,
+        data,
+        out,
+        seed=0,
+        pool=pool,
+        plan=FaultPlan(seed=0),
+        hooks=hooks,
+        workers=3,
+        reducers=REDUCERS,
+        visibility_s=60,
+        split_bytes=2048,
+        clientless=True,
+        timeout_s=kw.pop("timeout_s", 3_000),
+        settings=WorkerSettings(map_slots=1, reduce_slots=2, processes=1, memory_mb=1),
+        **kw,
+    )
+
+
+@in_virtual_time
+async def test_a_takeover_racing_the_stragglers_commit_never_reopens_the_partition(
+    data: Path, pool: Executor, tmp_path: Path
+) -> None:
+    """The backup reads the straggler's claim (claimed, its token), the straggler commits,
+    then the backup's take-over write lands. Conditional on the token alone, it turned the
+    committed partition back into a claim of the backup's: a decision someone acted on
+    (the commit was counted) changed, and the backup reduced a partition whose batches were
+    gone."""
+    taking, committed = asyncio.Event(), asyncio.Event()
+    seen: dict[str, Any] = {}
+
+    async def straggler(rt: Runtime, at: str, context: dict[str, Any]) -> None:
+        if at == "reduce.output_written" and "partition" not in seen:
+            seen["partition"], seen["worker"] = context["partition"], rt.worker_id
+            await asyncio.wait_for(taking.wait(), 600)  # slow, until the backup moves
+        elif at == "reduce.committed" and context["partition"] == seen.get("partition"):
+            committed.set()
+
+    result = await _chaos(
+        data,
+        tmp_path / "out",
+        pool,
+        [straggler, straggler, straggler],
+        wrap=lambda be: dataclasses.replace(be, table=_GatedTable(be.table, taking, committed)),
+    )
+    assert taking.is_set() and committed.is_set()
+    assert result.record["state"] == "succeeded", result.record.get("error")
+    assert _exact(data, tmp_path / "out")
+    # The straggler's commit stands: the backup never held the partition.
+    assert not [b for b in _backups(result, "r") if b.outcome == "committed"]
+    assert timeline_problems(result) == [] and result.leftovers == []
