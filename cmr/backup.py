@@ -161,6 +161,8 @@ async def take_over(rt: Runtime, spec: JobSpec, s: Straggler) -> Claim | None:
             "state": "claimed",
             "beat": 0,
             "epoch": epoch,
+            # Kept by the claims after ours: this claim lost no start (the straggler lives),
+            # and failures.reduce_claimed does not count it as one.
             "backup": True,
         },
         # Its token *and* still claimed: a commit keeps the token, and a committed

@@ -119,3 +119,45 @@ async def test_a_takeover_racing_the_stragglers_commit_never_reopens_the_partiti
     # The straggler's commit stands: the backup never held the partition.
     assert not [b for b in _backups(result, "r") if b.outcome == "committed"]
     assert timeline_problems(result) == [] and result.leftovers == []
+
+
+STALL_S = 3_000.0  # a straggler's stall, leases renewed all along
+
+
+@in_virtual_time
+async def test_a_failed_reduce_backup_does_not_count_as_a_lost_start(
+    data: Path, pool: Executor, tmp_path: Path
+) -> None:
+    """A live straggler's partition is taken over by a backup, whose attempt fails (once).
+    The straggler was fenced out, the backup raised: neither start was lost. Yet the
+    take-over bumped the partition's epoch, so the next claim (epoch 3) counted three
+    starts and no raise, and a job allowing two attempts failed: "started 3 times without
+    finishing or raising". Backups must not make a job fail that would succeed without."""
+    seen: dict[str, Any] = {}
+
+    async def hook(rt: Runtime, at: str, context: dict[str, Any]) -> None:
+        if at != "reduce.draining":
+            return
+        if "partition" not in seen:
+            seen["partition"], seen["worker"] = context["partition"], rt.worker_id
+            await asyncio.sleep(STALL_S)  # the straggler: slow, alive, its leases renewed
+        elif (
+            context["partition"] == seen["partition"]
+            and rt.worker_id != seen["worker"]
+            and "failed" not in seen
+        ):
+            seen["failed"] = rt.worker_id  # the backup: it fails, once
+            raise RuntimeError("the backup's attempt failed")
+
+    result = await _chaos(
+        data,
+        tmp_path / "out",
+        pool,
+        [hook, hook, hook],
+        job_options={"max_task_attempts": 2},
+        timeout_s=3 * STALL_S,
+    )
+    assert "failed" in seen
+    assert result.record["state"] == "succeeded", result.record.get("error")
+    assert _exact(data, tmp_path / "out")
+    assert timeline_problems(result) == [] and result.leftovers == []
