@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
+from cmr import clock
 from cmr.attempts import Attempt
-from cmr.backends.base import Table, TxWrite, Update
+from cmr.backends.base import Backend, Table, TxWrite, Update
 from cmr.backends.faults import FaultPlan
+from cmr.records import job_pk
 from cmr.runtime import Runtime
 from cmr.settings import WorkerSettings
 from cmr.testing import (
@@ -161,3 +163,45 @@ async def test_a_failed_reduce_backup_does_not_count_as_a_lost_start(
     assert result.record["state"] == "succeeded", result.record.get("error")
     assert _exact(data, tmp_path / "out")
     assert timeline_problems(result) == [] and result.leftovers == []
+
+
+def _straggle_at(step: str) -> tuple[Any, dict[str, Any]]:
+    seen: dict[str, Any] = {}
+
+    async def hook(rt: Runtime, at: str, context: dict[str, Any]) -> None:
+        if at == step and "context" not in seen:
+            seen["context"], seen["worker"] = context, rt.worker_id
+            await asyncio.sleep(STALL_S)
+
+    return hook, seen
+
+
+@pytest.mark.parametrize("kind", ["m", "r"])
+@in_virtual_time
+async def test_a_forged_attempt_row_of_no_task_of_the_job_wastes_no_backup(
+    data: Path, pool: Executor, tmp_path: Path, kind: str
+) -> None:
+    """A row in the job's partition naming a task the job does not have (task 999), running
+    since long ago, by a worker nobody knows. It was the oldest 'straggler', so it took the
+    job's only backup (a tenth of its tasks, at least one): the real straggler then kept the
+    job waiting for its whole stall."""
+
+    async def forge(be: Backend, spec: Any) -> None:
+        await be.table.put(
+            job_pk(spec.job_id),
+            f"att#{kind}000999#forged",
+            {"worker": "ghost", "host": "h", "started": 1.0, "outcome": "running"},
+        )
+
+    hook, seen = _straggle_at("map.partly_sent" if kind == "m" else "reduce.draining")
+    started = clock.monotonic()
+    result = await _chaos(
+        data, tmp_path / "out", pool, [hook, None, None], after_submit=forge, timeout_s=2 * STALL_S
+    )
+    took = clock.monotonic() - started
+    assert result.record["state"] == "succeeded", result.record.get("error")
+    assert _exact(data, tmp_path / "out")
+    assert took < STALL_S / 10, took
+    (b,) = _backups(result, kind)  # of the real straggler
+    assert b.task == seen["context"]["task" if kind == "m" else "partition"]
+    assert result.leftovers == []
