@@ -216,7 +216,11 @@ async def fold(backend: Backend, job_id: str) -> None:
 
 def _is(item: dict[str, Any], prefix: str) -> bool:
     sk = item.get("sk")
-    return isinstance(sk, str) and sk.startswith(prefix) and sk[len(prefix) :].isdigit()
+    if not isinstance(sk, str) or not sk.startswith(prefix):
+        return False
+    n = sk[len(prefix) :]
+    # ASCII digits only: '²' is a digit to str.isdigit(), and int() refuses it.
+    return n.isascii() and n.isdigit()
 
 
 def _settled(a: Attempt, winner: object) -> Attempt:

@@ -205,3 +205,28 @@ async def test_a_forged_attempt_row_of_no_task_of_the_job_wastes_no_backup(
     (b,) = _backups(result, kind)  # of the real straggler
     assert b.task == seen["context"]["task" if kind == "m" else "partition"]
     assert result.leftovers == []
+
+
+@pytest.mark.parametrize("sk", ["map#\u00b2", "reduce#\u00b2"])
+@in_virtual_time
+async def test_a_forged_task_record_never_stops_the_cleanup_that_folds_the_timeline(
+    data: Path, pool: Executor, tmp_path: Path, sk: str
+) -> None:
+    """A record 'map#²' (or 'reduce#²') in the job's partition as its cleanup runs: '²'
+    passes str.isdigit() but not int(), so the timeline's fold raised ValueError, every
+    cleanup of the job after it too, and its records stayed forever (the workers never
+    finished their duty: the run timed out)."""
+    forged: list[str] = []
+
+    async def forge(rt: Runtime, at: str, context: dict[str, Any]) -> None:
+        if at == "cleanup.scratch" and not forged:
+            forged.append(sk)
+            await rt.backend.table.put(
+                job_pk(context["job"]), sk, {"state": "committed", "attempt": "a", "token": "t"}
+            )
+
+    result = await _chaos(data, tmp_path / "out", pool, [forge, forge, forge], timeout_s=600)
+    assert forged
+    assert result.record["state"] == "succeeded", result.record.get("error")
+    assert _exact(data, tmp_path / "out")
+    assert timeline_problems(result) == [] and result.leftovers == []
