@@ -230,3 +230,37 @@ async def test_a_forged_task_record_never_stops_the_cleanup_that_folds_the_timel
     assert result.record["state"] == "succeeded", result.record.get("error")
     assert _exact(data, tmp_path / "out")
     assert timeline_problems(result) == [] and result.leftovers == []
+
+
+@in_virtual_time
+async def test_a_timeline_of_long_attempt_rows_never_stops_the_cleanup(
+    data: Path, pool: Executor, tmp_path: Path
+) -> None:
+    """300 attempt rows, each as long as a row may be (a 300-character error headline in
+    4-byte characters, as a job whose users' messages are not ASCII writes when its tasks
+    keep failing; or a stranger's rows). The fold packed them into one timeline item of
+    ~480 KB, past the table's 400 KB item limit: refused, every cleanup of the job failed
+    on it, and its records stayed."""
+    rows = 300
+
+    async def forge(be: Backend, spec: Any) -> None:
+        for n in range(rows):
+            await be.table.put(
+                job_pk(spec.job_id),
+                f"att#m000000#{'a' * 110}{n:04d}",
+                {
+                    "worker": "w" * 120,
+                    "host": "h" * 120,
+                    "started": 1.0,
+                    "ended": 2.0,
+                    "outcome": "failed",
+                    "error": "\U0001f4a5" * 300,
+                },
+            )
+
+    result = await _chaos(data, tmp_path / "out", pool, [None, None, None], after_submit=forge)
+    assert result.record["state"] == "succeeded", result.record.get("error")
+    assert _exact(data, tmp_path / "out")
+    assert result.leftovers == []
+    assert len([a for a in result.attempts if a.worker == "w" * 120]) == rows
+    assert timeline_problems(result) == []
