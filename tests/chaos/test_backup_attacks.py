@@ -17,7 +17,7 @@ from cmr.attempts import Attempt
 from cmr.backends.base import Backend, Table, TxWrite, Update
 from cmr.backends.faults import FaultPlan
 from cmr.records import job_pk
-from cmr.runtime import Runtime
+from cmr.runtime import Runtime, WorkerCrashed
 from cmr.settings import WorkerSettings
 from cmr.testing import (
     ChaosResult,
@@ -264,3 +264,32 @@ async def test_a_timeline_of_long_attempt_rows_never_stops_the_cleanup(
     assert result.leftovers == []
     assert len([a for a in result.attempts if a.worker == "w" * 120]) == rows
     assert timeline_problems(result) == []
+
+
+@in_virtual_time
+async def test_a_dead_map_straggler_is_backed_up_before_its_lease_lapses(
+    data: Path, pool: Executor, tmp_path: Path
+) -> None:
+    """A worker dies in a map attempt (WorkerCrashed: nothing after it runs). Its attempt
+    row must stay 'running', as a killed process leaves it, so a backup runs it again long
+    before its message's lease (60 s) lapses. The map attempt's error handler caught the
+    crash as a failure and ended the row 'failed' from beyond the grave: no backup ever saw
+    a straggler (the task waited for its lease), and the timeline said it failed."""
+    seen: dict[str, Any] = {}
+
+    async def crash(rt: Runtime, at: str, context: dict[str, Any]) -> None:
+        if at == "map.partly_sent" and "context" not in seen:
+            seen["context"], seen["worker"] = context, rt.worker_id
+            raise WorkerCrashed(at)
+
+    result = await _chaos(data, tmp_path / "out", pool, [crash, None, None])
+    assert result.record["state"] == "succeeded", result.record.get("error")
+    assert _exact(data, tmp_path / "out")
+    task = seen["context"]["task"]
+    dead = [a for a in result.attempts if a.kind == "m" and a.worker == seen["worker"]]
+    (d,) = [a for a in dead if a.task == task]
+    assert d.outcome == "abandoned"
+    (b,) = _backups(result, "m")
+    assert (b.task, b.outcome) == (task, "committed")
+    assert b.started - d.started < 60  # (the job then waits for the dead worker's claims)
+    assert timeline_problems(result) == [] and result.leftovers == []
