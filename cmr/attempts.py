@@ -160,14 +160,16 @@ def from_item(item: dict[str, Any]) -> Attempt | None:
         return None
 
 
-async def attempts(backend: Backend, job_id: str) -> list[Attempt]:
-    """The job's attempts, from its rows while it has them, else from its timeline (after
-    cleanup). Sorted by kind, task and start."""
+async def attempts(
+    backend: Backend, job_id: str, *, consistent: bool = True, live: bool = False
+) -> list[Attempt]:
+    """The job's attempts, from its rows while it has them, else (unless ``live``) from its
+    timeline (after cleanup). Sorted by kind, task and start."""
     pk = job_pk(job_id)
-    rows = await backend.table.query(pk, prefix=PREFIX)
+    rows = await backend.table.query(pk, prefix=PREFIX, consistent=consistent)
     found = [a for a in map(from_item, rows) if a is not None]
-    if not rows:
-        for item in await backend.table.query(pk, prefix=TIMELINE):
+    if not rows and not live:
+        for item in await backend.table.query(pk, prefix=TIMELINE, consistent=consistent):
             found.extend(_unfold(item.get("rows")))
     return sorted(found, key=lambda a: (a.kind, a.task, a.started))
 

@@ -293,3 +293,41 @@ async def test_a_dead_map_straggler_is_backed_up_before_its_lease_lapses(
     assert (b.task, b.outcome) == (task, "committed")
     assert b.started - d.started < 60  # (the job then waits for the dead worker's claims)
     assert timeline_problems(result) == [] and result.leftovers == []
+
+
+@in_virtual_time
+async def test_a_map_that_died_after_its_commit_wastes_no_backup(
+    data: Path, pool: Executor, tmp_path: Path
+) -> None:
+    """A worker dies between a map's commit and its row's end (the row says 'running'
+    forever), and a reduce straggles. The map is done: it must take no backup, and the
+    reduce must get its own. The rows alone made the map look like the oldest straggler
+    (a backup was reserved, the job's whole map allowance, found the commit and did
+    nothing), and reduce backups waited for every map row to end: never (found by review,
+    2026-11-29)."""
+    seen: dict[str, Any] = {}
+
+    async def crash(rt: Runtime, at: str, context: dict[str, Any]) -> None:
+        if at == "map.committed" and "crashed" not in seen:
+            seen["crashed"], seen["dead"] = context, rt.worker_id
+            raise WorkerCrashed(at)
+
+    async def stall(rt: Runtime, at: str, context: dict[str, Any]) -> None:
+        if at == "reduce.output_written" and "stalled" not in seen:
+            seen["stalled"] = context
+            await asyncio.sleep(STALL_S)
+
+    result = await _chaos(data, tmp_path / "out", pool, [crash, stall, None])
+    assert result.record["state"] == "succeeded", result.record.get("error")
+    assert _exact(data, tmp_path / "out")
+    assert "backups_map" not in result.record and not _backups(result, "m")
+    (b,) = _backups(result, "r")
+    assert (b.task, b.outcome) == (seen["stalled"]["partition"], "committed")
+    # The timeline still names the dead worker's attempt the winner: the commit says so.
+    (won,) = [
+        a
+        for a in result.attempts
+        if a.kind == "m" and a.task == seen["crashed"]["task"] and a.outcome == "committed"
+    ]
+    assert won.worker == seen["dead"]
+    assert timeline_problems(result) == [] and result.leftovers == []
