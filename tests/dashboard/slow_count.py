@@ -2,16 +2,17 @@
 it saw in a counter: a job that stays running long enough for a page to watch it."""
 
 import time
+from collections.abc import Iterable, Iterator
 
 import cmr
 
 
 class SlowCount(cmr.Job):
-    def map(self, key, line):
+    def map(self, key: str, line: str) -> Iterator[tuple[str, int]]:
         time.sleep(float(self.params.get("sleep", "0")))
         self.increment_counter("seen", "lines")
         for word in line.split():
             yield word, 1
 
-    def reduce(self, word, counts):
+    def reduce(self, word: str, counts: Iterable[int]) -> Iterator[tuple[str, int]]:
         yield word, sum(counts)

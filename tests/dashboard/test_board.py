@@ -37,7 +37,9 @@ def _reads(be: Backend, before: Counter[str]) -> Counter[str]:
     return be.table.calls - before
 
 
-async def test_a_finished_job_is_shown_whole(embedded: Backend, words: Path, tmp_path: Path) -> None:
+async def test_a_finished_job_is_shown_whole(
+    embedded: Backend, words: Path, tmp_path: Path
+) -> None:
     job = await _run(embedded, words, tmp_path / "out")
     board = Board(embedded, store="embedded")
 
@@ -105,7 +107,9 @@ async def test_rows_it_cannot_trust_are_shown_as_such(embedded: Backend) -> None
         await board.job(hostile)
 
 
-async def test_a_damaged_record_is_not_trusted(embedded: Backend, words: Path, tmp_path: Path) -> None:
+async def test_a_damaged_record_is_not_trusted(
+    embedded: Backend, words: Path, tmp_path: Path
+) -> None:
     job = await _run(embedded, words, tmp_path / "out")
     pk = job_pk(job)
     record = await embedded.table.get(pk, "job")
