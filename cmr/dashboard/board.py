@@ -112,7 +112,7 @@ def throughput(doc: dict[str, Any]) -> float | None:
     read = doc.get("bytes_in") if _count(doc.get("bytes_in")) else doc.get("progress_bytes")
     if not seconds or not _count(read):
         return None
-    return round(_count(read) / 1e6 / seconds, 3)
+    return round(_count(read) / 1e6 / seconds, 6)
 
 
 def _unreadable(job_id: str, why: str, created: float | None) -> dict[str, Any]:

@@ -50,7 +50,7 @@ async def test_a_finished_job_is_shown_whole(
     assert row["progress"] == {"maps_done": 1, "maps": 1, "reduces_done": 2, "reduces": 2}
     assert row["records_in"] == LINES and row["bytes_in"] == words.stat().st_size
     assert row["ended"] >= row["started"] and row["duration_s"] > 0
-    assert row["throughput_mb_s"] == round(row["bytes_in"] / 1e6 / row["duration_s"], 3)
+    assert row["throughput_mb_s"] == round(row["bytes_in"] / 1e6 / row["duration_s"], 6)
     assert set(row["duplicates"]) == {"method1", "method2", "method3"}
 
     doc = await board.job(job)
