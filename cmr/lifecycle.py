@@ -292,7 +292,7 @@ async def cleanup(backend: Backend, spec: JobSpec, state: JobState, step: Step =
 
     await attempts.fold(backend, spec.job_id)
     # Then every record left, pages a table writer made for no task included.
-    for prefix in ("map#", "page#", "fail#", "reduce#", attempts.PREFIX):
+    for prefix in ("map#", "page#", "fail#", "reduce#", "bk#", attempts.PREFIX):
         items = await backend.table.query(pk, prefix=prefix)
         await asyncio.gather(*(delete_item(str(item["sk"])) for item in items))
     await step("cleanup.records", {"job": spec.job_id})

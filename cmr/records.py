@@ -72,6 +72,8 @@ STATS = (
     "conflict_checks",  # times a reducer's counts stalled and it asked the store who reads
     "tasks_resent",  # task messages a worker sent again from the plan (lost from a queue)
     "partitions_committed",  # commits seen (finalize.count_commit): when to look, not what
+    "backups_map",  # backup attempts started for straggling map tasks (cmr.backup)
+    "backups_reduce",  # reduce claims taken over from stragglers by a backup
 )
 
 

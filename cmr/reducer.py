@@ -727,6 +727,9 @@ async def _reduce_and_commit(
             job=spec.job_id,
             partition=drain.partition,
         )
+        # The new owner (a straggler's backup, say) needs the batches we still hold: at
+        # once, not when our last renewal of them lapses (up to two leases).
+        await _let_go(rt, drain, queue, lost=False)
         await rt.backend.blobs.delete([url])
         return "lost", ""
     await rt.step("reduce.committed", job=spec.job_id, partition=drain.partition, output=url)

@@ -237,6 +237,9 @@ class WorkerSettings:
     # How often a worker checks a running job that none of its slots got a message of in
     # that long: are its task messages still there, is it due to be finalized (cmr.janitor).
     janitor_s: float = 60.0
+    # Idle slots back up stragglers (cmr.backup): a task far slower than its finished peers
+    # gets a second attempt here; the first committed attempt wins.
+    backups: bool = True
     # The shuffle. Defaults are cmr's; ``message_bytes=7 * 1024, compress=False,
     # use_combiner=False`` mimics the 2009 implementation (SQS's 8 KB limit then, no zstd,
     # no combiner), for comparing costs. Readers accept every combination, whoever sent it.

@@ -25,9 +25,10 @@ from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-from cmr import clock, failures, janitor, taskprogress, wire, workers
+from cmr import backup, clock, failures, janitor, taskprogress, wire, workers
 from cmr.admission import Admission
 from cmr.aio import TaskGroup
+from cmr.attempts import Kind
 from cmr.backends.base import Backend, Item, Received, Update
 from cmr.errors import (
     BackendError,
@@ -40,7 +41,7 @@ from cmr.errors import (
 )
 from cmr.mapper import run_map_task
 from cmr.records import ACTIVE_PK, JobSpec, JobState, job_pk
-from cmr.reducer import run_reduce_task
+from cmr.reducer import run_claimed, run_reduce_task
 from cmr.runtime import Hook, PoolRestarted, Runtime, WorkerCrashed
 from cmr.settings import AwsSettings, WorkerSettings
 from cmr.spool import Spool, sweep_once
@@ -115,6 +116,7 @@ class Worker:
         self._last_task: dict[str, float] = {}  # when a slot last got a message of the job
         # Per job: the last repair check, and the repairs count it saw if its queues were empty.
         self._repaired: dict[str, tuple[float, int | None]] = {}
+        self._backups_checked: dict[tuple[str, str], float] = {}  # when we last looked
 
     async def _spec(self, job_id: str) -> JobSpec | None:
         spec = self._specs.get(job_id)
@@ -184,6 +186,8 @@ class Worker:
 
     def _forget(self, job_id: str) -> None:
         self._specs.pop(job_id, None)
+        for kind in ("m", "r"):
+            self._backups_checked.pop((job_id, kind), None)
         self._watched.pop(job_id, None)
         self._last_task.pop(job_id, None)
         self._repaired.pop(job_id, None)
@@ -273,6 +277,7 @@ class Worker:
         self,
         queue_of: Callable[[JobSpec], str],
         handle: Callable[[JobSpec, Received], Awaitable[None]],
+        kind: Kind,
     ) -> None:
         queues = self.rt.backend.queues
         poll_s = self.rt.settings.poll_s
@@ -302,6 +307,8 @@ class Worker:
                 )
                 if not got:
                     wait_s = min(self.rt.settings.idle_wait_s, wait_s * 2)
+                    if await self._back_up(spec, kind):
+                        wait_s = poll_s
                     continue
                 wait_s = poll_s
                 self.busy += 1
@@ -345,6 +352,45 @@ class Worker:
                     "task failed unexpectedly; it will be retried", job=spec.job_id
                 )
                 await asyncio.sleep(1.0)
+
+    async def _back_up(self, spec: JobSpec, kind: Kind) -> bool:
+        """An idle slot: run a backup attempt of the job's worst straggler of this kind, if
+        it has one worth it (cmr.backup); whether one ran."""
+        if not self.rt.settings.backups:
+            return False
+        now = clock.monotonic()
+        if now - self._backups_checked.get((spec.job_id, kind), -backup.CHECK_S) < backup.CHECK_S:
+            return False
+        self._backups_checked[(spec.job_id, kind)] = now
+        found = await backup.find(self.rt, spec, kind)
+        if found is None or not await backup.reserve(self.rt, spec, found):
+            return False
+        what = "map task" if kind == "m" else "partition"
+        self.rt.log.info(
+            f"backing up a straggling {what}",
+            job=spec.job_id,
+            task=found.attempt.task,
+            straggler=found.attempt.worker,
+            running_s=round(found.age_s, 1),
+            peers_s=round(found.peers_s, 1),
+        )
+        self.busy += 1
+        self._idle.clear()
+        try:
+            if kind == "m":
+                task = wire.MapTask(spec.job_id, found.attempt.task)
+                await run_map_task(self.rt, spec, None, task)
+            else:
+                held = await backup.take_over(self.rt, spec, found)
+                if held is not None:
+                    await run_claimed(self.rt, spec, held, None)
+        finally:
+            self.tasks_done += 1
+            self.busy -= 1
+            if not self.busy:
+                self._idle.set()
+            self.last_work = self._last_task[spec.job_id] = clock.monotonic()
+        return True
 
     async def _map(self, spec: JobSpec, m: Received) -> None:
         in_q = spec.queues()[0]
@@ -496,11 +542,11 @@ class Worker:
             beat = workers.Beat(self.rt.backend, self.rt.worker_id, s.map_slots, s.reduce_slots)
             beating = tg.create_task(beat.loop(self))
             slots = [
-                tg.create_task(self._slot(lambda j: j.queues()[0], self._map))
+                tg.create_task(self._slot(lambda j: j.queues()[0], self._map, "m"))
                 for _ in range(s.map_slots)
             ]
             slots += [
-                tg.create_task(self._slot(lambda j: j.queues()[1], self._reduce))
+                tg.create_task(self._slot(lambda j: j.queues()[1], self._reduce, "r"))
                 for _ in range(s.reduce_slots)
             ]
             try:

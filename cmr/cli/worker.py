@@ -56,6 +56,14 @@ def worker(
     reduce_slots: Annotated[
         int | None, typer.Option(help="reduce tasks at once", show_default="the CPUs it may use")
     ] = None,
+    backups: Annotated[
+        bool,
+        typer.Option(
+            "--backups/--no-backups",
+            help="let idle slots run backup attempts of stragglers (tasks far slower than "
+            "their finished peers; the first committed attempt wins)",
+        ),
+    ] = True,
     memory_mb: Annotated[
         int | None, typer.Option(help="reducer memory before spilling", show_default="512")
     ] = None,
@@ -141,6 +149,7 @@ def worker(
         "reduce_slots": reduce_slots,
         "memory_mb": memory_mb,
         "idle_exit_s": idle_exit,
+        "backups": None if backups else False,
         "jobs_from": tuple(jobs_from) if jobs_from else None,
         "outputs_under": tuple(outputs_under) if outputs_under else None,
         "inputs_under": tuple(inputs_under) if inputs_under else None,

@@ -1,0 +1,168 @@
+"""Backup attempts for stragglers: one slow machine must not hold a whole job back.
+
+A slot that finds its job's queue empty is idle; before it waits again it may look at the
+job's attempts (:mod:`cmr.attempts`) for a task running far longer than its finished peers,
+on another worker, and run a second attempt of it. The first committed attempt wins:
+
+* **map tasks**: method 1 makes this free. The backup is one more attempt with its own id;
+  whichever commits first is the winner, the other's batches are filtered. The backup
+  holds no task message (the straggler does, and deletes it when it ends).
+* **reduce tasks**: method 3 allows one owner per claim, so the backup takes the claim
+  over: one write, conditional on the straggler's very token (and the job running), gives
+  the partition a new token and epoch. The straggler's next beat or commit is refused by
+  that token (the fence every takeover has), and it hands back what it holds.
+
+Bounded: a job's backups of each kind are counted in its record by a conditional add, never
+past BACKUP_SHARE of its tasks (at least one); one backup per task (a ``bk#`` record written
+if absent); only idle slots start them, so none runs while a worker has work of its own;
+and a worker looks at most every CHECK_S per job and kind (one query, two for reduces).
+
+Judged on the workers' wall clocks: a task's age is the backer's clock minus the
+straggler's start. Clock skew between machines only moves *when* a backup starts; which
+attempt counts is decided by the commit records alone, never by a clock.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import statistics
+from dataclasses import dataclass
+
+from cmr import clock
+from cmr.attempts import Attempt, Kind, attempts
+from cmr.backends.base import AnyOf, Eq, Lt, Missing, Put, Update, item_absent
+from cmr.claim import Claim
+from cmr.errors import ConditionFailed
+from cmr.lifecycle import while_running
+from cmr.records import JobSpec, job_pk, reduce_sk
+from cmr.runtime import Runtime
+
+BACKUP_SHARE = 0.1  # of a job's map tasks (and of its partitions) that may get a backup
+FACTOR = 3.0  # a task is a straggler once it runs this many times its peers' median
+MIN_AGE_S = 2.0  # nor before it has run this long (short tasks vary; a backup costs a task)
+MIN_DONE = 0.5  # and only once this share of its peers have finished: the median means much
+CHECK_S = 1.0  # a worker looks for stragglers of a job at most this often (per kind)
+PREFIX = "bk#"  # one record per task backed up: pk=job#<id> sk=bk#<m|r><n>
+COUNTERS = {"m": "backups_map", "r": "backups_reduce"}  # in the job record
+
+
+@dataclass(frozen=True)
+class Straggler:
+    attempt: Attempt
+    age_s: float  # how long it has run (for a reduce: since the maps were all done)
+    peers_s: float  # its finished peers' median
+
+
+def cap(tasks: int) -> int:
+    """How many backups a job with ``tasks`` tasks of a kind may start."""
+    return max(1, math.floor(BACKUP_SHARE * tasks))
+
+
+def choose(
+    rows: list[Attempt], kind: Kind, tasks: int, me: str, now: float, since: float = 0.0
+) -> Straggler | None:
+    """The attempt most worth backing up, if any: of a task with no committed attempt and no
+    backup yet, run by another worker, older than FACTOR times its finished peers' median
+    and MIN_AGE_S, once MIN_DONE of the tasks are done. ``since``: when the maps were all
+    done, for reduces (a reduce waits for them; only what it takes after counts)."""
+    mine = [a for a in rows if a.kind == kind]
+    done = {a.task for a in mine if a.outcome == "committed"}
+    if tasks <= 0 or len(done) < max(1, math.ceil(MIN_DONE * tasks)):
+        return None
+    peers = statistics.median(
+        max(0.0, a.seconds(now) - max(0.0, since - a.started))
+        for a in mine
+        if a.outcome == "committed"
+    )
+    backed = {a.task for a in mine if a.backup}
+    threshold = max(MIN_AGE_S, FACTOR * peers)
+    best: Straggler | None = None
+    for a in mine:
+        if not a.running or a.task in done or a.task in backed or a.worker == me:
+            continue
+        age = now - max(a.started, since)
+        if age > threshold and (best is None or age > best.age_s):
+            best = Straggler(a, age, peers)
+    return best
+
+
+async def find(rt: Runtime, spec: JobSpec, kind: Kind) -> Straggler | None:
+    """Read the job's attempts and choose (see :func:`choose`)."""
+    rows = await attempts(rt.backend, spec.job_id)
+    tasks = spec.maps if kind == "m" else spec.partitions
+    since = 0.0
+    if kind == "r":
+        maps = [a for a in rows if a.kind == "m" and a.outcome == "committed"]
+        if len({a.task for a in maps}) < spec.maps:
+            return None  # reducers still wait for maps: nobody is straggling yet
+        since = max((a.ended or 0.0 for a in maps), default=0.0)
+    return choose(rows, kind, tasks, rt.worker_id, clock.wall(), since)
+
+
+async def reserve(rt: Runtime, spec: JobSpec, s: Straggler) -> bool:
+    """Count the backup in the job's record and mark its task, both or neither, and only
+    while the job runs and its count is under the cap. False: the cap is reached, the
+    task has its backup already, or the job ended."""
+    kind, task = s.attempt.kind, s.attempt.task
+    field = COUNTERS[kind]
+    limit = cap(spec.maps if kind == "m" else spec.partitions)
+    pk = job_pk(spec.job_id)
+    try:
+        await rt.backend.table.transact(
+            [
+                Update(
+                    pk, "job", add={field: 1}, condition=AnyOf((Missing(field), Lt(field, limit)))
+                ),
+                Put(
+                    pk, f"{PREFIX}{kind}{task}", {"of": s.attempt.attempt}, condition=item_absent()
+                ),
+                while_running(spec.job_id),
+            ],
+            token=secrets.token_hex(16),
+        )
+    except ConditionFailed:
+        return False
+    return True
+
+
+async def take_over(rt: Runtime, spec: JobSpec, s: Straggler) -> Claim | None:
+    """Take the straggler's reduce claim over: conditional on its very token, so of all
+    backers (and a contender watching a dead claim) exactly one succeeds, and only while
+    the job runs. None if the claim moved meanwhile (it committed, or someone else took it)."""
+    p = s.attempt.task
+    pk, sk = job_pk(spec.job_id), reduce_sk(p)
+    held = await rt.backend.table.get(pk, sk, consistent=True)
+    if held is None or held.get("token") != s.attempt.attempt or held.get("state") != "claimed":
+        rt.log.info(
+            "the straggler's claim moved before our backup took it",
+            job=spec.job_id,
+            partition=p,
+            state=None if held is None else str(held.get("state"))[:20],
+        )
+        return None
+    token = secrets.token_hex(8)
+    epoch = int(held.get("epoch", 0)) + 1
+    write = Update(
+        pk,
+        sk,
+        set_={
+            "owner": rt.worker_id,
+            "token": token,
+            "state": "claimed",
+            "beat": 0,
+            "epoch": epoch,
+            "backup": True,
+        },
+        condition=Eq("token", s.attempt.attempt),
+    )
+    try:
+        await rt.backend.table.transact(
+            [write, while_running(spec.job_id)], token=secrets.token_hex(16)
+        )
+    except ConditionFailed:
+        held = await rt.backend.table.get(pk, sk, consistent=True)
+        if held is None or held.get("token") != token:
+            rt.log.info("the straggler's claim moved as our backup took it", job=spec.job_id)
+            return None
+    return Claim(rt.backend.table, spec.job_id, p, rt.worker_id, token, epoch, spec.visibility_s)
