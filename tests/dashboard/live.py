@@ -113,19 +113,22 @@ def stack_store() -> Iterator[Stack]:
 
 
 @contextlib.contextmanager
-def dashboard(store: str, *extra: str) -> Iterator[str]:
-    """A `cmr dashboard` process on a free port: its URL, read from the line it prints."""
+def dashboard(store: str, *extra: str, stderr: list[str] | None = None) -> Iterator[str]:
+    """A `cmr dashboard` process on a free port: its URL, read from the line it prints.
+    ``stderr``: gets what it wrote there, once it has stopped."""
     proc = cmr("dashboard", "--store", store, "--port", "0", *extra)
     try:
-        assert proc.stdout is not None
+        assert proc.stdout is not None and proc.stderr is not None
         line = proc.stdout.readline()
         if " at http://" not in line:
             proc.kill()
-            raise AssertionError(f"no URL from cmr dashboard: {line!r} {proc.stderr.read()!r}")  # type: ignore[union-attr]
+            raise AssertionError(f"no URL from cmr dashboard: {line!r} {proc.stderr.read()!r}")
         yield line.split(" at ", 1)[1].split()[0]
     finally:
         proc.terminate()
-        proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)
+        if stderr is not None:
+            stderr.append(err)
 
 
 def get(url: str, host: str | None = None) -> tuple[int, Any]:

@@ -4,6 +4,7 @@ with `cmr status --json`; and the requests it refuses."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +58,7 @@ def test_the_api_follows_a_job_to_its_end(tmp_path: Path) -> None:
             assert doc["counters"] == {"seen": {"lines": LINES}}
             assert doc["records_in"] == LINES and doc["throughput_mb_s"] > 0
 
-            status = done(cmr("status", job, "--json", "--store", s.url))
-            import json
-
-            mine = json.loads(status)
+            mine = json.loads(done(cmr("status", job, "--json", "--store", s.url)))
             for key in ("state", "started", "ended", "duration_s", "progress", "records_out"):
                 assert doc[key] == mine[key], key
             _, listed = get(url + "api/jobs")
@@ -86,6 +84,11 @@ def test_what_the_api_refuses(tmp_path: Path) -> None:
             code, doc = get(url + "api/jobs/20260101-000000-0000000000000000")
             assert code == 404 and "no job" in doc["error"]
             assert get(url + "api/jobs?state=running")[1]["jobs"][0]["job"] == job
+        # Told to listen beyond loopback: it does, says so, and answers any name.
+        said: list[str] = []
+        with dashboard(s.url, "--host", "0.0.0.0", "--allow-remote", stderr=said) as url:
+            assert get(url + "api/jobs", host="dashboard.example")[0] == 200
+        assert "warning: listening on 0.0.0.0, not a loopback address" in said[0]
         # Nobody served it: cancelled and cleaned up here, so nothing is left.
         done(cmr("cancel", job, "--store", s.url))
         done(cmr("cleanup", job, "--store", s.url))
