@@ -15,9 +15,8 @@ A job's cleanup deletes its task records; before it does, it folds the attempts 
 keeps its timeline next to its record. Rows and timelines are strangers' data to whoever
 reads them: each field is checked and bounded, and a row that fails is skipped, not trusted.
 
-The start row is written only while the job runs (a paused worker waking after cleanup must
-not leave a row behind); the end is an update of a row that still exists, so it cannot
-recreate one cleanup deleted. Two writes per attempt: small beside the attempt's shuffle.
+Attempts write their rows through :mod:`cmr.tracking`; this module reads, checks and folds
+them (and so imports nothing of the job's lifecycle, which folds them at cleanup).
 """
 
 from __future__ import annotations
@@ -25,15 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import socket
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cmr import clock
-from cmr.backends.base import Backend, Present, Put, Update, item_absent
+from cmr.backends.base import Backend, item_absent
 from cmr.errors import ConditionFailed
-from cmr.failures import headline
-from cmr.lifecycle import write_while_running
 from cmr.records import job_pk, task_of
 
 Kind = Literal["m", "r"]
@@ -43,7 +38,6 @@ MAX_ID = 120  # worker ids, hosts, attempt ids
 TIMELINE_ROWS = 2_000  # attempts per timeline item (~60 bytes each: well under an item's limit)
 PREFIX = "att#"
 TIMELINE = "timeline#"
-HOST = socket.gethostname()[:MAX_ID]
 
 
 def row_sk(kind: Kind, task: int, attempt: str) -> str:
@@ -162,48 +156,6 @@ def from_item(item: dict[str, Any]) -> Attempt | None:
         )
     except (ValueError, TypeError):
         return None
-
-
-class Running:
-    """One attempt's row: written when it starts, ended once with its outcome."""
-
-    def __init__(
-        self, backend: Backend, job_id: str, kind: Kind, task: int, attempt: str, worker: str
-    ) -> None:
-        self.backend = backend
-        self.job_id = job_id
-        self.key = (job_pk(job_id), row_sk(kind, task, attempt))
-        self.worker = worker
-        self.written = False
-        self.ended = False
-
-    async def start(self, *, backup: bool = False) -> bool:
-        """Write the row, only while the job runs: False if it has ended."""
-        fields = {
-            "worker": self.worker[:MAX_ID],
-            "host": HOST,
-            "started": clock.wall(),
-            "outcome": "running",
-            "backup": backup,
-        }
-        try:
-            await write_while_running(self.backend, self.job_id, Put(*self.key, fields))
-        except ConditionFailed:
-            return False
-        self.written = True
-        return True
-
-    async def end(self, outcome: str, error: str = "") -> None:
-        """Say how it ended (once): an update of the row if it still exists, so a late end
-        never recreates a row the job's cleanup deleted."""
-        if not self.written or self.ended:
-            return
-        self.ended = True
-        fields: dict[str, Any] = {"ended": clock.wall(), "outcome": outcome}
-        if error.strip():
-            fields["error"] = headline(error)[0][:MAX_ERROR]
-        with contextlib.suppress(ConditionFailed):
-            await self.backend.table.update(Update(*self.key, set_=fields, condition=Present("pk")))
 
 
 async def attempts(backend: Backend, job_id: str) -> list[Attempt]:

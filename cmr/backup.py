@@ -39,7 +39,7 @@ from cmr.records import JobSpec, job_pk, reduce_sk
 from cmr.runtime import Runtime
 
 BACKUP_SHARE = 0.1  # of a job's map tasks (and of its partitions) that may get a backup
-FACTOR = 3.0  # a task is a straggler once it runs this many times its peers' median
+FACTOR = 2.0  # a task is a straggler once it runs this many times its peers' median
 MIN_AGE_S = 2.0  # nor before it has run this long (short tasks vary; a backup costs a task)
 MIN_DONE = 0.5  # and only once this share of its peers have finished: the median means much
 CHECK_S = 1.0  # a worker looks for stragglers of a job at most this often (per kind)
@@ -59,9 +59,15 @@ def cap(tasks: int) -> int:
     return max(1, math.floor(BACKUP_SHARE * tasks))
 
 
+@dataclass(frozen=True)
+class Verdict:
+    straggler: Straggler | None  # the attempt to back up now, if any
+    due_in: float | None  # else, how soon the next candidate may become one (None: none is)
+
+
 def choose(
     rows: list[Attempt], kind: Kind, tasks: int, me: str, now: float, since: float = 0.0
-) -> Straggler | None:
+) -> Verdict:
     """The attempt most worth backing up, if any: of a task with no committed attempt and no
     backup yet, run by another worker, older than FACTOR times its finished peers' median
     and MIN_AGE_S, once MIN_DONE of the tasks are done. ``since``: when the maps were all
@@ -69,7 +75,7 @@ def choose(
     mine = [a for a in rows if a.kind == kind]
     done = {a.task for a in mine if a.outcome == "committed"}
     if tasks <= 0 or len(done) < max(1, math.ceil(MIN_DONE * tasks)):
-        return None
+        return Verdict(None, None)
     peers = statistics.median(
         max(0.0, a.seconds(now) - max(0.0, since - a.started))
         for a in mine
@@ -78,16 +84,19 @@ def choose(
     backed = {a.task for a in mine if a.backup}
     threshold = max(MIN_AGE_S, FACTOR * peers)
     best: Straggler | None = None
+    due_in: float | None = None
     for a in mine:
         if not a.running or a.task in done or a.task in backed or a.worker == me:
             continue
         age = now - max(a.started, since)
         if age > threshold and (best is None or age > best.age_s):
             best = Straggler(a, age, peers)
-    return best
+        elif age <= threshold:
+            due_in = threshold - age if due_in is None else min(due_in, threshold - age)
+    return Verdict(best, None if best is not None else due_in)
 
 
-async def find(rt: Runtime, spec: JobSpec, kind: Kind) -> Straggler | None:
+async def find(rt: Runtime, spec: JobSpec, kind: Kind) -> Verdict:
     """Read the job's attempts and choose (see :func:`choose`)."""
     rows = await attempts(rt.backend, spec.job_id)
     tasks = spec.maps if kind == "m" else spec.partitions
@@ -95,7 +104,7 @@ async def find(rt: Runtime, spec: JobSpec, kind: Kind) -> Straggler | None:
     if kind == "r":
         maps = [a for a in rows if a.kind == "m" and a.outcome == "committed"]
         if len({a.task for a in maps}) < spec.maps:
-            return None  # reducers still wait for maps: nobody is straggling yet
+            return Verdict(None, None)  # reducers still wait for maps: nobody straggles yet
         since = max((a.ended or 0.0 for a in maps), default=0.0)
     return choose(rows, kind, tasks, rt.worker_id, clock.wall(), since)
 

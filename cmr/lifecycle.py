@@ -20,7 +20,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from cmr import clock, logs
+from cmr import attempts, clock, logs
 from cmr.backends.base import (
     MAX_TX_WRITES,
     AllOf,
@@ -288,8 +288,6 @@ async def cleanup(backend: Backend, spec: JobSpec, state: JobState, step: Step =
         items = await backend.table.query(pk, prefix=task_pages(t))
         await asyncio.gather(*(delete_item(str(item["sk"])) for item in items))
     # The attempts are kept as the job's timeline (cmr.attempts) before their rows go.
-    from cmr import attempts  # here: it writes its rows with this module's guards
-
     await attempts.fold(backend, spec.job_id)
     # Then every record left, pages a table writer made for no task included.
     for prefix in ("map#", "page#", "fail#", "reduce#", "bk#", attempts.PREFIX):

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgpack
 
-from cmr import attempts, bulk, failures, formats, rangefile, sidefiles, wire
+from cmr import bulk, failures, formats, rangefile, sidefiles, tracking, wire
 from cmr import digest as digests
 from cmr.aio import TaskGroup, first_error
 from cmr.backends.base import Put, Received, item_absent
@@ -68,7 +68,7 @@ async def run_map_task(
     if redelivered and not await failures.map_redelivered(rt, spec, ref):
         return  # started too often: the job was failed
     attempt = secrets.token_hex(6)
-    row = attempts.Running(rt.backend, spec.job_id, "m", task.task, attempt, rt.worker_id)
+    row = tracking.Tracked(rt.backend, spec.job_id, "m", task.task, attempt, rt.worker_id)
     if not await row.start(backup=msg is None):
         return  # the job has ended
     try:
@@ -84,7 +84,7 @@ async def _failed(
     rt: Runtime,
     spec: JobSpec,
     msg: Received | None,
-    row: attempts.Running,
+    row: tracking.Tracked,
     task: int,
     error: str,
     *,
@@ -110,7 +110,7 @@ async def _attempt(
     msg: Received | None,
     task: wire.MapTask,
     attempt: str,
-    row: attempts.Running,
+    row: tracking.Tracked,
     stats: Counter[str],
 ) -> None:
     in_q, _, part_qs = spec.queues()

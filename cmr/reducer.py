@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from cmr import attempts, bulk, clock, failures, finalize, sidefiles, wire
+from cmr import bulk, clock, failures, finalize, sidefiles, tracking, wire
 from cmr import digest as digests
 from cmr.aio import TaskGroup, first_error
 from cmr.backends.base import Received
@@ -394,7 +394,7 @@ async def run_claimed(rt: Runtime, spec: JobSpec, got: Claim, msg: Received | No
     attempt it replaced, brings the task back if nobody commits)."""
     _, reduce_q, part_qs = spec.queues()
     p = got.partition
-    row = attempts.Running(rt.backend, spec.job_id, "r", p, got.token, rt.worker_id)
+    row = tracking.Tracked(rt.backend, spec.job_id, "r", p, got.token, rt.worker_id)
     if not await row.start(backup=msg is None):
         await got.forget()  # the job ended: our claim must not linger
         return

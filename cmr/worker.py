@@ -117,6 +117,9 @@ class Worker:
         # Per job: the last repair check, and the repairs count it saw if its queues were empty.
         self._repaired: dict[str, tuple[float, int | None]] = {}
         self._backups_checked: dict[tuple[str, str], float] = {}  # when we last looked
+        # When a running task of the job may become a straggler (our clock): an idle slot's
+        # long poll ends by then, not after its idle backoff (up to idle_wait_s).
+        self._backups_due: dict[tuple[str, str], float] = {}
 
     async def _spec(self, job_id: str) -> JobSpec | None:
         spec = self._specs.get(job_id)
@@ -188,6 +191,7 @@ class Worker:
         self._specs.pop(job_id, None)
         for kind in ("m", "r"):
             self._backups_checked.pop((job_id, kind), None)
+            self._backups_due.pop((job_id, kind), None)
         self._watched.pop(job_id, None)
         self._last_task.pop(job_id, None)
         self._repaired.pop(job_id, None)
@@ -298,11 +302,13 @@ class Worker:
             if spec is None:
                 await asyncio.sleep(poll_s / 2)
                 continue
+            due = self._backups_due.get((spec.job_id, kind))
+            wait = wait_s if due is None else min(wait_s, max(poll_s / 4, due - clock.monotonic()))
             try:
                 got = await queues.receive(
                     queue_of(spec),
                     max_messages=1,
-                    wait_s=wait_s,
+                    wait_s=wait,
                     visibility_s=spec.visibility_s,
                 )
                 if not got:
@@ -358,11 +364,17 @@ class Worker:
         it has one worth it (cmr.backup); whether one ran."""
         if not self.rt.settings.backups:
             return False
+        key = (spec.job_id, kind)
         now = clock.monotonic()
-        if now - self._backups_checked.get((spec.job_id, kind), -backup.CHECK_S) < backup.CHECK_S:
+        if now - self._backups_checked.get(key, -backup.CHECK_S) < backup.CHECK_S:
             return False
-        self._backups_checked[(spec.job_id, kind)] = now
-        found = await backup.find(self.rt, spec, kind)
+        self._backups_checked[key] = now
+        verdict = await backup.find(self.rt, spec, kind)
+        if verdict.due_in is not None:
+            self._backups_due[key] = now + verdict.due_in
+        else:
+            self._backups_due.pop(key, None)
+        found = verdict.straggler
         if found is None or not await backup.reserve(self.rt, spec, found):
             return False
         what = "map task" if kind == "m" else "partition"

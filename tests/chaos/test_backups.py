@@ -157,18 +157,20 @@ def test_a_straggler_is_chosen_only_far_past_its_peers_and_never_twice() -> None
     done = [_attempt(t, "w1", 0.0, 2.0) for t in range(6)]
     slow = _attempt(6, "w2", 2.0, None)
     slower = _attempt(7, "w2", 0.5, None)
-    # Too young (under MIN_AGE_S and FACTOR x the 2 s median, 6 s): nobody.
-    assert backup.choose([*done, slow], "m", 8, "w1", now=7.5) is None
-    picked = backup.choose([*done, slow, slower], "m", 8, "w1", now=7.5)
-    assert picked is not None and picked.attempt is slower and picked.age_s == 7.0
+    # Too young (under MIN_AGE_S and FACTOR x the 2 s median, 4 s): nobody yet, but soon.
+    assert backup.choose([*done, slow], "m", 8, "w1", now=5.5) == backup.Verdict(None, 0.5)
+    picked = backup.choose([*done, slow, slower], "m", 8, "w1", now=5.5).straggler
+    assert picked is not None and picked.attempt is slower and picked.age_s == 5.0
     assert picked.peers_s == 2.0
     # Not our own, not one with a backup already, not before half the tasks are done.
-    assert backup.choose([*done, slow], "m", 8, "w2", now=60.0) is None
+    nobody = backup.Verdict(None, None)
+    assert backup.choose([*done, slow], "m", 8, "w2", now=60.0) == nobody
     backed = _attempt(6, "w3", 50.0, None, backup=True)
-    assert backup.choose([*done, slow, backed], "m", 8, "w1", now=60.0) is None
-    assert backup.choose([*done[:3], slow], "m", 8, "w1", now=60.0) is None
+    assert backup.choose([*done, slow, backed], "m", 8, "w1", now=60.0) == nobody
+    assert backup.choose([*done[:3], slow], "m", 8, "w1", now=60.0) == nobody
     # A task someone committed needs no backup, whoever still runs it.
-    assert backup.choose([*done, slow, _attempt(6, "w3", 1.0, 3.0)], "m", 8, "w1", 60.0) is None
+    committed = _attempt(6, "w3", 1.0, 3.0)
+    assert backup.choose([*done, slow, committed], "m", 8, "w1", 60.0) == nobody
     # At most a tenth of a job's tasks, at least one.
     assert [backup.cap(n) for n in (1, 9, 10, 25, 1000)] == [1, 1, 1, 2, 100]
 
