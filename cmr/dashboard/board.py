@@ -37,6 +37,7 @@ KEPT_DETAILS = 64  # finished jobs' details kept (each may hold thousands of att
 MAX_ID = 200  # characters of a job id shown, from a row that holds no job id
 MAX_ERROR = 300  # characters of an error's headline
 MAX_ATTEMPTS = 5_000  # attempts of one step sent to the page
+MAX_WORKERS = 200  # workers sent to the page, the latest beat first (a fleet's, or a test's many)
 STATES = frozenset(s.value for s in JobState)
 
 # The duplicates each of the three documented methods filtered (DESIGN.md, "Duplicate
@@ -290,7 +291,12 @@ class Board:
 
     async def workers(self) -> dict[str, Any]:
         now = clock.wall()
-        return {"now": now, "workers": [w.to_json(now) for w in await workers.seen(self.backend)]}
+        seen = await workers.seen(self.backend)
+        return {
+            "now": now,
+            "total": len(seen),
+            "workers": [w.to_json(now) for w in seen[:MAX_WORKERS]],
+        }
 
 
 def _settled(spec: JobSpec, rec: dict[str, Any]) -> bool:

@@ -159,6 +159,8 @@ function drawWorkers(doc) {
     ]),
   );
   replaceRows($("workers").tBodies[0], rows);
+  const total = num(doc.total) || 0;
+  $("workers-count").textContent = total > rows.length ? "(the latest " + rows.length + " of " + total + ")" : "";
 }
 
 function costRows(cost) {
@@ -292,7 +294,8 @@ function drawSteps(doc) {
     const failedTries = tries
       .filter((a) => a.outcome === "failed" && a.error)
       .map((a) => row([el("td", label(a)), el("td", "attempt " + a.attempt), el("td", a.error, "msg")]));
-    replaceRows(box.querySelector("table.failures tbody"), failures.length ? failures : failedTries);
+    const failed = failures.length ? failures : failedTries;
+    replaceRows(box.querySelector("table.failures tbody"), failed.length ? failed : [row(["none"])]);
     const rows = tries.slice(0, MAX_ROWS).map((a) =>
       row([
         el("td", label(a)),
@@ -326,7 +329,7 @@ function drawTimeline(box, tasks, sets) {
         animation: false,
         maintainAspectRatio: false,
         scales: {
-          x: { type: "linear", beginAtZero: true, title: { display: true, text: "seconds since the step's first attempt" } },
+          x: { type: "linear", beginAtZero: true, title: { display: true, text: "seconds since the step started" } },
           y: { stacked: false, ticks: { autoSkip: false } },
         },
         plugins: {
