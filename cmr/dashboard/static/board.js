@@ -330,7 +330,8 @@ function drawTimeline(box, tasks, sets) {
         maintainAspectRatio: false,
         scales: {
           x: { type: "linear", beginAtZero: true, title: { display: true, text: "seconds since the step started" } },
-          y: { stacked: false, ticks: { autoSkip: false } },
+          // Every task named while they fit; past that Chart.js skips labels, not bars.
+          y: { stacked: false, ticks: { autoSkip: tasks.length > 150 } },
         },
         plugins: {
           tooltip: {
@@ -351,6 +352,7 @@ function drawTimeline(box, tasks, sets) {
   }
   chart.data.labels = tasks;
   chart.data.datasets = sets;
+  chart.options.scales.y.ticks.autoSkip = tasks.length > 150;
   chart.update("none");
 }
 
