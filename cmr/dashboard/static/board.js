@@ -163,22 +163,24 @@ function drawWorkers(doc) {
   $("workers-count").textContent = total > rows.length ? "(the latest " + rows.length + " of " + total + ")" : "";
 }
 
+function usd(n) {
+  if (num(n) === null) return "";
+  return "$" + (n >= 1 ? n.toFixed(2) : n.toPrecision(3));
+}
+
+// cmr.cost's JobCost.to_json(): total_usd, services {name, requests, usd}, worker_seconds,
+// workers_usd, prices {date}.
 function costRows(cost) {
   if (!cost || typeof cost !== "object") return [["cost", "not known for this store"]];
-  const pairs = [];
-  if (num(cost.total) !== null) pairs.push(["total", "$" + cost.total.toFixed(6)]);
-  for (const key of ["by_service", "services"]) {
-    if (cost[key] && typeof cost[key] === "object") {
-      for (const [name, v] of Object.entries(cost[key])) {
-        const dollars = num(v) !== null ? v : v && num(v.total) !== null ? v.total : null;
-        if (dollars !== null) pairs.push([name, "$" + dollars.toFixed(6)]);
-      }
-    }
+  const pairs = [["total", usd(cost.total_usd)]];
+  for (const s of Object.values(cost.services || {})) {
+    if (s && typeof s === "object") pairs.push([String(s.name), usd(s.usd) + " (" + count(s.requests) + " requests)"]);
   }
-  if (num(cost.worker_seconds) !== null) pairs.push(["worker-seconds", cost.worker_seconds.toFixed(1)]);
-  if (typeof cost.prices === "string") pairs.push(["prices of", cost.prices]);
-  else if (typeof cost.price_date === "string") pairs.push(["prices of", cost.price_date]);
-  return pairs.length ? pairs : [["cost", "none yet"]];
+  if (num(cost.worker_seconds) !== null) {
+    pairs.push(["workers", usd(cost.workers_usd) + " (" + cost.worker_seconds.toFixed(1) + " worker-seconds)"]);
+  }
+  if (cost.prices && typeof cost.prices.date === "string") pairs.push(["prices of", cost.prices.date]);
+  return pairs;
 }
 
 function drawDetail(doc) {
