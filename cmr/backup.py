@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from cmr import clock
 from cmr.attempts import Attempt, Kind, attempts
-from cmr.backends.base import AnyOf, Eq, Lt, Missing, Put, Update, item_absent
+from cmr.backends.base import AllOf, AnyOf, Eq, Lt, Missing, Put, Update, item_absent
 from cmr.claim import Claim
 from cmr.errors import ConditionFailed
 from cmr.lifecycle import while_running
@@ -72,7 +72,8 @@ def choose(
     backup yet, run by another worker, older than FACTOR times its finished peers' median
     and MIN_AGE_S, once MIN_DONE of the tasks are done. ``since``: when the maps were all
     done, for reduces (a reduce waits for them; only what it takes after counts)."""
-    mine = [a for a in rows if a.kind == kind]
+    # A row naming a task the job does not have is a stranger's: it would take a backup.
+    mine = [a for a in rows if a.kind == kind and a.task < tasks]
     done = {a.task for a in mine if a.outcome == "committed"}
     if tasks <= 0 or len(done) < max(1, math.ceil(MIN_DONE * tasks)):
         return Verdict(None, None)
@@ -102,7 +103,9 @@ async def find(rt: Runtime, spec: JobSpec, kind: Kind) -> Verdict:
     tasks = spec.maps if kind == "m" else spec.partitions
     since = 0.0
     if kind == "r":
-        maps = [a for a in rows if a.kind == "m" and a.outcome == "committed"]
+        maps = [
+            a for a in rows if a.kind == "m" and a.outcome == "committed" and a.task < spec.maps
+        ]
         if len({a.task for a in maps}) < spec.maps:
             return Verdict(None, None)  # reducers still wait for maps: nobody straggles yet
         since = max((a.ended or 0.0 for a in maps), default=0.0)
@@ -161,9 +164,13 @@ async def take_over(rt: Runtime, spec: JobSpec, s: Straggler) -> Claim | None:
             "state": "claimed",
             "beat": 0,
             "epoch": epoch,
+            # Kept by the claims after ours: this claim lost no start (the straggler lives),
+            # and failures.reduce_claimed does not count it as one.
             "backup": True,
         },
-        condition=Eq("token", s.attempt.attempt),
+        # Its token *and* still claimed: a commit keeps the token, and a committed
+        # partition must never be claimed again (the straggler may commit after our read).
+        condition=AllOf((Eq("token", s.attempt.attempt), Eq("state", "claimed"))),
     )
     try:
         await rt.backend.table.transact(
