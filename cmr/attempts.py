@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cmr.backends.base import Backend, item_absent
+from cmr.backends.items import item_bytes
 from cmr.errors import ConditionFailed
 from cmr.records import job_pk, task_of
 
@@ -35,7 +36,8 @@ Kind = Literal["m", "r"]
 OUTCOMES = frozenset({"running", "committed", "lost", "failed", "released", "abandoned"})
 MAX_ERROR = 300  # characters of a failure's headline kept in a row
 MAX_ID = 120  # worker ids, hosts, attempt ids
-TIMELINE_ROWS = 2_000  # attempts per timeline item (~60 bytes each: well under an item's limit)
+TIMELINE_ROWS = 2_000  # attempts per timeline item at most
+TIMELINE_BYTES = 256 * 1024  # and bytes: a table item holds 400 KB (DynamoDB)
 PREFIX = "att#"
 TIMELINE = "timeline#"
 
@@ -158,14 +160,16 @@ def from_item(item: dict[str, Any]) -> Attempt | None:
         return None
 
 
-async def attempts(backend: Backend, job_id: str) -> list[Attempt]:
-    """The job's attempts, from its rows while it has them, else from its timeline (after
-    cleanup). Sorted by kind, task and start."""
+async def attempts(
+    backend: Backend, job_id: str, *, consistent: bool = True, live: bool = False
+) -> list[Attempt]:
+    """The job's attempts, from its rows while it has them, else (unless ``live``) from its
+    timeline (after cleanup). Sorted by kind, task and start."""
     pk = job_pk(job_id)
-    rows = await backend.table.query(pk, prefix=PREFIX)
+    rows = await backend.table.query(pk, prefix=PREFIX, consistent=consistent)
     found = [a for a in map(from_item, rows) if a is not None]
-    if not rows:
-        for item in await backend.table.query(pk, prefix=TIMELINE):
+    if not rows and not live:
+        for item in await backend.table.query(pk, prefix=TIMELINE, consistent=consistent):
             found.extend(_unfold(item.get("rows")))
     return sorted(found, key=lambda a: (a.kind, a.task, a.started))
 
@@ -206,17 +210,36 @@ async def fold(backend: Backend, job_id: str) -> None:
         (_settled(a, won.get((a.kind, a.task))) for a in map(from_item, items) if a),
         key=lambda a: (a.kind, a.task, a.started),
     )
-    for n, start in enumerate(range(0, len(rows), TIMELINE_ROWS)):
-        chunk = [a.to_row() for a in rows[start : start + TIMELINE_ROWS]]
+    for n, chunk in enumerate(_chunks([a.to_row() for a in rows])):
         with contextlib.suppress(ConditionFailed):
             await backend.table.put(
                 pk, f"{TIMELINE}{n:04d}", {"rows": chunk}, condition=item_absent()
             )
 
 
+def _chunks(rows: list[list[Any]]) -> list[list[list[Any]]]:
+    """The rows cut into timeline items of at most TIMELINE_ROWS rows and TIMELINE_BYTES
+    (a row may take 1.5 KB: a 300-character error in 4-byte characters), the same cut for
+    the same rows (each item is written once, whoever folds)."""
+    chunks: list[list[list[Any]]] = []
+    size = TIMELINE_BYTES + 1
+    for row in rows:
+        n = item_bytes(row) + 1
+        if size + n > TIMELINE_BYTES or len(chunks[-1]) >= TIMELINE_ROWS:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(row)
+        size += n
+    return chunks
+
+
 def _is(item: dict[str, Any], prefix: str) -> bool:
     sk = item.get("sk")
-    return isinstance(sk, str) and sk.startswith(prefix) and sk[len(prefix) :].isdigit()
+    if not isinstance(sk, str) or not sk.startswith(prefix):
+        return False
+    n = sk[len(prefix) :]
+    # ASCII digits only: '²' is a digit to str.isdigit(), and int() refuses it.
+    return n.isascii() and n.isdigit()
 
 
 def _settled(a: Attempt, winner: object) -> Attempt:

@@ -24,6 +24,7 @@ attempt counts is decided by the commit records alone, never by a clock.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 import statistics
@@ -31,17 +32,18 @@ from dataclasses import dataclass
 
 from cmr import clock
 from cmr.attempts import Attempt, Kind, attempts
-from cmr.backends.base import AnyOf, Eq, Lt, Missing, Put, Update, item_absent
+from cmr.backends.base import AllOf, AnyOf, Eq, Lt, Missing, Put, Update, item_absent
 from cmr.claim import Claim
 from cmr.errors import ConditionFailed
 from cmr.lifecycle import while_running
-from cmr.records import JobSpec, job_pk, reduce_sk
+from cmr.records import JobSpec, job_pk, map_sk, reduce_sk, task_of
 from cmr.runtime import Runtime
 
 BACKUP_SHARE = 0.1  # of a job's map tasks (and of its partitions) that may get a backup
 FACTOR = 2.0  # a task is a straggler once it runs this many times its peers' median
 MIN_AGE_S = 2.0  # nor before it has run this long (short tasks vary; a backup costs a task)
 MIN_DONE = 0.5  # and only once this share of its peers have finished: the median means much
+ROWS_PER_CHECK = 500  # attempt rows a worker reads a second at most, per job and kind
 CHECK_S = 1.0  # a worker looks for stragglers of a job at most this often (per kind)
 PREFIX = "bk#"  # one record per task backed up: pk=job#<id> sk=bk#<m|r><n>
 COUNTERS = {"m": "backups_map", "r": "backups_reduce"}  # in the job record
@@ -63,6 +65,7 @@ def cap(tasks: int) -> int:
 class Verdict:
     straggler: Straggler | None  # the attempt to back up now, if any
     due_in: float | None  # else, how soon the next candidate may become one (None: none is)
+    check_every_s: float = 0.0  # when this worker may look again (find sets it)
 
 
 def choose(
@@ -72,7 +75,8 @@ def choose(
     backup yet, run by another worker, older than FACTOR times its finished peers' median
     and MIN_AGE_S, once MIN_DONE of the tasks are done. ``since``: when the maps were all
     done, for reduces (a reduce waits for them; only what it takes after counts)."""
-    mine = [a for a in rows if a.kind == kind]
+    # A row naming a task the job does not have is a stranger's: it would take a backup.
+    mine = [a for a in rows if a.kind == kind and a.task < tasks]
     done = {a.task for a in mine if a.outcome == "committed"}
     if tasks <= 0 or len(done) < max(1, math.ceil(MIN_DONE * tasks)):
         return Verdict(None, None)
@@ -97,16 +101,49 @@ def choose(
 
 
 async def find(rt: Runtime, spec: JobSpec, kind: Kind) -> Verdict:
-    """Read the job's attempts and choose (see :func:`choose`)."""
-    rows = await attempts(rt.backend, spec.job_id)
+    """Read the job's attempt rows and choose (see :func:`choose`). Eventually consistent,
+    at half a strong read's price: a row a stale read lacks only delays a backup, and a
+    backup is judged again by conditional writes (reserve, take_over) and by the commit
+    records, never by this read. Only live rows: a job's timeline (``timeline#``) is read
+    by people, not by this (before cleanup, a stranger's timeline item would stand for
+    rows). A job of many tasks is looked at less often, in proportion to its rows (each
+    look reads them all; ROWS_PER_CHECK a second at most per worker)."""
+    rows = await attempts(rt.backend, spec.job_id, consistent=False, live=True)
+    every = CHECK_S * max(1.0, len(rows) / ROWS_PER_CHECK)
     tasks = spec.maps if kind == "m" else spec.partitions
     since = 0.0
     if kind == "r":
-        maps = [a for a in rows if a.kind == "m" and a.outcome == "committed"]
-        if len({a.task for a in maps}) < spec.maps:
-            return Verdict(None, None)  # reducers still wait for maps: nobody straggles yet
+        maps = [
+            a for a in rows if a.kind == "m" and a.outcome == "committed" and a.task < spec.maps
+        ]
+        if len({a.task for a in maps}) < spec.maps and not await _maps_committed(rt, spec):
+            return Verdict(None, None, every)  # reducers still wait for maps
+        # (A map killed between its commit and its row's end leaves no end: the last end
+        # seen stands for when the maps were done.)
         since = max((a.ended or 0.0 for a in maps), default=0.0)
-    return choose(rows, kind, tasks, rt.worker_id, clock.wall(), since)
+    verdict = choose(rows, kind, tasks, rt.worker_id, clock.wall(), since)
+    if verdict.straggler is not None and await _committed(rt, spec, verdict.straggler.attempt):
+        # Its attempt committed and died before ending its row: nothing to back up.
+        return Verdict(None, None, every)
+    return dataclasses.replace(verdict, check_every_s=every)
+
+
+async def _committed(rt: Runtime, spec: JobSpec, a: Attempt) -> bool:
+    pk = job_pk(spec.job_id)
+    if a.kind == "m":
+        return await rt.backend.table.get(pk, map_sk(a.task), consistent=False) is not None
+    held = await rt.backend.table.get(pk, reduce_sk(a.task), consistent=False)
+    return held is not None and held.get("state") == "committed"
+
+
+async def _maps_committed(rt: Runtime, spec: JobSpec) -> bool:
+    """Whether every map task has its commit record (the rows say so unless an attempt
+    died between its commit and its row's end)."""
+    done = {
+        task_of(str(i["sk"]))
+        for i in await rt.backend.table.query(job_pk(spec.job_id), prefix="map#", consistent=False)
+    }
+    return all(t in done for t in range(spec.maps))
 
 
 async def reserve(rt: Runtime, spec: JobSpec, s: Straggler) -> bool:
@@ -161,9 +198,13 @@ async def take_over(rt: Runtime, spec: JobSpec, s: Straggler) -> Claim | None:
             "state": "claimed",
             "beat": 0,
             "epoch": epoch,
+            # Kept by the claims after ours: this claim lost no start (the straggler lives),
+            # and failures.reduce_claimed does not count it as one.
             "backup": True,
         },
-        condition=Eq("token", s.attempt.attempt),
+        # Its token *and* still claimed: a commit keeps the token, and a committed
+        # partition must never be claimed again (the straggler may commit after our read).
+        condition=AllOf((Eq("token", s.attempt.attempt), Eq("state", "claimed"))),
     )
     try:
         await rt.backend.table.transact(

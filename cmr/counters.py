@@ -208,12 +208,14 @@ def of_record(record: dict[str, Any]) -> dict[str, dict[str, int]]:
     if not isinstance(found, dict):
         return {}
     out: dict[str, dict[str, int]] = {}
-    for group, names in sorted(found.items()):
-        if not isinstance(group, str) or not isinstance(names, dict):
+    # Filtered before sorted: keys of other types (an Azure item keeps int keys) do not sort
+    # among strings.
+    for group, names in sorted((g, n) for g, n in found.items() if isinstance(g, str)):
+        if not isinstance(names, dict):
             continue
-        clean = {k: v for k, v in sorted(names.items()) if isinstance(k, str) and type(v) is int}
+        clean = {k: v for k, v in names.items() if isinstance(k, str) and type(v) is int}
         if clean:
-            out[group] = clean
+            out[group] = dict(sorted(clean.items()))
     return out
 
 

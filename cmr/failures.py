@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import traceback
 from collections import Counter
 from collections.abc import Awaitable
@@ -35,7 +36,7 @@ from cmr.errors import (
 )
 from cmr.lifecycle import end, write_while_running
 from cmr.publish import read_manifest
-from cmr.records import JobSpec, JobState, fail_sk, job_pk
+from cmr.records import JobSpec, JobState, fail_sk, job_pk, reduce_sk
 from cmr.runtime import PoolRestarted, Runtime, WorkerCrashed
 
 PERMANENT = (TaskError, Rejected, WireError)
@@ -151,15 +152,24 @@ async def _count(
     return await rt.backend.table.get(*key, consistent=True)
 
 
-async def reduce_claimed(rt: Runtime, spec: JobSpec, task: TaskRef, epoch: int) -> bool:
-    """A partition was claimed for the ``epoch``-th time. False once it was started too
-    often without finishing or raising."""
+async def reduce_claimed(rt: Runtime, spec: JobSpec, partition: int, epoch: int) -> bool:
+    """The partition was claimed for the ``epoch``-th time. False once it was started too
+    often without finishing or raising.
+
+    A straggler's backup (cmr.backup) that took the claim over is one claim more that lost
+    no start: the straggler it fenced out was alive. It is not counted: the take-over marks
+    the claim record ``backup``, which the claims after it keep (one backup a partition)."""
     if epoch <= 1:
         return True
+    task = TaskRef.reduce(partition)
+    pk = job_pk(spec.job_id)
     # Consistent: the raise that released the last claim was counted before its release.
-    key = (job_pk(spec.job_id), fail_sk(task.id))
-    item = await rt.backend.table.get(*key, consistent=True) or {}
-    return await _bounded(rt, spec, task, epoch, item)
+    item, held = await asyncio.gather(
+        rt.backend.table.get(pk, fail_sk(task.id), consistent=True),
+        rt.backend.table.get(pk, reduce_sk(partition), consistent=True),
+    )
+    fenced = 1 if (held or {}).get("backup") is True else 0
+    return await _bounded(rt, spec, task, epoch - fenced, item or {})
 
 
 async def _bounded(rt: Runtime, spec: JobSpec, task: TaskRef, starts: int, item: Item) -> bool:

@@ -39,6 +39,8 @@ async def committed_parts(rt: Runtime, spec: JobSpec) -> list[Source] | None:
     sources = []
     for item in done:
         try:
+            if not 0 <= task_of(str(item["sk"])) < spec.partitions:
+                raise ValueError("no partition of the job")
             source = Source(
                 task_of(str(item["sk"])),
                 str(item["output"]),

@@ -38,7 +38,7 @@ from cmr.lifecycle import job_scratch, spill_url, write_while_running
 from cmr.localcheck import CheckedFile, InputChanged
 from cmr.plan import Check
 from cmr.records import JobSpec, MapCommit, job_pk, map_sk, pages_for
-from cmr.runtime import Runtime
+from cmr.runtime import Runtime, WorkerCrashed
 from cmr.split import read_range
 from cmr.timelimit import task_limit
 
@@ -73,6 +73,8 @@ async def run_map_task(
         return  # the job has ended
     try:
         await _attempt(rt, spec, msg, task, attempt, row, stats)
+    except WorkerCrashed:
+        raise  # a dead worker writes nothing: its row stays running, as a killed one's does
     except Exception as exc:
         with contextlib.suppress(BackendError):
             await row.end("failed", failures.describe(exc))

@@ -679,4 +679,7 @@ class MapPage:
 
 
 def task_of(sk: str) -> int:
-    return int(sk.split("#", 1)[1])
+    """The task (or partition) a ``map#``/``reduce#`` record names; -1 for a sort key no
+    task of cmr's writes (a table writer's: ``map#²``, which int() would refuse)."""
+    tail = sk.split("#", 1)[1] if "#" in sk else ""
+    return int(tail) if tail.isascii() and tail.isdigit() else -1

@@ -381,7 +381,7 @@ async def run_reduce_task(rt: Runtime, spec: JobSpec, msg: Received, task: wire.
             reduce_q, [msg.receipt], min(spec.visibility_s, int(got.retry_in) + 1)
         )
         return
-    if not await failures.reduce_claimed(rt, spec, failures.TaskRef.reduce(p), got.epoch):
+    if not await failures.reduce_claimed(rt, spec, p, got.epoch):
         await got.release()
         return  # started too often: the job was failed
     await run_claimed(rt, spec, got, msg)

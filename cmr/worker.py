@@ -116,7 +116,7 @@ class Worker:
         self._last_task: dict[str, float] = {}  # when a slot last got a message of the job
         # Per job: the last repair check, and the repairs count it saw if its queues were empty.
         self._repaired: dict[str, tuple[float, int | None]] = {}
-        self._backups_checked: dict[tuple[str, str], float] = {}  # when we last looked
+        self._backups_next: dict[tuple[str, str], float] = {}  # when we may look again
         # When a running task of the job may become a straggler (our clock): an idle slot's
         # long poll ends by then, not after its idle backoff (up to idle_wait_s).
         self._backups_due: dict[tuple[str, str], float] = {}
@@ -196,7 +196,7 @@ class Worker:
         self._usage_due.add(job_id)  # its usage row, now: we stop serving it
         self._specs.pop(job_id, None)
         for kind in ("m", "r"):
-            self._backups_checked.pop((job_id, kind), None)
+            self._backups_next.pop((job_id, kind), None)
             self._backups_due.pop((job_id, kind), None)
         self._watched.pop(job_id, None)
         self._last_task.pop(job_id, None)
@@ -377,11 +377,11 @@ class Worker:
             return False
         key = (spec.job_id, kind)
         now = clock.monotonic()
-        if now - self._backups_checked.get(key, -backup.CHECK_S) < backup.CHECK_S:
+        if now < self._backups_next.get(key, 0.0):
             return False
-        self._backups_checked[key] = now
         with usage.working_for(spec.job_id):
             verdict = await backup.find(self.rt, spec, kind)
+            self._backups_next[key] = now + verdict.check_every_s
             if verdict.due_in is not None:
                 self._backups_due[key] = now + verdict.due_in
             else:

@@ -23,6 +23,19 @@ if ! command -v mvn >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1; then
     fi
 fi
 
+# The dashboard's page tests (tests/dashboard/test_page.py) drive Debian's Chromium through
+# Playwright (which downloads no browser of its own). CI installs it; elsewhere those tests
+# skip without it (apt-get install chromium), and fail under CI=true.
+if [[ "${CI:-}" == true && ! -x /usr/bin/chromium ]]; then
+    step "Chromium (apt-get), for the dashboard's page tests"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            chromium chromium-driver; }; then
+        echo "error: could not install Chromium (apt-get install chromium chromium-driver):" \
+            "tests/dashboard/test_page.py needs /usr/bin/chromium" >&2
+        exit 1
+    fi
+fi
+
 # uv bootstrapped by setup.sh (no uv on PATH): on PATH for the tests of `cmr fleet up`,
 # which builds and locks the wheel with it, as a user's machine has it.
 if ! command -v uv >/dev/null 2>&1 && [[ -x .tools/uv/bin/uv ]]; then

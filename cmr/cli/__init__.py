@@ -1,6 +1,7 @@
 """The ``cmr`` command.
 
     cmr run | worker | status | wait | cancel | cleanup     cmr.cli.run, .worker, .jobs
+    cmr dashboard                                           cmr.cli.dashboard
     cmr loadgen ...                                         cmr.cli.loadgen
     cmr fleet ...                                           cmr.fleet
 
@@ -18,7 +19,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from cmr.cli import coercion, jobs, run, worker
+from cmr.cli import coercion, dashboard, jobs, run, worker
 from cmr.cli.exits import command_line_errors, exit_codes
 
 if typer.__version__ == coercion.TYPER:  # plain option values typed without pydantic
@@ -94,6 +95,7 @@ app.command("run")(run.run)
 app.command("worker")(worker.worker)
 for command in (jobs.status, jobs.wait, jobs.cancel, jobs.cleanup):
     app.command()(command)
+app.command("dashboard")(dashboard.dashboard)
 
 
 def main() -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from cmr.api import run_on
 from cmr.backends.base import Backend
 from cmr.records import MapCommit, job_pk, map_sk
@@ -31,8 +33,17 @@ class SlowWordCount(cmr.Job):
 """
 
 
+@pytest.mark.parametrize(
+    "sk",
+    [
+        map_sk(9_999_999),
+        # Not a number int() reads, though str.isdigit() says it is: the reducer's drain
+        # raised ValueError on it (the job failed), found by review (2026-11-29).
+        "map#\u00b2",
+    ],
+)
 async def test_a_commit_record_of_no_task_is_not_a_winner(
-    embedded: Backend, tmp_path: Path
+    embedded: Backend, tmp_path: Path, sk: str
 ) -> None:
     job = tmp_path / "slow.py"
     job.write_text(SLOW_JOB)
@@ -45,7 +56,7 @@ async def test_a_commit_record_of_no_task_is_not_a_winner(
     def forge(job_id: str) -> None:
         # Past the job's map tasks, with nothing sent anywhere: complete at once.
         item = MapCommit("f" * 12, {0: 0}, {0: 0}).to_item()
-        put = embedded.table.put(job_pk(job_id), map_sk(9_999_999), item)
+        put = embedded.table.put(job_pk(job_id), sk, item)
         forged.append(asyncio.get_running_loop().create_task(put))
 
     result = await run_on(
