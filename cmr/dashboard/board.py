@@ -5,7 +5,8 @@ a thousand jobs), shared by every open page for ``FRESH_S``, and then reads only
 the page asked for that can still change. A job that ended and was cleaned up never changes
 again (cleanup is its last write; its record and timeline stay as they are), so its summary
 and detail are read once and kept: a store with a thousand finished jobs costs what one
-with none does, plus its list.
+with none does, plus its list. The shown job's cost is the exception: its usage rows are
+read at each poll (one query a step), as its processes write them after its cleanup too.
 
 The documents are ``cmr status --json``'s (:func:`cmr.cli.jobs._record_json` and
 ``_step_json``, reused, so the two never disagree), with what the page adds: throughput, the
@@ -22,11 +23,13 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from cmr import attempts, clock, counters, pipeline, watch, wire, workers
+from cmr import attempts, clock, cost, counters, pipeline, watch, wire, workers
 from cmr.backends.base import Backend
 from cmr.cli.jobs import _record_json, _step_json
 from cmr.errors import NotFound, WireError
 from cmr.failures import headline
+from cmr.prices import Prices
+from cmr.prices import load as load_prices
 from cmr.records import FINAL_STATES, JOBS_PK, JobSpec, JobState, job_pk
 
 FRESH_S = 0.5  # the job list read by one poll serves the others this long (several pages open)
@@ -158,6 +161,7 @@ class Board:
 
     def __init__(self, backend: Backend, *, store: str = "", fresh_s: float = FRESH_S) -> None:
         self.backend = backend
+        self._prices: Prices | None = None
         self.store = store  # the store's URL, for the page's header
         self.summaries: dict[str, dict[str, Any]] = {}  # finished, cleaned jobs: never change
         self.details: OrderedDict[str, dict[str, Any]] = OrderedDict()  # the same, latest used
@@ -236,7 +240,7 @@ class Board:
         kept = self.details.get(job_id)
         if kept is not None:
             self.details.move_to_end(job_id)
-            return {**kept, "now": clock.wall()}
+            return {**kept, "cost": await self._cost(kept), "now": clock.wall()}
         steps = await pipeline.chain(self.backend, job_id)
         spec, rec = steps[-1]
         first = steps[0][1]
@@ -254,7 +258,16 @@ class Board:
             self.details[job_id] = doc
             while len(self.details) > KEPT_DETAILS:
                 self.details.popitem(last=False)
-        return {**doc, "now": clock.wall()}
+        return {**doc, "cost": await self._cost(doc), "now": clock.wall()}
+
+    async def _cost(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """The job's cost so far (cmr.cost), read at every poll, never kept: its processes
+        write their usage rows again after its cleanup and as they stop. One query a step."""
+        steps = [str(s["job"]) for s in doc.get("steps", []) if isinstance(s, dict)]
+        if self._prices is None:
+            self._prices = load_prices()  # the shipped table with CMR_PRICES over it, once
+        priced = (await cost.run_cost(self.backend, steps, self._prices)).to_json()
+        return {str(k): plain(v) for k, v in priced.items()}
 
     async def _step(self, spec: JobSpec, rec: dict[str, Any]) -> dict[str, Any]:
         tries, failures = await asyncio.gather(

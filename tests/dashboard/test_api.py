@@ -67,6 +67,11 @@ def test_the_api_follows_a_job_to_its_end(tmp_path: Path) -> None:
             _, seen = get(url + "api/workers")
             (w,) = [w for w in seen["workers"] if w["worker"] == busy]
             assert w["tasks_done"] >= 1 + 4 and w["stopped"] is not None
+            # The cost so far, as `cmr status` prices the same usage rows (the worker stopped:
+            # its rows are final).
+            _, final = get(f"{url}api/jobs/{job}")
+            assert final["cost"]["total_usd"] > 0 and final["cost"]["worker_seconds"] > 0
+            assert final["cost"] == mine["cost"]
 
 
 def test_what_the_api_refuses(tmp_path: Path) -> None:

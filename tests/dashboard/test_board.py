@@ -75,9 +75,11 @@ async def test_finished_jobs_are_read_once(embedded: Backend, words: Path, tmp_p
     before = Counter(embedded.table.calls)
     again = await board.jobs()
     detail = await board.job(jobs[0])
-    # The job list is read again (a job may have been added); the three jobs, finished and
-    # cleaned up, are not: neither their records, their progress, nor their timelines.
-    assert _reads(embedded, before) == Counter({"dynamodb.Query": 1})
+    # The job list is read again (a job may have been added), and the shown job's usage
+    # rows (its cost: processes write them again after cleanup); the three jobs, finished
+    # and cleaned up, are not: neither their records, their progress, nor their timelines.
+    assert _reads(embedded, before) == Counter({"dynamodb.Query": 2})
+    assert detail["cost"]["total_usd"] > 0
     assert again["jobs"] == first["jobs"]
     assert detail["steps"][0]["attempts"]
 
