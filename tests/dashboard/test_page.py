@@ -93,6 +93,9 @@ def _follow(s: Stack, url: str, browser: Any, job: str) -> None:
         done(worker)
     assert page.locator("#fields").inner_text().count("succeeded") == 1
     assert "seen / lines\t40" in page.locator("#counters").inner_text()
+    # The cost so far, priced: a total in dollars and the worker-seconds.
+    until("the cost shown", lambda: "worker-seconds" in page.locator("#cost").inner_text())
+    assert "total\t$" in page.locator("#cost").inner_text()
     _, seen = get(url + "api/workers")
     for w in seen["workers"]:
         page.locator("#workers td.id", has_text=w["worker"]).first.wait_for(timeout=10_000)
