@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from cmr import clock
-from cmr.attempts import Attempt
 from cmr.backends.base import Backend, Table, TxWrite, Update
 from cmr.backends.faults import FaultPlan
 from cmr.records import job_pk
@@ -22,15 +21,10 @@ from cmr.settings import WorkerSettings
 from cmr.testing import (
     ChaosResult,
     chaos_run,
-    diff_outputs,
-    read_output,
-    sequential,
     timeline_problems,
 )
 from cmr.virtualtime import in_virtual_time
-
-WORDCOUNT = "examples/wordcount.py"
-REDUCERS = 4
+from tests.chaos.test_backups import REDUCERS, STALL_S, WORDCOUNT, _backups, _exact
 
 
 @pytest.fixture
@@ -40,14 +34,6 @@ def data(tmp_path: Path) -> Path:
     for n in range(8):
         (src / f"{n}.txt").write_text(f"w{n} common x{n % 3}\n" * 200)
     return src
-
-
-def _exact(data: Path, out: Path) -> bool:
-    return diff_outputs(sequential(WORDCOUNT, data, REDUCERS), read_output(out, REDUCERS)) == []
-
-
-def _backups(result: ChaosResult, kind: str) -> list[Attempt]:
-    return [a for a in result.attempts if a.kind == kind and a.backup]
 
 
 class _GatedTable:
@@ -121,9 +107,6 @@ async def test_a_takeover_racing_the_stragglers_commit_never_reopens_the_partiti
     # The straggler's commit stands: the backup never held the partition.
     assert not [b for b in _backups(result, "r") if b.outcome == "committed"]
     assert timeline_problems(result) == [] and result.leftovers == []
-
-
-STALL_S = 3_000.0  # a straggler's stall, leases renewed all along
 
 
 @in_virtual_time
